@@ -1,0 +1,26 @@
+// commands.hpp: the subcommands of `dist`, callable without a process (tests drive them).
+//
+// Each returns the exit status of the contract in DESIGN.md: 0 success, 1 user error (a
+// diagnostic was printed), 2 usage error.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace dist::cli {
+
+struct CommonOptions {
+    std::string file;
+    std::vector<std::string> overrides;
+};
+
+int run_check(const CommonOptions& o, std::ostream& out, std::ostream& err);
+int run_fmt(const CommonOptions& o, bool write, bool check, std::ostream& out, std::ostream& err);
+int run_plan(const CommonOptions& o, bool json, std::ostream& out, std::ostream& err);
+
+/// Replaces `path` with `text` atomically: a temporary file beside it, fsync, rename, fsync of
+/// the folder. The original keeps its permissions; on failure it is untouched.
+bool write_file_atomically(const std::string& path, const std::string& text, std::string& error);
+
+} // namespace dist::cli

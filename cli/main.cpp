@@ -1,0 +1,53 @@
+// main.cpp: the `dist` executable: command-line parsing (CLI11) and dispatch to the commands.
+#include "cli/commands.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+int main(int argc, char** argv) {
+    CLI::App app{"dist: check, plan and run distributed LLM training scripts"};
+    app.set_version_flag("--version", "dist 0.1.0");
+    app.require_subcommand(1);
+
+    dist::cli::CommonOptions common;
+    auto add_common = [&](CLI::App* sub) {
+        sub->add_option("FILE", common.file, "the .dist script")->required();
+        sub->add_option("--set", common.overrides,
+                        "override a field of the script: KEY=VALUE (mesh.dp=2, model.layers=4)")
+            ->take_all()
+            ->allow_extra_args(false);
+    };
+
+    CLI::App* check = app.add_subcommand("check", "parse and check a script");
+    add_common(check);
+
+    bool write = false, check_only = false;
+    CLI::App* fmt = app.add_subcommand("fmt", "print a script in the canonical layout");
+    add_common(fmt);
+    fmt->add_flag("--write", write, "rewrite the file in place");
+    fmt->add_flag("--check", check_only, "exit 1 when the file is not formatted");
+
+    bool json = false;
+    CLI::App* plan = app.add_subcommand("plan", "show what the script resolves to");
+    add_common(plan);
+    plan->add_flag("--json", json, "print JSON");
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        int code = app.exit(e);
+        return code == 0 ? 0 : 2;
+    }
+
+    if (*check) return dist::cli::run_check(common, std::cout, std::cerr);
+    if (*fmt) {
+        if (write && check_only) {
+            std::cerr << "error: --write and --check do not go together\n";
+            return 2;
+        }
+        return dist::cli::run_fmt(common, write, check_only, std::cout, std::cerr);
+    }
+    if (*plan) return dist::cli::run_plan(common, json, std::cout, std::cerr);
+    return 2;
+}

@@ -1,0 +1,767 @@
+// check_model.cpp: model templates. Binds the model call's arguments (through a preset, the
+// script and `--set model.ARG`), expands the template body into layers and blocks, checks every
+// layer's arguments and the model's structure, and counts parameters.
+#include "lang/check_internal.hpp"
+
+#include <algorithm>
+#include <set>
+
+namespace dist::lang {
+
+namespace {
+
+struct ParamSig {
+    const char* name;
+    Value::Type type;
+    bool required;
+    Value fallback; // used when not required and absent (symbol "=width/heads" style defaults
+                    // are computed by the builder instead)
+};
+
+struct LayerSig {
+    LayerKind kind;
+    const char* name;
+    std::vector<ParamSig> params;
+    std::vector<ShardDim> shards;
+};
+
+const std::vector<LayerSig>& layer_sigs() {
+    using T = Value::Type;
+    static const std::vector<LayerSig> sigs = {
+        {LayerKind::embedding,
+         "embedding",
+         {{"vocab", T::integer, true, {}}, {"width", T::integer, true, {}}},
+         {ShardDim::vocab}},
+        {LayerKind::position_embedding,
+         "position_embedding",
+         {{"context", T::integer, true, {}}, {"width", T::integer, true, {}}},
+         {}},
+        {LayerKind::rotary_embedding,
+         "rotary_embedding",
+         {{"context", T::integer, true, {}}, {"theta", T::real, false, Value::real(10000.0)}},
+         {}},
+        {LayerKind::layer_norm,
+         "layer_norm",
+         {{"width", T::integer, true, {}},
+          {"eps", T::real, false, Value::real(1e-5)},
+          {"bias", T::boolean, false, Value::boolean(true)}},
+         {}},
+        {LayerKind::rms_norm,
+         "rms_norm",
+         {{"width", T::integer, true, {}}, {"eps", T::real, false, Value::real(1e-6)}},
+         {}},
+        {LayerKind::attention,
+         "attention",
+         {{"width", T::integer, true, {}},
+          {"heads", T::integer, true, {}},
+          {"kv_heads", T::integer, false, Value::integer(0)},
+          {"head_dim", T::integer, false, Value::integer(0)},
+          {"bias", T::boolean, false, Value::boolean(false)}},
+         {ShardDim::heads}},
+        {LayerKind::mlp,
+         "mlp",
+         {{"width", T::integer, true, {}},
+          {"hidden", T::integer, true, {}},
+          {"activation", T::symbol, false, Value::symbol("gelu_tanh")},
+          {"bias", T::boolean, false, Value::boolean(false)}},
+         {ShardDim::hidden}},
+        {LayerKind::lm_head,
+         "lm_head",
+         {{"width", T::integer, true, {}},
+          {"vocab", T::integer, true, {}},
+          {"tied", T::boolean, false, Value::boolean(false)},
+          {"bias", T::boolean, false, Value::boolean(false)}},
+         {ShardDim::vocab}},
+        {LayerKind::cross_entropy, "cross_entropy", {}, {ShardDim::vocab}},
+    };
+    return sigs;
+}
+
+std::vector<std::string> layer_names() {
+    std::vector<std::string> out;
+    for (const auto& s : layer_sigs()) out.push_back(s.name);
+    return out;
+}
+
+const std::vector<std::string> activation_names = {"gelu_tanh", "gelu", "relu", "swiglu"};
+
+struct BoundArg {
+    Value value;
+    SourceLoc loc;
+};
+
+class Expander {
+  public:
+    Expander(const Scope& globals, Diagnostics& diags) : globals_(globals), diags_(diags) {}
+
+    bool run(const Statement& tmpl, Scope& scope, ModelSpec& out) {
+        bool seen_repeat = false;
+        std::set<std::string> names;
+        for (const auto& item : tmpl.body) {
+            switch (item.kind) {
+            case ModelItem::Kind::let: bind_let(item, scope); break;
+            case ModelItem::Kind::layer:
+            case ModelItem::Kind::residual: {
+                ModelItemSpec spec;
+                if (!item_spec(item, scope, "", names, spec)) break;
+                (seen_repeat ? out.post : out.pre).push_back(std::move(spec));
+                break;
+            }
+            case ModelItem::Kind::repeat:
+                if (!item.shard.empty()) shard_on_group(item);
+                if (seen_repeat) {
+                    diags_.error(item.loc, "a model has one `repeat` of blocks",
+                                 "pipeline stages are cut from that one sequence of blocks");
+                    break;
+                }
+                seen_repeat = true;
+                expand_repeat(item, scope, names, out);
+                break;
+            }
+        }
+        if (!seen_repeat && ok_) {
+            diags_.error(tmpl.name_loc, "model `" + tmpl.name + "` has no `repeat` of blocks",
+                         "wrap the transformer block in `repeat layers { ... }`");
+            ok_ = false;
+        }
+        return ok_;
+    }
+
+  private:
+    void bind_let(const ModelItem& item, Scope& scope) {
+        if (scope.defined_here(item.name)) {
+            diags_.error(item.name_loc, "`" + item.name + "` is already defined here");
+            ok_ = false;
+            return;
+        }
+        if (auto v = evaluate(*item.value, scope, diags_))
+            scope.set(item.name, *v, item.name_loc);
+        else
+            ok_ = false;
+    }
+
+    void shard_on_group(const ModelItem& item) {
+        diags_.error(item.shard_loc, "`shard` goes on a layer, not on a group of layers");
+        ok_ = false;
+    }
+
+    bool claim_name(const std::string& name, const ModelItem& item, std::set<std::string>& names) {
+        if (!names.insert(name).second) {
+            SourceLoc at = item.name.empty() ? item.value->loc : item.name_loc;
+            diags_.error(at, "two layers are named `" + name + "` here",
+                         "give each a label, e.g. `ln_1: layer_norm(width)`");
+            ok_ = false;
+            return false;
+        }
+        return true;
+    }
+
+    // A layer or a residual group, named under `prefix`.
+    bool item_spec(const ModelItem& item, Scope& scope, const std::string& prefix,
+                   std::set<std::string>& names, ModelItemSpec& out) {
+        if (item.kind == ModelItem::Kind::layer) {
+            LayerSpec layer;
+            std::string label = item.name.empty() ? item.value->text : item.name;
+            if (!claim_name(label, item, names)) return false;
+            if (!build_layer(item, scope, prefix + label, layer)) return false;
+            out.layers.push_back(std::move(layer));
+            return true;
+        }
+        // residual
+        if (!item.shard.empty()) shard_on_group(item);
+        out.residual = true;
+        Scope inner(&scope);
+        std::string inner_prefix = prefix;
+        std::set<std::string> inner_names;
+        std::set<std::string>* group_names = &names;
+        if (!item.name.empty()) {
+            if (!claim_name(item.name, item, names)) return false;
+            out.name = prefix + item.name;
+            inner_prefix = out.name + ".";
+            group_names = &inner_names;
+        }
+        bool ok = true;
+        for (const auto& child : item.body) {
+            switch (child.kind) {
+            case ModelItem::Kind::let: bind_let(child, inner); break;
+            case ModelItem::Kind::layer: {
+                ModelItemSpec one;
+                if (item_spec(child, inner, inner_prefix, *group_names, one))
+                    out.layers.push_back(std::move(one.layers.front()));
+                else
+                    ok = false;
+                break;
+            }
+            case ModelItem::Kind::residual:
+            case ModelItem::Kind::repeat:
+                diags_.error(child.loc, std::string("a `") +
+                                            (child.kind == ModelItem::Kind::repeat ? "repeat"
+                                                                                   : "residual") +
+                                            "` cannot sit inside a `residual`");
+                ok = false;
+                break;
+            }
+        }
+        if (out.layers.empty() && ok) {
+            diags_.error(item.loc, "empty `residual` group");
+            ok = false;
+        }
+        ok_ = ok_ && ok;
+        return ok;
+    }
+
+    void expand_repeat(const ModelItem& item, Scope& scope, std::set<std::string>& names,
+                       ModelSpec& out) {
+        std::string label = item.name.empty() ? "layers" : item.name;
+        if (!names.insert(label).second) {
+            diags_.error(item.loc, "two layers are named `" + label + "` here");
+            ok_ = false;
+        }
+        auto count = evaluate(*item.value, scope, diags_);
+        if (!count) {
+            ok_ = false;
+            return;
+        }
+        if (count->type != Value::Type::integer) {
+            diags_.error(item.value->loc, "`repeat` needs an integer count, got " +
+                                              count->type_name());
+            ok_ = false;
+            return;
+        }
+        if (count->i < 1 || count->i > max_blocks) {
+            diags_.error(item.value->loc,
+                         count->i < 1 ? "`repeat` count must be positive, got " +
+                                            std::to_string(count->i)
+                                      : "`repeat` count " + std::to_string(count->i) +
+                                            " is more than the limit of " +
+                                            std::to_string(max_blocks) + " blocks");
+            ok_ = false;
+            return;
+        }
+        // The body has no index variable, so every block is the same: expand once, rename.
+        Scope inner(&scope);
+        std::set<std::string> inner_names;
+        BlockSpec first;
+        bool ok = true;
+        for (const auto& child : item.body) {
+            switch (child.kind) {
+            case ModelItem::Kind::let: bind_let(child, inner); break;
+            case ModelItem::Kind::layer:
+            case ModelItem::Kind::residual: {
+                ModelItemSpec spec;
+                if (item_spec(child, inner, "\x01", inner_names, spec))
+                    first.items.push_back(std::move(spec));
+                else
+                    ok = false;
+                break;
+            }
+            case ModelItem::Kind::repeat:
+                diags_.error(child.loc, "a `repeat` cannot sit inside another `repeat`");
+                ok = false;
+                break;
+            }
+        }
+        if (!ok) {
+            ok_ = false;
+            return;
+        }
+        if (first.items.empty()) {
+            diags_.error(item.loc, "empty `repeat` body");
+            ok_ = false;
+            return;
+        }
+        for (const auto& spec : first.items)
+            for (const auto& l : spec.layers) first.parameters = sat_add(first.parameters, l.parameters);
+        out.blocks.reserve(static_cast<size_t>(count->i));
+        for (int64_t i = 0; i < count->i; ++i) {
+            BlockSpec b = first;
+            b.name = label + "." + std::to_string(i);
+            auto rename = [&](std::string& n) {
+                if (!n.empty() && n[0] == '\x01') n = b.name + "." + n.substr(1);
+            };
+            for (auto& spec : b.items) {
+                rename(spec.name);
+                for (auto& l : spec.layers) rename(l.name);
+            }
+            out.blocks.push_back(std::move(b));
+        }
+    }
+
+    bool build_layer(const ModelItem& item, const Scope& scope, const std::string& name,
+                     LayerSpec& out) {
+        const Expr& call = *item.value;
+        const LayerSig* sig = nullptr;
+        for (const auto& s : layer_sigs())
+            if (call.text == s.name) sig = &s;
+        if (!sig) {
+            std::string best = closest_name(call.text, layer_names());
+            diags_.error(call.loc, "unknown layer `" + call.text + "`",
+                         best.empty() ? "the layers are " + join_names(layer_names())
+                                      : "did you mean `" + best + "`?");
+            ok_ = false;
+            return false;
+        }
+        // Bind arguments to the signature.
+        std::map<std::string, BoundArg> args;
+        std::set<std::string> given;
+        bool ok = true;
+        size_t positional = 0;
+        bool named_seen = false;
+        for (const auto& a : call.args) {
+            std::string pname;
+            SourceLoc at = a.name.empty() ? a.value->loc : a.name_loc;
+            if (a.name.empty()) {
+                if (named_seen) {
+                    diags_.error(at, "positional argument after a named one");
+                    ok = false;
+                    continue;
+                }
+                if (positional >= sig->params.size()) {
+                    diags_.error(at, "`" + call.text + "` takes " +
+                                         std::to_string(sig->params.size()) + " arguments");
+                    ok = false;
+                    continue;
+                }
+                pname = sig->params[positional++].name;
+            } else {
+                named_seen = true;
+                pname = a.name;
+                bool known = false;
+                std::vector<std::string> pnames;
+                for (const auto& p : sig->params) {
+                    pnames.push_back(p.name);
+                    known |= pname == p.name;
+                }
+                if (!known) {
+                    std::string best = closest_name(pname, pnames);
+                    diags_.error(at, "`" + call.text + "` has no argument `" + pname + "`",
+                                 best.empty() ? (pnames.empty() ? "it takes no arguments"
+                                                                : "its arguments are " +
+                                                                      join_names(pnames))
+                                              : "did you mean `" + best + "`?");
+                    ok = false;
+                    continue;
+                }
+            }
+            if (args.count(pname)) {
+                diags_.error(at, "argument `" + pname + "` is given twice");
+                ok = false;
+                continue;
+            }
+            std::optional<Value> v;
+            if (pname == "activation") {
+                if (a.value->kind == ExprKind::name) v = Value::symbol(a.value->text);
+            } else {
+                v = evaluate(*a.value, scope, diags_);
+                if (!v) {
+                    ok = false;
+                    continue;
+                }
+            }
+            args[pname] = {v.value_or(Value::integer(0)), a.value->loc};
+            given.insert(pname);
+            if (pname == "activation" && !v) {
+                diags_.error(a.value->loc, "`activation` is one of " +
+                                               join_names(activation_names, " or "));
+                ok = false;
+            }
+        }
+        for (const auto& p : sig->params) {
+            auto it = args.find(p.name);
+            if (it == args.end()) {
+                if (p.required) {
+                    diags_.error(call.loc, "`" + call.text + "` needs argument `" +
+                                               std::string(p.name) + "`");
+                    ok = false;
+                } else {
+                    args[p.name] = {p.fallback, call.loc};
+                }
+                continue;
+            }
+            Value& v = it->second.value;
+            if (p.type == Value::Type::real && v.type == Value::Type::integer)
+                v = Value::real(static_cast<double>(v.i));
+            if (v.type != p.type) {
+                static const char* names[] = {"an integer", "a real number", "a boolean",
+                                              "a string",   "a name",        "a list"};
+                diags_.error(it->second.loc, "`" + std::string(p.name) + "` of `" + call.text +
+                                                 "` must be " +
+                                                 names[static_cast<int>(p.type)] + ", got " +
+                                                 v.type_name());
+                ok = false;
+            }
+        }
+        if (!ok) {
+            ok_ = false;
+            return false;
+        }
+        out.kind = sig->kind;
+        out.name = name;
+        out.loc = call.loc;
+        // Sizes: every integer argument is a positive size (0 marks "derive it" defaults).
+        for (const auto& p : sig->params) {
+            const BoundArg& a = args[p.name];
+            if (!given.count(p.name)) continue;
+            if (p.type == Value::Type::integer && a.value.i < 1) {
+                diags_.error(a.loc, "`" + std::string(p.name) + "` must be positive, got " +
+                                        std::to_string(a.value.i));
+                ok = false;
+            }
+            if (p.type == Value::Type::real && !(a.value.r > 0.0)) {
+                diags_.error(a.loc, "`" + std::string(p.name) + "` must be positive, got " +
+                                        a.value.str());
+                ok = false;
+            }
+        }
+        auto get_i = [&](const char* n) { return args[n].value.i; };
+        auto get_r = [&](const char* n) { return args[n].value.r; };
+        auto get_b = [&](const char* n) { return args[n].value.b; };
+        if (args.count("width")) out.width = get_i("width");
+        if (args.count("vocab")) out.vocab = get_i("vocab");
+        if (args.count("context")) out.context = get_i("context");
+        if (args.count("eps")) out.eps = get_r("eps");
+        if (args.count("theta")) out.theta = get_r("theta");
+        if (args.count("bias")) out.bias = get_b("bias");
+        if (args.count("tied")) out.tied = get_b("tied");
+        if (args.count("hidden")) out.hidden = get_i("hidden");
+        if (sig->kind == LayerKind::mlp) {
+            const std::string& act = args["activation"].value.s;
+            auto it = std::find(activation_names.begin(), activation_names.end(), act);
+            if (it == activation_names.end()) {
+                std::string best = closest_name(act, activation_names);
+                diags_.error(args["activation"].loc, "unknown activation `" + act + "`",
+                             best.empty() ? "the activations are " + join_names(activation_names)
+                                          : "did you mean `" + best + "`?");
+                ok = false;
+            } else {
+                out.activation = static_cast<Activation>(it - activation_names.begin());
+            }
+        }
+        if (sig->kind == LayerKind::attention && ok) {
+            out.heads = get_i("heads");
+            out.kv_heads = get_i("kv_heads") ? get_i("kv_heads") : out.heads;
+            out.head_dim = get_i("head_dim");
+            if (out.head_dim == 0) {
+                if (out.width % out.heads != 0) {
+                    diags_.error(args["heads"].loc,
+                                 "width " + std::to_string(out.width) +
+                                     " is not divisible by heads " + std::to_string(out.heads),
+                                 "give `head_dim` explicitly, or choose heads that divide the "
+                                 "width");
+                    ok = false;
+                }
+                out.head_dim = out.width / out.heads;
+            }
+            if (out.kv_heads > out.heads || out.heads % out.kv_heads != 0) {
+                diags_.error(args["kv_heads"].loc,
+                             "heads " + std::to_string(out.heads) +
+                                 " is not a multiple of kv_heads " +
+                                 std::to_string(out.kv_heads),
+                             "grouped-query attention shares each key/value head among an "
+                             "equal number of query heads");
+                ok = false;
+            }
+        }
+        // Shard annotation.
+        if (!item.shard.empty()) {
+            static const std::vector<std::string> dims = {"none", "heads", "hidden", "vocab"};
+            auto it = std::find(dims.begin(), dims.end(), item.shard);
+            if (it == dims.end()) {
+                std::string best = closest_name(item.shard, dims);
+                diags_.error(item.shard_loc, "unknown shard dimension `" + item.shard + "`",
+                             best.empty() ? "layers shard by `heads`, `hidden` or `vocab`"
+                                          : "did you mean `" + best + "`?");
+                ok = false;
+            } else {
+                ShardDim d = static_cast<ShardDim>(it - dims.begin());
+                if (d != ShardDim::none &&
+                    std::find(sig->shards.begin(), sig->shards.end(), d) == sig->shards.end()) {
+                    diags_.error(item.shard_loc,
+                                 "`" + call.text + "` cannot be sharded by `" + item.shard + "`",
+                                 sig->shards.empty()
+                                     ? "it is replicated on every tensor-parallel rank"
+                                     : std::string("it shards by `") +
+                                           to_string(sig->shards.front()) + "`");
+                    ok = false;
+                } else {
+                    out.shard = d;
+                }
+            }
+        }
+        if (ok) out.parameters = count_parameters(out);
+        ok_ = ok_ && ok;
+        return ok;
+    }
+
+    static int64_t count_parameters(const LayerSpec& l) {
+        int64_t c = l.width;
+        switch (l.kind) {
+        case LayerKind::embedding: return sat_mul(l.vocab, c);
+        case LayerKind::position_embedding: return sat_mul(l.context, c);
+        case LayerKind::rotary_embedding:
+        case LayerKind::cross_entropy: return 0;
+        case LayerKind::layer_norm: return sat_mul(c, l.bias ? 2 : 1);
+        case LayerKind::rms_norm: return c;
+        case LayerKind::attention: {
+            int64_t q = sat_mul(l.heads, l.head_dim), kv = sat_mul(l.kv_heads, l.head_dim);
+            int64_t n = sat_add(sat_mul(c, sat_add(q, sat_mul(2, kv))), sat_mul(q, c));
+            if (l.bias) n = sat_add(n, sat_add(sat_add(q, sat_mul(2, kv)), c));
+            return n;
+        }
+        case LayerKind::mlp: {
+            int64_t mats = l.activation == Activation::swiglu ? 3 : 2;
+            int64_t n = sat_mul(mats, sat_mul(c, l.hidden));
+            if (l.bias) n = sat_add(n, sat_add(sat_mul(mats - 1, l.hidden), c));
+            return n;
+        }
+        case LayerKind::lm_head: {
+            int64_t n = l.tied ? 0 : sat_mul(c, l.vocab);
+            if (l.bias) n = sat_add(n, l.vocab);
+            return n;
+        }
+        }
+        return 0;
+    }
+
+    const Scope& globals_;
+    Diagnostics& diags_;
+    bool ok_ = true;
+};
+
+// Structure: one token embedding first, one kind of positions, one head, the loss last, and
+// one residual width throughout.
+bool check_structure(const ModelSpec& m, SourceLoc call_loc, Diagnostics& diags) {
+    bool ok = true;
+    std::vector<const LayerSpec*> all;
+    for (const auto& it : m.pre)
+        for (const auto& l : it.layers) all.push_back(&l);
+    for (const auto& b : m.blocks)
+        for (const auto& it : b.items)
+            for (const auto& l : it.layers) all.push_back(&l);
+    for (const auto& it : m.post)
+        for (const auto& l : it.layers) all.push_back(&l);
+
+    auto count = [&](LayerKind k) {
+        return std::count_if(all.begin(), all.end(), [&](const LayerSpec* l) { return l->kind == k; });
+    };
+    const LayerSpec* embedding = nullptr;
+    const LayerSpec* head = nullptr;
+    for (const LayerSpec* l : all) {
+        if (l->kind == LayerKind::embedding && !embedding) embedding = l;
+        if (l->kind == LayerKind::lm_head && !head) head = l;
+    }
+    if (count(LayerKind::embedding) != 1 || all.front()->kind != LayerKind::embedding) {
+        diags.error(embedding ? embedding->loc : call_loc,
+                    "a model starts with exactly one token `embedding`");
+        return false;
+    }
+    if (count(LayerKind::position_embedding) + count(LayerKind::rotary_embedding) != 1) {
+        diags.error(call_loc,
+                    "a model has exactly one `position_embedding` or `rotary_embedding`");
+        ok = false;
+    }
+    for (const LayerSpec* l : all) {
+        if ((l->kind == LayerKind::position_embedding || l->kind == LayerKind::rotary_embedding) &&
+            l != all[1] && l != all[0]) {
+            diags.error(l->loc, "positions come right after the token embedding");
+            ok = false;
+        }
+    }
+    if (count(LayerKind::lm_head) != 1 || count(LayerKind::cross_entropy) != 1 ||
+        all.back()->kind != LayerKind::cross_entropy || all.size() < 2 ||
+        all[all.size() - 2]->kind != LayerKind::lm_head) {
+        diags.error(head ? head->loc : call_loc,
+                    "a model ends with one `lm_head` followed by `cross_entropy`");
+        return false;
+    }
+    for (const LayerSpec* l : all) {
+        bool has_width = l->kind != LayerKind::rotary_embedding && l->kind != LayerKind::cross_entropy;
+        if (has_width && l->width != embedding->width) {
+            diags.error(l->loc, "`" + l->name + "` has width " + std::to_string(l->width) +
+                                    " but the model's residual width is " +
+                                    std::to_string(embedding->width),
+                        "every layer reads and writes the residual stream of the embedding");
+            ok = false;
+        }
+        if (l->kind == LayerKind::attention && count(LayerKind::rotary_embedding) &&
+            l->head_dim % 2 != 0) {
+            diags.error(l->loc, "rotary positions need an even head_dim, `" + l->name +
+                                    "` has " + std::to_string(l->head_dim));
+            ok = false;
+        }
+    }
+    if (head->vocab != embedding->vocab) {
+        diags.error(head->loc, "`lm_head` predicts " + std::to_string(head->vocab) +
+                                   " tokens but the embedding has " +
+                                   std::to_string(embedding->vocab));
+        ok = false;
+    }
+    if (head->tied && head->shard != embedding->shard) {
+        diags.error(head->loc, "a tied `lm_head` must shard like the embedding it shares",
+                    std::string("the embedding is sharded by `") + to_string(embedding->shard) +
+                        "`");
+        ok = false;
+    }
+    const LayerSpec* loss = all.back();
+    if (loss->shard == ShardDim::vocab && head->shard != ShardDim::vocab) {
+        diags.error(loss->loc, "a vocabulary-parallel `cross_entropy` needs a vocabulary-parallel "
+                               "`lm_head`");
+        ok = false;
+    }
+    return ok;
+}
+
+} // namespace
+
+bool check_model(const Statement& model_stmt, const Definitions& defs,
+                 const std::vector<Override>& model_overrides, Diagnostics& diags,
+                 ModelSpec& out) {
+    const Expr& call = *model_stmt.value;
+    const Statement* tmpl = nullptr;
+    const Statement* preset = nullptr;
+    if (auto p = defs.presets.find(call.text); p != defs.presets.end()) {
+        preset = p->second.stmt;
+        auto t = defs.templates.find(preset->value->text);
+        if (t == defs.templates.end()) {
+            diags.error(preset->value->loc, "preset `" + preset->name +
+                                                "` calls `" + preset->value->text +
+                                                "`, which is not a model template");
+            return false;
+        }
+        tmpl = t->second.stmt;
+    } else if (auto t = defs.templates.find(call.text); t != defs.templates.end()) {
+        tmpl = t->second.stmt;
+    } else {
+        std::vector<std::string> names;
+        for (const auto& [n, _] : defs.templates) names.push_back(n);
+        for (const auto& [n, _] : defs.presets) names.push_back(n);
+        std::string best = closest_name(call.text, names);
+        std::string hint;
+        if (!best.empty())
+            hint = "did you mean `" + best + "`?";
+        else if (std::find(layer_names().begin(), layer_names().end(), call.text) !=
+                 layer_names().end())
+            hint = "`" + call.text + "` is a layer; a model comes from a template such as `gpt`";
+        else if (names.empty())
+            hint = "import a model family first, e.g. `import \"std/gpt.dist\"`";
+        else
+            hint = "the models are " + join_names(names);
+        diags.error(call.loc, "unknown model `" + call.text + "`", hint);
+        return false;
+    }
+
+    std::vector<std::string> pnames;
+    for (const auto& p : tmpl->params) pnames.push_back(p.name);
+    std::map<std::string, BoundArg> bound;
+    bool ok = true;
+    // Arguments in rising priority: the preset's, the script's, then `--set model.ARG`.
+    auto bind = [&](const Expr& c, bool allow_positional) {
+        size_t positional = 0;
+        std::set<std::string> here;
+        for (const auto& a : c.args) {
+            std::string name = a.name;
+            SourceLoc at = a.name.empty() ? a.value->loc : a.name_loc;
+            if (name.empty()) {
+                if (!allow_positional || positional >= pnames.size()) {
+                    diags.error(at, positional >= pnames.size()
+                                        ? "`" + tmpl->name + "` takes " +
+                                              std::to_string(pnames.size()) + " arguments"
+                                        : "name the arguments of a preset");
+                    ok = false;
+                    continue;
+                }
+                name = pnames[positional++];
+            } else if (std::find(pnames.begin(), pnames.end(), name) == pnames.end()) {
+                std::string best = closest_name(name, pnames);
+                diags.error(at, "model `" + tmpl->name + "` has no argument `" + name + "`",
+                            best.empty() ? "its arguments are " + join_names(pnames)
+                                         : "did you mean `" + best + "`?");
+                ok = false;
+                continue;
+            }
+            if (!here.insert(name).second) {
+                diags.error(at, "argument `" + name + "` is given twice");
+                ok = false;
+                continue;
+            }
+            if (auto v = evaluate(*a.value, defs.globals, diags))
+                bound[name] = {*v, a.value->loc};
+            else
+                ok = false;
+        }
+    };
+    if (preset) bind(*preset->value, false);
+    bind(call, true);
+    for (const auto& o : model_overrides) {
+        const std::string& name = o.path[1];
+        if (o.path.size() != 2 || std::find(pnames.begin(), pnames.end(), name) == pnames.end()) {
+            std::string best = closest_name(name, pnames);
+            diags.error(o.key_loc, "model `" + tmpl->name + "` has no argument `" + name + "`",
+                        "the keys are " + [&] {
+                            std::vector<std::string> keys;
+                            for (const auto& p : pnames) keys.push_back("model." + p);
+                            return join_names(keys, " and ");
+                        }() + (best.empty() ? "" : "; did you mean `model." + best + "`?"));
+            ok = false;
+            continue;
+        }
+        if (o.count) {
+            diags.error(o.value_loc, "a model argument takes one value");
+            ok = false;
+            continue;
+        }
+        if (auto v = evaluate(*o.value, defs.globals, diags))
+            bound[name] = {*v, o.value_loc};
+        else
+            ok = false;
+    }
+    if (!ok) return false;
+
+    Scope scope(&defs.globals);
+    for (const auto& p : tmpl->params) {
+        auto it = bound.find(p.name);
+        if (it != bound.end()) {
+            scope.set(p.name, it->second.value, it->second.loc);
+        } else if (p.default_value) {
+            auto v = evaluate(*p.default_value, scope, diags);
+            if (!v) return false;
+            scope.set(p.name, *v, p.loc);
+        } else {
+            diags.error(call.loc, "model `" + tmpl->name + "` needs argument `" + p.name + "`",
+                        "its arguments are " + join_names(pnames));
+            ok = false;
+            continue;
+        }
+        out.arguments.emplace_back(p.name, *scope.find(p.name));
+    }
+    if (!ok) return false;
+
+    out.template_name = tmpl->name;
+    out.preset = preset ? preset->name : "";
+    Expander ex(defs.globals, diags);
+    if (!ex.run(*tmpl, scope, out)) return false;
+    if (!check_structure(out, call.loc, diags)) return false;
+
+    const LayerSpec& emb = out.pre.front().layers.front();
+    out.vocab = emb.vocab;
+    out.width = emb.width;
+    for (const auto& it : out.pre)
+        for (const auto& l : it.layers)
+            if (l.kind == LayerKind::position_embedding || l.kind == LayerKind::rotary_embedding)
+                out.context = l.context;
+    int64_t total = 0;
+    for (const auto& it : out.pre)
+        for (const auto& l : it.layers) total = sat_add(total, l.parameters);
+    for (const auto& b : out.blocks) total = sat_add(total, b.parameters);
+    for (const auto& it : out.post)
+        for (const auto& l : it.layers) total = sat_add(total, l.parameters);
+    if (total == INT64_MAX) {
+        diags.error(call.loc, "the model's parameter count overflows 64 bits",
+                    "check the sizes of its arguments");
+        return false;
+    }
+    out.parameters = total;
+    return true;
+}
+
+} // namespace dist::lang

@@ -1,0 +1,248 @@
+// format.cpp: the formatter. Walks the AST in source order and interleaves the comments by line.
+#include "lang/format.hpp"
+
+namespace dist::lang {
+
+namespace {
+
+int precedence(const Expr& e) {
+    if (e.kind == ExprKind::binary) {
+        if (e.text == "+" || e.text == "-") return 1;
+        if (e.text == "**") return 4;
+        return 2;
+    }
+    if (e.kind == ExprKind::unary) return 3;
+    return 5;
+}
+
+std::string quote(const std::string& s) {
+    std::string out = "\"";
+    for (char c : s) {
+        switch (c) {
+        case '"': out += "\\\""; break;
+        case '\\': out += "\\\\"; break;
+        case '\n': out += "\\n"; break;
+        case '\t': out += "\\t"; break;
+        default: out += c;
+        }
+    }
+    return out + "\"";
+}
+
+std::string expr_text(const Expr& e);
+
+std::string operand(const Expr& e, int min_prec) {
+    std::string s = expr_text(e);
+    return precedence(e) < min_prec ? "(" + s + ")" : s;
+}
+
+std::string expr_text(const Expr& e) {
+    switch (e.kind) {
+    case ExprKind::integer:
+    case ExprKind::real: return e.unit.empty() ? e.text : e.text + " " + e.unit;
+    case ExprKind::string: return quote(e.text);
+    case ExprKind::boolean: return e.bool_value ? "true" : "false";
+    case ExprKind::name: return e.text;
+    case ExprKind::unary: {
+        const Expr& x = *e.items[0];
+        return e.text + (x.kind == ExprKind::unary ? "(" + expr_text(x) + ")" : operand(x, 3));
+    }
+    case ExprKind::binary: {
+        int p = precedence(e);
+        if (e.text == "**")
+            return operand(*e.items[0], 5) + " ** " + operand(*e.items[1], 4);
+        return operand(*e.items[0], p) + " " + e.text + " " + operand(*e.items[1], p + 1);
+    }
+    case ExprKind::call: {
+        std::string s = e.text + "(";
+        for (size_t i = 0; i < e.args.size(); ++i) {
+            if (i) s += ", ";
+            if (!e.args[i].name.empty()) s += e.args[i].name + ": ";
+            s += expr_text(*e.args[i].value);
+        }
+        return s + ")";
+    }
+    case ExprKind::tuple:
+    case ExprKind::list: {
+        bool tuple = e.kind == ExprKind::tuple;
+        std::string s = tuple ? "(" : "[";
+        for (size_t i = 0; i < e.items.size(); ++i) {
+            if (i) s += ", ";
+            s += expr_text(*e.items[i]);
+        }
+        if (tuple && e.items.size() == 1) s += ",";
+        return s + (tuple ? ")" : "]");
+    }
+    }
+    return {};
+}
+
+class Printer {
+  public:
+    explicit Printer(const Script& s) : script_(s) {}
+
+    std::string run() {
+        for (const auto& st : script_.statements) statement(st);
+        leading(UINT32_MAX, 0);
+        return out_;
+    }
+
+  private:
+    void line(int indent, const std::string& text) {
+        out_.append(static_cast<size_t>(indent) * 4, ' ');
+        out_ += text;
+    }
+
+    void gap(uint32_t next) {
+        if (!fresh_scope_ && last_ && next > last_ + 1) out_ += "\n";
+        fresh_scope_ = false;
+    }
+
+    // Own-line comments above `limit`.
+    void leading(uint32_t limit, int indent) {
+        while (ci_ < script_.comments.size() && script_.comments[ci_].line < limit) {
+            const Comment& c = script_.comments[ci_++];
+            gap(c.line);
+            line(indent, c.text);
+            out_ += "\n";
+            last_ = c.line;
+        }
+    }
+
+    // A comment at the end of source line `at`, appended to the printed line; then a newline.
+    void end_line(uint32_t at) {
+        if (ci_ < script_.comments.size() && script_.comments[ci_].line == at &&
+            !script_.comments[ci_].own_line) {
+            out_ += "  " + script_.comments[ci_++].text;
+        }
+        out_ += "\n";
+    }
+
+    void begin_item(SourceLoc loc, int indent) {
+        leading(loc.line, indent);
+        gap(loc.line);
+    }
+
+    void close(uint32_t end, int indent, const std::string& suffix = "") {
+        leading(end, indent + 1);
+        line(indent, "}" + suffix);
+        end_line(end);
+        last_ = end;
+        fresh_scope_ = false;
+    }
+
+    void statement(const Statement& st) {
+        begin_item(st.loc, 0);
+        switch (st.kind) {
+        case Statement::Kind::import:
+            line(0, "import " + quote(st.name));
+            end_line(st.end_line);
+            break;
+        case Statement::Kind::preset:
+            line(0, "preset " + st.name + " = " + expr_text(*st.value));
+            end_line(st.end_line);
+            break;
+        case Statement::Kind::let:
+            line(0, "let " + st.name + " = " + expr_text(*st.value));
+            end_line(st.end_line);
+            break;
+        case Statement::Kind::model:
+            line(0, "model = " + expr_text(*st.value));
+            end_line(st.end_line);
+            break;
+        case Statement::Kind::model_template: {
+            std::string head = "model " + st.name + "(";
+            for (size_t i = 0; i < st.params.size(); ++i) {
+                if (i) head += ", ";
+                head += st.params[i].name;
+                if (st.params[i].default_value)
+                    head += " = " + expr_text(*st.params[i].default_value);
+            }
+            line(0, head + ") {");
+            end_line(st.loc.line);
+            last_ = st.loc.line;
+            fresh_scope_ = true;
+            for (const auto& item : st.body) model_item(item, 1);
+            close(st.end_line, 0);
+            break;
+        }
+        case Statement::Kind::block: block(*st.block, 0, st.end_line); break;
+        }
+        last_ = st.end_line;
+    }
+
+    void block(const Block& b, int indent, uint32_t end) {
+        line(indent, b.name + " {");
+        end_line(b.loc.line);
+        last_ = b.loc.line;
+        fresh_scope_ = true;
+        for (const auto& item : b.items) {
+            SourceLoc at = item.kind == BlockItem::Kind::field   ? item.field.loc
+                           : item.kind == BlockItem::Kind::block ? item.block->loc
+                                                                 : item.row.loc;
+            begin_item(at, indent + 1);
+            switch (item.kind) {
+            case BlockItem::Kind::field: {
+                std::string s = item.field.name + ": " + expr_text(*item.field.value);
+                if (item.field.count) s += " x " + expr_text(*item.field.count);
+                line(indent + 1, s);
+                end_line(item.end_line);
+                break;
+            }
+            case BlockItem::Kind::block: block(*item.block, indent + 1, item.end_line); break;
+            case BlockItem::Kind::row: {
+                std::string s = "rank " + expr_text(*item.row.rank) + ":";
+                for (const auto& a : item.row.actions) s += " " + a;
+                line(indent + 1, s);
+                end_line(item.end_line);
+                break;
+            }
+            }
+            last_ = item.end_line;
+        }
+        close(end, indent);
+    }
+
+    void model_item(const ModelItem& m, int indent) {
+        begin_item(m.loc, indent);
+        std::string label = m.name.empty() || m.kind == ModelItem::Kind::let ? "" : m.name + ": ";
+        std::string shard = m.shard.empty() ? "" : " shard " + m.shard;
+        switch (m.kind) {
+        case ModelItem::Kind::let:
+            line(indent, "let " + m.name + " = " + expr_text(*m.value));
+            end_line(m.end_line);
+            break;
+        case ModelItem::Kind::layer:
+            line(indent, label + expr_text(*m.value) + shard);
+            end_line(m.end_line);
+            break;
+        case ModelItem::Kind::repeat:
+        case ModelItem::Kind::residual: {
+            std::string head = m.kind == ModelItem::Kind::repeat
+                                   ? "repeat " + expr_text(*m.value)
+                                   : std::string("residual");
+            line(indent, label + head + " {");
+            end_line(m.loc.line);
+            last_ = m.loc.line;
+            fresh_scope_ = true;
+            for (const auto& child : m.body) model_item(child, indent + 1);
+            // `shard` on a group is an error the checker reports; keep it visible here.
+            close(m.end_line, indent, shard);
+            break;
+        }
+        }
+        last_ = m.end_line;
+    }
+
+    const Script& script_;
+    std::string out_;
+    size_t ci_ = 0;
+    uint32_t last_ = 0;
+    bool fresh_scope_ = true;
+};
+
+} // namespace
+
+std::string format_script(const Script& script) { return Printer(script).run(); }
+
+} // namespace dist::lang

@@ -1,0 +1,221 @@
+// program.hpp: the checked program, the front end's output type.
+//
+// Plain, fully evaluated structs: every template call expanded, every default filled in, every
+// override applied, every rule of the language checked. Planning, simulation and the runtime
+// read only this.
+#pragma once
+
+#include "lang/source.hpp"
+#include "lang/value.hpp"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dist {
+
+enum class LayerKind {
+    embedding,
+    position_embedding,
+    rotary_embedding,
+    layer_norm,
+    rms_norm,
+    attention,
+    mlp,
+    lm_head,
+    cross_entropy
+};
+enum class ShardDim { none, heads, hidden, vocab };
+enum class Activation { gelu_tanh, gelu, relu, swiglu };
+enum class ScheduleKind {
+    gpipe,
+    one_f_one_b,
+    interleaved_1f1b,
+    looped_bfs,
+    zb_h1,
+    zb_h2,
+    zbv,
+    dualpipev,
+    custom
+};
+enum class Recompute { none, selective, full };
+enum class DataFormat { none, text, tokens, synthetic };
+enum class LrScheduleKind { constant, cosine, linear };
+enum class Precision { f32, bf16 };
+
+const char* to_string(LayerKind k);
+const char* to_string(ShardDim s);
+const char* to_string(Activation a);
+const char* to_string(ScheduleKind k);
+const char* to_string(Recompute r);
+const char* to_string(DataFormat f);
+const char* to_string(LrScheduleKind k);
+const char* to_string(Precision p);
+
+/// One layer with every argument resolved. Fields a kind does not use stay 0.
+struct LayerSpec {
+    LayerKind kind = LayerKind::layer_norm;
+    std::string name; // dotted path, e.g. "h.3.attn" (Hugging Face style)
+    ShardDim shard = ShardDim::none;
+    int64_t width = 0;    // residual stream width (C)
+    int64_t vocab = 0;    // embedding, lm_head, cross_entropy
+    int64_t context = 0;  // position / rotary embedding
+    int64_t heads = 0;    // attention
+    int64_t kv_heads = 0; // attention (grouped-query when < heads)
+    int64_t head_dim = 0; // attention
+    int64_t hidden = 0;   // mlp
+    double eps = 0.0;     // norms
+    double theta = 0.0;   // rotary base
+    bool bias = false;
+    bool tied = false; // lm_head shares the token embedding
+    Activation activation = Activation::gelu_tanh;
+    int64_t parameters = 0; // on one device, unsharded
+    lang::SourceLoc loc;
+};
+
+/// A layer, or a residual group `x + f(x)` of layers.
+struct ModelItemSpec {
+    bool residual = false;
+    std::string name; // label of a residual group, or ""
+    std::vector<LayerSpec> layers;
+};
+
+/// One repetition of the model's `repeat` body: the unit that pipeline stages are cut from.
+struct BlockSpec {
+    std::string name; // e.g. "h.3"
+    std::vector<ModelItemSpec> items;
+    int64_t parameters = 0;
+};
+
+struct ModelSpec {
+    std::string template_name; // e.g. "gpt"
+    std::string preset;        // e.g. "gpt2_124m", or "" when the template was called directly
+    std::vector<std::pair<std::string, lang::Value>> arguments; // every template argument
+    std::vector<ModelItemSpec> pre;  // before the blocks (embeddings)
+    std::vector<BlockSpec> blocks;   // the repeated blocks
+    std::vector<ModelItemSpec> post; // after the blocks (final norm, head, loss)
+    int64_t vocab = 0;
+    int64_t context = 0;
+    int64_t width = 0;
+    int64_t parameters = 0; // total, unsharded
+};
+
+struct LinkSpec {
+    double bandwidth = 0.0; // bytes per second, one direction
+    double latency = 0.0;   // seconds
+};
+
+/// A device kind and its links, read from stdlib/hardware/NAME.toml.
+struct HardwareProfile {
+    std::string name;
+    std::string description;
+    std::string path;
+    std::vector<std::string> aliases;
+    double peak_flops_f32 = 0.0;
+    double peak_flops_bf16 = 0.0;
+    int64_t memory_bytes = 0;
+    double memory_bandwidth = 0.0; // bytes per second
+    int64_t devices_per_host = 0;  // 0: no limit (CPU cores shared by ranks)
+    LinkSpec intra_host;
+    LinkSpec inter_host;
+};
+
+struct MeshSpec {
+    std::string device; // the profile name as written in the script
+    HardwareProfile profile;
+    int64_t dp = 1, tp = 1, pp = 1;
+    int64_t devices = 1;          // dp * tp * pp
+    int64_t hosts = 1;
+    int64_t devices_per_host = 1; // devices / hosts
+    int64_t memory_bytes = 0;     // per device: the profile's, or the script's `memory`
+};
+
+/// One compute action of a custom schedule, `<stage><op><microbatch>`.
+struct ActionSpec {
+    int64_t stage = 0;
+    char op = 'F'; // F, B, I or W
+    int64_t microbatch = 0;
+    lang::SourceLoc loc;
+};
+
+struct ScheduleSpec {
+    ScheduleKind kind = ScheduleKind::one_f_one_b;
+    int64_t microbatches = 1;
+    int64_t virtual_stages = 1;
+    Recompute recompute = Recompute::none;
+    std::vector<int64_t> partition; // blocks per stage (pp * virtual_stages entries)
+    bool partition_given = false;   // from the script, not the default even split
+    std::vector<std::vector<ActionSpec>> actions; // custom: per pipeline rank
+    std::vector<lang::SourceLoc> action_rows;     // custom: where each rank's row is
+};
+
+struct DataSpec {
+    DataFormat format = DataFormat::none;
+    std::string path; // resolved against the script's folder
+};
+
+struct OptimizerSpec {
+    double lr = 3e-4;
+    double beta1 = 0.9;
+    double beta2 = 0.95;
+    double eps = 1e-8;
+    double weight_decay = 0.0;
+};
+
+struct LrScheduleSpec {
+    LrScheduleKind kind = LrScheduleKind::constant;
+    int64_t warmup = 0;
+    double min_lr = 0.0;
+};
+
+struct CheckpointSpec {
+    int64_t every = 0; // 0: only at the end, when a folder is given
+    std::string dir;
+};
+
+struct EvalSpec {
+    int64_t every = 0; // 0: no evaluation
+    DataSpec data;
+    int64_t batches = 1;
+};
+
+struct TrainSpec {
+    DataSpec data;
+    int64_t batch = 1; // global batch, in sequences
+    int64_t steps = 1;
+    int64_t stop_after = 0; // 0: run all steps
+    int64_t seed = 1337;
+    Precision precision = Precision::f32;
+    OptimizerSpec optimizer;
+    LrScheduleSpec lr_schedule;
+    double clip = 0.0; // 0: no clipping
+    CheckpointSpec checkpoint;
+    EvalSpec eval;
+    int64_t microbatch_size = 1; // sequences per microbatch on one data-parallel rank
+};
+
+struct GenerateSpec {
+    double temperature = 1.0;
+    int64_t top_k = 0; // 0: the whole vocabulary
+    int64_t max_tokens = 256;
+};
+
+/// Weight, gradient and optimizer-state bytes of the fullest device: the floor under any plan.
+struct MemoryFloor {
+    int64_t parameters_per_device = 0;
+    int64_t bytes_per_device = 0;
+    int64_t bytes_per_parameter = 16;
+};
+
+struct Program {
+    std::string file;
+    ModelSpec model;
+    MeshSpec mesh;
+    ScheduleSpec schedule;
+    TrainSpec train;
+    GenerateSpec generate;
+    MemoryFloor memory;
+};
+
+} // namespace dist

@@ -1,0 +1,17 @@
+// program_json.hpp: the checked program as JSON (`dist plan --json`) and as a short summary.
+#pragma once
+
+#include "lang/program.hpp"
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace dist::lang {
+
+nlohmann::json to_json(const Program& program);
+nlohmann::json to_json(const lang::Value& value);
+
+/// A few lines for people: model, mesh, schedule, batch, memory floor.
+std::string summary(const Program& program);
+
+} // namespace dist::lang
