@@ -112,7 +112,7 @@ bool write_file_atomically(const std::string& path, const std::string& text, std
         ::unlink(name.data());
         return false;
     };
-    struct stat st{};
+    struct stat st {};
     if (::stat(path.c_str(), &st) == 0 && ::fchmod(fd, st.st_mode & 07777) != 0)
         return fail("chmod");
     size_t done = 0;

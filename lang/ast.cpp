@@ -64,7 +64,9 @@ void dump_expr(const Expr& e, std::string& out) {
     }
 }
 
-void indent(std::string& out, int depth) { out.append(static_cast<size_t>(depth) * 2, ' '); }
+void indent(std::string& out, int depth) {
+    out.append(static_cast<size_t>(depth) * 2, ' ');
+}
 
 void dump_block(const Block& b, std::string& out, int depth) {
     indent(out, depth);

@@ -80,7 +80,7 @@ struct ModelItem {
     SourceLoc loc;
     std::string name; // let name or layer label ("" when unlabelled)
     SourceLoc name_loc;
-    ExprPtr value;    // let value, repeat count, or the layer call
+    ExprPtr value; // let value, repeat count, or the layer call
     std::string shard;
     SourceLoc shard_loc;
     std::vector<ModelItem> body; // repeat / residual
@@ -97,12 +97,12 @@ struct Param {
 struct Statement {
     enum class Kind { import, model_template, preset, let, model, block } kind = Kind::let;
     SourceLoc loc;
-    std::string name;        // import path, template / preset / let name
+    std::string name; // import path, template / preset / let name
     SourceLoc name_loc;
-    ExprPtr value;           // let value, preset call, model call
-    std::vector<Param> params;     // model template
-    std::vector<ModelItem> body;   // model template
-    std::unique_ptr<Block> block;  // block
+    ExprPtr value;                // let value, preset call, model call
+    std::vector<Param> params;    // model template
+    std::vector<ModelItem> body;  // model template
+    std::unique_ptr<Block> block; // block
     uint32_t end_line = 0;
 };
 

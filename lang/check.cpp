@@ -88,7 +88,7 @@ CheckResult check_loaded(CheckResult result, const fs::path& path, std::string t
     std::vector<fs::path> roots = options.search_roots;
     LoadedProgram loaded = load_program(path, std::move(text), roots, sources, diags);
     std::vector<Override> overrides = parse_overrides(options.overrides, sources, diags);
-    if (!loaded.ok || loaded.files.empty() || diags.has_errors()) {
+    if (!loaded.ok || loaded.files.empty()) {
         diags.sort();
         return result;
     }
@@ -135,17 +135,16 @@ CheckResult check_loaded(CheckResult result, const fs::path& path, std::string t
     program.file = path.string();
     bool model_ok = false;
     if (!model_stmt) {
-        diags.error({main.file, 1, 1, 1},
-                    "the script chooses no model",
+        diags.error({main.file, 1, 1, 1}, "the script chooses no model",
                     "add a line such as `model = gpt(vocab: 256, context: 64, layers: 2, "
                     "heads: 2, width: 64)` after `import \"std/gpt.dist\"`");
     } else {
         model_ok = check_model(*model_stmt, defs, model_overrides, diags, program.model);
     }
-    if (model_ok) {
-        fs::path dir = fs::absolute(path).parent_path();
-        check_blocks(blocks, defs, dir, options, sources, diags, program);
-    }
+    // The blocks are read even when the model failed, so that their errors show too.
+    blocks.model_ok = model_ok;
+    fs::path dir = fs::absolute(path).parent_path();
+    check_blocks(blocks, defs, dir, options, sources, diags, program);
     diags.sort();
     if (!diags.has_errors()) result.program = std::move(program);
     return result;

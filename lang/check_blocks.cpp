@@ -69,7 +69,7 @@ BlockReader::BlockReader(const Block* block, std::string path, const Scope& scop
 }
 
 const Field* BlockReader::field(const std::string& name) {
-    known_.push_back(name);
+    if (std::find(known_.begin(), known_.end(), name) == known_.end()) known_.push_back(name);
     if (!block_) return nullptr;
     for (const auto& item : block_->items)
         if (item.kind == BlockItem::Kind::field && item.field.name == name) return &item.field;
@@ -77,7 +77,7 @@ const Field* BlockReader::field(const std::string& name) {
 }
 
 const Block* BlockReader::block(const std::string& name) {
-    known_.push_back(name);
+    if (std::find(known_.begin(), known_.end(), name) == known_.end()) known_.push_back(name);
     if (!block_) return nullptr;
     for (const auto& item : block_->items)
         if (item.kind == BlockItem::Kind::block && item.block->name == name)
@@ -110,8 +110,8 @@ std::optional<int64_t> BlockReader::integer(const std::string& name, int64_t min
     auto v = value(name);
     if (!v) return std::nullopt;
     if (v->type != Value::Type::integer) {
-        diags_.error(f->value->loc, "`" + path_ + "." + name + "` must be an integer, got " +
-                                        v->type_name());
+        diags_.error(f->value->loc,
+                     "`" + path_ + "." + name + "` must be an integer, got " + v->type_name());
         failed_ = true;
         return std::nullopt;
     }
@@ -154,10 +154,10 @@ std::optional<double> BlockReader::real(const std::string& name, double min, boo
                     : min == 0.0                ? "zero or more"
                                                 : "at least " + Value::real(min).str();
         else
-            range = std::string(min_exclusive ? "in (" : "in [") + Value::real(min).str() +
-                    ", " + Value::real(max).str() + (max_exclusive ? ")" : "]");
-        diags_.error(f->value->loc, "`" + path_ + "." + name + "` must be " + range + ", got " +
-                                        v->str());
+            range = std::string(min_exclusive ? "in (" : "in [") + Value::real(min).str() + ", " +
+                    Value::real(max).str() + (max_exclusive ? ")" : "]");
+        diags_.error(f->value->loc,
+                     "`" + path_ + "." + name + "` must be " + range + ", got " + v->str());
         failed_ = true;
         return std::nullopt;
     }
@@ -169,8 +169,8 @@ std::optional<bool> BlockReader::boolean(const std::string& name) {
     auto v = value(name);
     if (!v) return std::nullopt;
     if (v->type != Value::Type::boolean) {
-        diags_.error(f->value->loc, "`" + path_ + "." + name +
-                                        "` must be `true` or `false`, got " + v->type_name());
+        diags_.error(f->value->loc, "`" + path_ + "." + name + "` must be `true` or `false`, got " +
+                                        v->type_name());
         failed_ = true;
         return std::nullopt;
     }
@@ -203,8 +203,7 @@ std::optional<std::string> BlockReader::choice(const std::string& name,
     const Expr& e = *f->value;
     std::string text = e.kind == ExprKind::name ? e.text : "";
     if (e.kind != ExprKind::name) {
-        diags_.error(e.loc, "`" + path_ + "." + name + "` is one of " +
-                                join_names(options, " or "),
+        diags_.error(e.loc, "`" + path_ + "." + name + "` is one of " + join_names(options, " or "),
                      e.kind == ExprKind::string ? "write the name without quotes" : "");
         failed_ = true;
         return std::nullopt;
@@ -247,8 +246,8 @@ void BlockReader::finish() {
         std::string list = "the fields of " + path_ + " are " + join_names(known_, " and ");
         diags_.error(loc,
                      std::string("unknown ") +
-                         (item.kind == BlockItem::Kind::field ? "field" : "block") + " `" +
-                         name + "` in " + path_,
+                         (item.kind == BlockItem::Kind::field ? "field" : "block") + " `" + name +
+                         "` in " + path_,
                      best.empty() ? list : "did you mean `" + best + "`? " + list);
         failed_ = true;
     }
@@ -258,9 +257,9 @@ void BlockReader::finish() {
 
 namespace {
 
-const std::vector<std::string> schedule_kinds = {
-    "gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zb_h1", "zb_h2", "zbv", "dualpipev",
-    "custom"};
+const std::vector<std::string> schedule_kinds = {"gpipe",      "1f1b",      "interleaved_1f1b",
+                                                 "looped_bfs", "zb_h1",     "zb_h2",
+                                                 "zbv",        "dualpipev", "custom"};
 
 template <typename E> E pick(const std::vector<std::string>& names, const std::string& s) {
     return static_cast<E>(std::find(names.begin(), names.end(), s) - names.begin());
@@ -281,11 +280,13 @@ struct Checker {
     Diagnostics& diags;
     Program& p;
     uint32_t file;
+    bool model_ok;
     bool ok = true;
 
     Checker(const Definitions& d, const fs::path& dir_, const FrontendOptions& o, SourceManager& s,
-            Diagnostics& dg, Program& prog, uint32_t f)
-        : defs(d), dir(dir_), options(o), sources(s), diags(dg), p(prog), file(f) {}
+            Diagnostics& dg, Program& prog, uint32_t f, bool model)
+        : defs(d), dir(dir_), options(o), sources(s), diags(dg), p(prog), file(f), model_ok(model) {
+    }
 
     // Locations that later rules point at.
     SourceLoc tp_loc, pp_loc, dp_loc, devices_loc, v_loc, m_loc, batch_loc, kind_loc;
@@ -302,7 +303,7 @@ struct Checker {
                         best.empty() ? "" : "did you mean `" + best + "`?");
             return false;
         }
-        out.format = e.text == "text" ? DataFormat::text
+        out.format = e.text == "text"     ? DataFormat::text
                      : e.text == "tokens" ? DataFormat::tokens
                                           : DataFormat::synthetic;
         if (out.format == DataFormat::synthetic) {
@@ -368,8 +369,7 @@ struct Checker {
         int64_t ranks = sat_mul(sat_mul(m.dp, m.tp), m.pp);
         if (ranks > max_ranks) {
             diags.error(block->loc, "the mesh has " + std::to_string(ranks) +
-                                        " ranks; Dist plans at most " +
-                                        std::to_string(max_ranks));
+                                        " ranks; Dist plans at most " + std::to_string(max_ranks));
             ok = false;
             return;
         }
@@ -435,8 +435,8 @@ struct Checker {
                 diags.error(dev->count->loc,
                             "the mesh has dp x tp x pp = " + std::to_string(m.dp) + " x " +
                                 std::to_string(m.tp) + " x " + std::to_string(m.pp) + " = " +
-                                std::to_string(ranks) + " ranks, but " +
-                                std::to_string(c->i) + " devices",
+                                std::to_string(ranks) + " ranks, but " + std::to_string(c->i) +
+                                " devices",
                             hint);
                 ok = false;
                 return;
@@ -447,17 +447,17 @@ struct Checker {
         int64_t h = hosts.value_or(0), d = per_host.value_or(0);
         if (h && d) {
             if (sat_mul(h, d) != ranks) {
-                diags.error(r.loc_of("hosts"), std::to_string(h) + " hosts x " +
-                                                   std::to_string(d) + " devices is not the " +
-                                                   std::to_string(ranks) + " devices of the mesh");
+                diags.error(r.loc_of("hosts"), std::to_string(h) + " hosts x " + std::to_string(d) +
+                                                   " devices is not the " + std::to_string(ranks) +
+                                                   " devices of the mesh");
                 ok = false;
                 return;
             }
         } else if (h) {
             if (ranks % h != 0) {
-                diags.error(r.loc_of("hosts"), std::to_string(ranks) +
-                                                   " devices do not divide evenly over " +
-                                                   std::to_string(h) + " hosts",
+                diags.error(r.loc_of("hosts"),
+                            std::to_string(ranks) + " devices do not divide evenly over " +
+                                std::to_string(h) + " hosts",
                             "use " + divisors_hint(ranks) + " hosts");
                 ok = false;
                 return;
@@ -465,9 +465,9 @@ struct Checker {
             d = ranks / h;
         } else if (d) {
             if (ranks % d != 0) {
-                diags.error(r.loc_of("devices_per_host"),
-                            std::to_string(ranks) + " devices do not fill hosts of " +
-                                std::to_string(d));
+                diags.error(r.loc_of("devices_per_host"), std::to_string(ranks) +
+                                                              " devices do not fill hosts of " +
+                                                              std::to_string(d));
                 ok = false;
                 return;
             }
@@ -475,10 +475,12 @@ struct Checker {
         } else {
             d = limit > 0 ? std::min(limit, ranks) : ranks;
             if (ranks % d != 0) {
-                diags.error(devices_loc, std::to_string(ranks) + " devices do not fill hosts of " +
-                                             std::to_string(d) + " " + m.profile.name,
-                            "use a multiple of " + std::to_string(d) + " devices, or set "
-                            "`hosts`");
+                diags.error(devices_loc,
+                            std::to_string(ranks) + " devices do not fill hosts of " +
+                                std::to_string(d) + " " + m.profile.name,
+                            "use a multiple of " + std::to_string(d) +
+                                " devices, or set "
+                                "`hosts`");
                 ok = false;
                 return;
             }
@@ -522,6 +524,11 @@ struct Checker {
         }
         int64_t pp = p.mesh.pp, vs = s.virtual_stages, mb = s.microbatches;
         int64_t stages = pp * vs;
+        if (!model_ok) {
+            // The stage rules need the model's blocks; the custom table can still be read.
+            if (s.kind == ScheduleKind::custom && actions) custom(actions);
+            return;
+        }
         int64_t blocks = static_cast<int64_t>(p.model.blocks.size());
         std::string kname = to_string(s.kind);
 
@@ -529,8 +536,7 @@ struct Checker {
         if ((s.kind == ScheduleKind::gpipe || s.kind == ScheduleKind::one_f_one_b ||
              s.kind == ScheduleKind::zb_h1 || s.kind == ScheduleKind::zb_h2) &&
             vs != 1) {
-            diags.error(v_loc, "`" + kname + "` runs one stage per rank, not " +
-                                   std::to_string(vs),
+            diags.error(v_loc, "`" + kname + "` runs one stage per rank, not " + std::to_string(vs),
                         "use `interleaved_1f1b` or `looped_bfs` for virtual stages");
             ok = false;
         }
@@ -542,8 +548,9 @@ struct Checker {
                 ok = false;
             }
             if (mb % pp != 0) {
-                diags.error(m_loc, "`interleaved_1f1b` needs microbatches divisible by pp = " +
-                                       std::to_string(pp) + ", got " + std::to_string(mb),
+                diags.error(m_loc,
+                            "`interleaved_1f1b` needs microbatches divisible by pp = " +
+                                std::to_string(pp) + ", got " + std::to_string(mb),
                             "use " + std::to_string(((mb + pp - 1) / pp) * pp) +
                                 " microbatches (a multiple of pp, as Megatron-LM requires)");
                 ok = false;
@@ -557,22 +564,28 @@ struct Checker {
         if ((s.kind == ScheduleKind::zb_h1 || s.kind == ScheduleKind::zb_h2 ||
              s.kind == ScheduleKind::zbv) &&
             mb < pp) {
-            diags.error(m_loc, "`" + kname + "` needs at least pp = " + std::to_string(pp) +
-                                   " microbatches, got " + std::to_string(mb),
+            diags.error(m_loc,
+                        "`" + kname + "` needs at least pp = " + std::to_string(pp) +
+                            " microbatches, got " + std::to_string(mb),
                         "use " + std::to_string(pp) + " or more microbatches");
             ok = false;
         }
         if (s.kind == ScheduleKind::dualpipev && mb < 2 * pp) {
-            diags.error(m_loc, "`dualpipev` needs at least 2 x pp = " + std::to_string(2 * pp) +
-                                   " microbatches, got " + std::to_string(mb),
+            diags.error(m_loc,
+                        "`dualpipev` needs at least 2 x pp = " + std::to_string(2 * pp) +
+                            " microbatches, got " + std::to_string(mb),
                         "use " + std::to_string(2 * pp) + " or more microbatches");
             ok = false;
         }
         if (blocks < stages) {
-            diags.error(pp_loc.valid() && pp > 1 ? pp_loc : v_loc.valid() ? v_loc : kind_loc,
-                        "the model has " + std::to_string(blocks) + " blocks, too few for pp x "
-                        "virtual_stages = " + std::to_string(pp) + " x " + std::to_string(vs) +
-                        " = " + std::to_string(stages) + " stages",
+            diags.error(pp_loc.valid() && pp > 1 ? pp_loc
+                        : v_loc.valid()          ? v_loc
+                                                 : kind_loc,
+                        "the model has " + std::to_string(blocks) +
+                            " blocks, too few for pp x "
+                            "virtual_stages = " +
+                            std::to_string(pp) + " x " + std::to_string(vs) + " = " +
+                            std::to_string(stages) + " stages",
                         "use at most " + std::to_string(blocks) + " stages, or more layers");
             ok = false;
             return;
@@ -585,7 +598,8 @@ struct Checker {
                 return;
             }
             bool shape = pv->type == Value::Type::tuple;
-            for (const auto& x : pv->items) shape = shape && x.type == Value::Type::integer && x.i >= 0;
+            for (const auto& x : pv->items)
+                shape = shape && x.type == Value::Type::integer && x.i >= 0;
             if (!shape) {
                 diags.error(part->value->loc, "`partition` is a list of block counts, one per "
                                               "stage, e.g. [3, 3, 2]");
@@ -595,10 +609,9 @@ struct Checker {
             int64_t sum = 0;
             for (const auto& x : pv->items) sum = sat_add(sum, x.i);
             if (static_cast<int64_t>(pv->items.size()) != stages) {
-                diags.error(part->value->loc, "`partition` has " +
-                                                  std::to_string(pv->items.size()) +
-                                                  " entries for " + std::to_string(stages) +
-                                                  " stages");
+                diags.error(part->value->loc,
+                            "`partition` has " + std::to_string(pv->items.size()) +
+                                " entries for " + std::to_string(stages) + " stages");
                 ok = false;
                 return;
             }
@@ -674,8 +687,8 @@ struct Checker {
                 size_t i = 0;
                 while (i < a.size() && std::isdigit(static_cast<unsigned char>(a[i]))) ++i;
                 size_t op_at = i;
-                bool shape = i > 0 && i < a.size() && std::string("FBIW").find(a[i]) !=
-                                                          std::string::npos;
+                bool shape =
+                    i > 0 && i < a.size() && std::string("FBIW").find(a[i]) != std::string::npos;
                 size_t j = op_at + 1;
                 while (shape && j < a.size() && std::isdigit(static_cast<unsigned char>(a[j]))) ++j;
                 shape = shape && j == a.size() && j > op_at + 1 && op_at <= 9 &&
@@ -706,16 +719,17 @@ struct Checker {
                 }
                 auto [it, fresh] = stage_rank.emplace(act.stage, rank->i);
                 if (!fresh && it->second != rank->i) {
-                    diags.error(at, "stage " + std::to_string(act.stage) + " is on rank " +
-                                        std::to_string(it->second) + " already",
+                    diags.error(at,
+                                "stage " + std::to_string(act.stage) + " is on rank " +
+                                    std::to_string(it->second) + " already",
                                 "each stage lives on one rank");
                     table_ok = false;
                     continue;
                 }
                 auto key = std::make_tuple(act.stage, act.microbatch, act.op);
                 if (done.count(key)) {
-                    diags.error(at, "`" + a + "` appears twice", "first at column " +
-                                                                     std::to_string(done[key].col));
+                    diags.error(at, "`" + a + "` appears twice",
+                                "first at column " + std::to_string(done[key].col));
                     table_ok = false;
                     continue;
                 }
@@ -737,8 +751,10 @@ struct Checker {
                     bool f = done.count({st, m, 'F'}), b = done.count({st, m, 'B'}),
                          i = done.count({st, m, 'I'}), w = done.count({st, m, 'W'});
                     std::string what;
-                    if (!f) what = "no forward `" + std::to_string(st) + "F" + std::to_string(m) + "`";
-                    else if (b && (i || w)) what = "both B and I/W for " + std::to_string(st) + "/" + std::to_string(m);
+                    if (!f)
+                        what = "no forward `" + std::to_string(st) + "F" + std::to_string(m) + "`";
+                    else if (b && (i || w))
+                        what = "both B and I/W for " + std::to_string(st) + "/" + std::to_string(m);
                     else if (!b && !(i && w))
                         what = "no backward for stage " + std::to_string(st) + " microbatch " +
                                std::to_string(m) + " (B, or I and W)";
@@ -866,8 +882,8 @@ struct Checker {
             ok = false;
         }
         if (min_lr && *min_lr > t.optimizer.lr) {
-            diags.error(l.loc_of("min_lr"), "`min_lr` is above the peak `lr` " +
-                                                Value::real(t.optimizer.lr).str());
+            diags.error(l.loc_of("min_lr"),
+                        "`min_lr` is above the peak `lr` " + Value::real(t.optimizer.lr).str());
             ok = false;
         }
     }
@@ -876,7 +892,7 @@ struct Checker {
         BlockReader r(block, "generate", defs.globals, diags);
         GenerateSpec& g = p.generate;
         g.temperature = r.real("temperature", 0.0, false).value_or(1.0);
-        g.top_k = r.integer("top_k", 0, p.model.vocab).value_or(0);
+        g.top_k = r.integer("top_k", 0, model_ok ? p.model.vocab : INT64_MAX).value_or(0);
         g.max_tokens = r.integer("max_tokens", 1, 1 << 20).value_or(256);
         r.finish();
         if (r.failed()) ok = false;
@@ -916,12 +932,12 @@ struct Checker {
             for (const auto& n : needs) {
                 if (n.n % m.tp == 0) continue;
                 if (!said.insert(std::string(n.what) + std::to_string(n.n)).second) continue;
-                std::string hint = std::string(n.what) == "vocabulary"
-                                       ? "pad the vocabulary to a multiple of tp (e.g. " +
-                                             std::to_string(((n.n + 127) / 128) * 128) +
-                                             "), or use tp = " + divisors_hint(g)
-                                       : "tp must divide every sharded size: use " +
-                                             divisors_hint(g);
+                std::string hint =
+                    std::string(n.what) == "vocabulary"
+                        ? "pad the vocabulary to a multiple of tp (e.g. " +
+                              std::to_string(((n.n + 127) / 128) * 128) +
+                              "), or use tp = " + divisors_hint(g)
+                        : "tp must divide every sharded size: use " + divisors_hint(g);
                 diags.error(tp_loc,
                             "tp = " + std::to_string(m.tp) + " does not divide the " + n.what +
                                 " (" + std::to_string(n.n) + ") of `" + n.layer->name + "`",
@@ -932,11 +948,11 @@ struct Checker {
         int64_t split = sat_mul(m.dp, p.schedule.microbatches);
         if (p.train.batch % split != 0) {
             int64_t up = ((p.train.batch + split - 1) / split) * split;
-            diags.error(batch_loc, "global batch " + std::to_string(p.train.batch) +
-                                       " is not divisible by dp x microbatches = " +
-                                       std::to_string(m.dp) + " x " +
-                                       std::to_string(p.schedule.microbatches) + " = " +
-                                       std::to_string(split),
+            diags.error(batch_loc,
+                        "global batch " + std::to_string(p.train.batch) +
+                            " is not divisible by dp x microbatches = " + std::to_string(m.dp) +
+                            " x " + std::to_string(p.schedule.microbatches) + " = " +
+                            std::to_string(split),
                         "use a batch of " + std::to_string(up) + " (or " +
                             std::to_string(split * 2 > up ? split * 2 : up + split) + ")");
             ok = false;
@@ -957,8 +973,7 @@ struct Checker {
             return stage % m.pp;
         };
         auto on_device = [&](const LayerSpec& l) {
-            return l.shard == ShardDim::none ? l.parameters
-                                             : (l.parameters + m.tp - 1) / m.tp;
+            return l.shard == ShardDim::none ? l.parameters : (l.parameters + m.tp - 1) / m.tp;
         };
         std::vector<int64_t> per_rank(static_cast<size_t>(m.pp), 0);
         auto add = [&](int64_t stage, int64_t n) {
@@ -990,9 +1005,8 @@ struct Checker {
             char params[64];
             std::snprintf(params, sizeof params, "%.2fB", static_cast<double>(worst) / 1e9);
             diags.error(devices_loc,
-                        "the model does not fit: the fullest device holds " +
-                            std::string(params) + " parameters, " +
-                            format_bytes(p.memory.bytes_per_device) +
+                        "the model does not fit: the fullest device holds " + std::string(params) +
+                            " parameters, " + format_bytes(p.memory.bytes_per_device) +
                             " of weights, gradients and AdamW state, but a " + m.profile.name +
                             " has " + format_bytes(m.memory_bytes),
                         "raise tp or pp to spread the model, or pick a device with more memory");
@@ -1006,7 +1020,7 @@ struct Checker {
 bool check_blocks(const BlockSet& blocks, const Definitions& defs, const fs::path& script_dir,
                   const FrontendOptions& options, SourceManager& sources, Diagnostics& diags,
                   Program& program) {
-    Checker c(defs, script_dir, options, sources, diags, program, blocks.file);
+    Checker c(defs, script_dir, options, sources, diags, program, blocks.file, blocks.model_ok);
     c.mesh(blocks.mesh);
     if (!c.ok) {
         // Later rules need a valid mesh; still read the other blocks for their own errors.
@@ -1017,7 +1031,7 @@ bool check_blocks(const BlockSet& blocks, const Definitions& defs, const fs::pat
     bool schedule_ok = c.ok;
     c.train(blocks.train);
     c.generate(blocks.generate);
-    if (mesh_ok && schedule_ok && c.ok) c.cross();
+    if (mesh_ok && schedule_ok && c.ok && blocks.model_ok) c.cross();
     return c.ok;
 }
 

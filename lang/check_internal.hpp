@@ -28,8 +28,8 @@ struct Override {
 };
 
 /// Parses `KEY=VALUE` texts; each becomes a source of its own named `--set`.
-std::vector<Override> parse_overrides(const std::vector<std::string>& texts,
-                                      SourceManager& sources, Diagnostics& diags);
+std::vector<Override> parse_overrides(const std::vector<std::string>& texts, SourceManager& sources,
+                                      Diagnostics& diags);
 
 /// Applies the block overrides to the main script's tree (adding blocks and fields as needed);
 /// returns the `model.ARG` ones, which apply when the model template is called.
@@ -49,8 +49,7 @@ class BlockReader {
     /// Location of a field, or of the block when the field is absent.
     SourceLoc loc_of(const std::string& name) const;
 
-    std::optional<int64_t> integer(const std::string& name, int64_t min,
-                                   int64_t max = INT64_MAX);
+    std::optional<int64_t> integer(const std::string& name, int64_t min, int64_t max = INT64_MAX);
     std::optional<double> real(const std::string& name, double min, bool min_exclusive,
                                double max = 1e300, bool max_exclusive = false);
     std::optional<bool> boolean(const std::string& name);
@@ -98,8 +97,7 @@ struct Definitions {
 
 /// Expands the model call into a ModelSpec; false after reporting errors.
 bool check_model(const Statement& model_stmt, const Definitions& defs,
-                 const std::vector<Override>& model_overrides, Diagnostics& diags,
-                 ModelSpec& out);
+                 const std::vector<Override>& model_overrides, Diagnostics& diags, ModelSpec& out);
 
 /// Reads mesh, schedule, train and generate, and checks how they fit the model.
 struct BlockSet {
@@ -107,7 +105,8 @@ struct BlockSet {
     const Block* schedule = nullptr;
     const Block* train = nullptr;
     const Block* generate = nullptr;
-    uint32_t file = 0; // the main script, for errors about missing blocks
+    uint32_t file = 0;     // the main script, for errors about missing blocks
+    bool model_ok = false; // rules that need the model run only when it checked
 };
 bool check_blocks(const BlockSet& blocks, const Definitions& defs,
                   const std::filesystem::path& script_dir, const FrontendOptions& options,

@@ -194,10 +194,10 @@ class Expander {
             }
             case ModelItem::Kind::residual:
             case ModelItem::Kind::repeat:
-                diags_.error(child.loc, std::string("a `") +
-                                            (child.kind == ModelItem::Kind::repeat ? "repeat"
-                                                                                   : "residual") +
-                                            "` cannot sit inside a `residual`");
+                diags_.error(child.loc,
+                             std::string("a `") +
+                                 (child.kind == ModelItem::Kind::repeat ? "repeat" : "residual") +
+                                 "` cannot sit inside a `residual`");
                 ok = false;
                 break;
             }
@@ -223,18 +223,18 @@ class Expander {
             return;
         }
         if (count->type != Value::Type::integer) {
-            diags_.error(item.value->loc, "`repeat` needs an integer count, got " +
-                                              count->type_name());
+            diags_.error(item.value->loc,
+                         "`repeat` needs an integer count, got " + count->type_name());
             ok_ = false;
             return;
         }
         if (count->i < 1 || count->i > max_blocks) {
             diags_.error(item.value->loc,
-                         count->i < 1 ? "`repeat` count must be positive, got " +
-                                            std::to_string(count->i)
-                                      : "`repeat` count " + std::to_string(count->i) +
-                                            " is more than the limit of " +
-                                            std::to_string(max_blocks) + " blocks");
+                         count->i < 1
+                             ? "`repeat` count must be positive, got " + std::to_string(count->i)
+                             : "`repeat` count " + std::to_string(count->i) +
+                                   " is more than the limit of " + std::to_string(max_blocks) +
+                                   " blocks");
             ok_ = false;
             return;
         }
@@ -271,7 +271,8 @@ class Expander {
             return;
         }
         for (const auto& spec : first.items)
-            for (const auto& l : spec.layers) first.parameters = sat_add(first.parameters, l.parameters);
+            for (const auto& l : spec.layers)
+                first.parameters = sat_add(first.parameters, l.parameters);
         out.blocks.reserve(static_cast<size_t>(count->i));
         for (int64_t i = 0; i < count->i; ++i) {
             BlockSpec b = first;
@@ -335,10 +336,10 @@ class Expander {
                 if (!known) {
                     std::string best = closest_name(pname, pnames);
                     diags_.error(at, "`" + call.text + "` has no argument `" + pname + "`",
-                                 best.empty() ? (pnames.empty() ? "it takes no arguments"
-                                                                : "its arguments are " +
-                                                                      join_names(pnames))
-                                              : "did you mean `" + best + "`?");
+                                 best.empty()
+                                     ? (pnames.empty() ? "it takes no arguments"
+                                                       : "its arguments are " + join_names(pnames))
+                                     : "did you mean `" + best + "`?");
                     ok = false;
                     continue;
                 }
@@ -361,8 +362,8 @@ class Expander {
             args[pname] = {v.value_or(Value::integer(0)), a.value->loc};
             given.insert(pname);
             if (pname == "activation" && !v) {
-                diags_.error(a.value->loc, "`activation` is one of " +
-                                               join_names(activation_names, " or "));
+                diags_.error(a.value->loc,
+                             "`activation` is one of " + join_names(activation_names, " or "));
                 ok = false;
             }
         }
@@ -385,9 +386,8 @@ class Expander {
                 static const char* names[] = {"an integer", "a real number", "a boolean",
                                               "a string",   "a name",        "a list"};
                 diags_.error(it->second.loc, "`" + std::string(p.name) + "` of `" + call.text +
-                                                 "` must be " +
-                                                 names[static_cast<int>(p.type)] + ", got " +
-                                                 v.type_name());
+                                                 "` must be " + names[static_cast<int>(p.type)] +
+                                                 ", got " + v.type_name());
                 ok = false;
             }
         }
@@ -455,8 +455,7 @@ class Expander {
             if (out.kv_heads > out.heads || out.heads % out.kv_heads != 0) {
                 diags_.error(args["kv_heads"].loc,
                              "heads " + std::to_string(out.heads) +
-                                 " is not a multiple of kv_heads " +
-                                 std::to_string(out.kv_heads),
+                                 " is not a multiple of kv_heads " + std::to_string(out.kv_heads),
                              "grouped-query attention shares each key/value head among an "
                              "equal number of query heads");
                 ok = false;
@@ -542,7 +541,8 @@ bool check_structure(const ModelSpec& m, SourceLoc call_loc, Diagnostics& diags)
         for (const auto& l : it.layers) all.push_back(&l);
 
     auto count = [&](LayerKind k) {
-        return std::count_if(all.begin(), all.end(), [&](const LayerSpec* l) { return l->kind == k; });
+        return std::count_if(all.begin(), all.end(),
+                             [&](const LayerSpec* l) { return l->kind == k; });
     };
     const LayerSpec* embedding = nullptr;
     const LayerSpec* head = nullptr;
@@ -556,8 +556,7 @@ bool check_structure(const ModelSpec& m, SourceLoc call_loc, Diagnostics& diags)
         return false;
     }
     if (count(LayerKind::position_embedding) + count(LayerKind::rotary_embedding) != 1) {
-        diags.error(call_loc,
-                    "a model has exactly one `position_embedding` or `rotary_embedding`");
+        diags.error(call_loc, "a model has exactly one `position_embedding` or `rotary_embedding`");
         ok = false;
     }
     for (const LayerSpec* l : all) {
@@ -575,18 +574,20 @@ bool check_structure(const ModelSpec& m, SourceLoc call_loc, Diagnostics& diags)
         return false;
     }
     for (const LayerSpec* l : all) {
-        bool has_width = l->kind != LayerKind::rotary_embedding && l->kind != LayerKind::cross_entropy;
+        bool has_width =
+            l->kind != LayerKind::rotary_embedding && l->kind != LayerKind::cross_entropy;
         if (has_width && l->width != embedding->width) {
-            diags.error(l->loc, "`" + l->name + "` has width " + std::to_string(l->width) +
-                                    " but the model's residual width is " +
-                                    std::to_string(embedding->width),
+            diags.error(l->loc,
+                        "`" + l->name + "` has width " + std::to_string(l->width) +
+                            " but the model's residual width is " +
+                            std::to_string(embedding->width),
                         "every layer reads and writes the residual stream of the embedding");
             ok = false;
         }
         if (l->kind == LayerKind::attention && count(LayerKind::rotary_embedding) &&
             l->head_dim % 2 != 0) {
-            diags.error(l->loc, "rotary positions need an even head_dim, `" + l->name +
-                                    "` has " + std::to_string(l->head_dim));
+            diags.error(l->loc, "rotary positions need an even head_dim, `" + l->name + "` has " +
+                                    std::to_string(l->head_dim));
             ok = false;
         }
     }
@@ -614,8 +615,7 @@ bool check_structure(const ModelSpec& m, SourceLoc call_loc, Diagnostics& diags)
 } // namespace
 
 bool check_model(const Statement& model_stmt, const Definitions& defs,
-                 const std::vector<Override>& model_overrides, Diagnostics& diags,
-                 ModelSpec& out) {
+                 const std::vector<Override>& model_overrides, Diagnostics& diags, ModelSpec& out) {
     const Expr& call = *model_stmt.value;
     const Statement* tmpl = nullptr;
     const Statement* preset = nullptr;
@@ -623,8 +623,8 @@ bool check_model(const Statement& model_stmt, const Definitions& defs,
         preset = p->second.stmt;
         auto t = defs.templates.find(preset->value->text);
         if (t == defs.templates.end()) {
-            diags.error(preset->value->loc, "preset `" + preset->name +
-                                                "` calls `" + preset->value->text +
+            diags.error(preset->value->loc, "preset `" + preset->name + "` calls `" +
+                                                preset->value->text +
                                                 "`, which is not a model template");
             return false;
         }
@@ -639,8 +639,8 @@ bool check_model(const Statement& model_stmt, const Definitions& defs,
         std::string hint;
         if (!best.empty())
             hint = "did you mean `" + best + "`?";
-        else if (std::find(layer_names().begin(), layer_names().end(), call.text) !=
-                 layer_names().end())
+        else if (const auto layers = layer_names();
+                 std::find(layers.begin(), layers.end(), call.text) != layers.end())
             hint = "`" + call.text + "` is a layer; a model comes from a template such as `gpt`";
         else if (names.empty())
             hint = "import a model family first, e.g. `import \"std/gpt.dist\"`";
@@ -696,12 +696,13 @@ bool check_model(const Statement& model_stmt, const Definitions& defs,
         const std::string& name = o.path[1];
         if (o.path.size() != 2 || std::find(pnames.begin(), pnames.end(), name) == pnames.end()) {
             std::string best = closest_name(name, pnames);
-            diags.error(o.key_loc, "model `" + tmpl->name + "` has no argument `" + name + "`",
-                        "the keys are " + [&] {
-                            std::vector<std::string> keys;
-                            for (const auto& p : pnames) keys.push_back("model." + p);
-                            return join_names(keys, " and ");
-                        }() + (best.empty() ? "" : "; did you mean `model." + best + "`?"));
+            diags.error(
+                o.key_loc,
+                "model `" + tmpl->name + "` has no argument `" + name + "`", "the keys are " + [&] {
+                    std::vector<std::string> keys;
+                    for (const auto& p : pnames) keys.push_back("model." + p);
+                    return join_names(keys, " and ");
+                }() + (best.empty() ? "" : "; did you mean `model." + best + "`?"));
             ok = false;
             continue;
         }
@@ -739,8 +740,13 @@ bool check_model(const Statement& model_stmt, const Definitions& defs,
     out.template_name = tmpl->name;
     out.preset = preset ? preset->name : "";
     Expander ex(defs.globals, diags);
-    if (!ex.run(*tmpl, scope, out)) return false;
-    if (!check_structure(out, call.loc, diags)) return false;
+    bool expanded = ex.run(*tmpl, scope, out) && check_structure(out, call.loc, diags);
+    if (!expanded) {
+        // The errors sit in the template, often in a library file: show where it was called.
+        if (tmpl->name_loc.file != call.loc.file)
+            diags.note(call.loc, "in the model `" + tmpl->name + "` called here");
+        return false;
+    }
 
     const LayerSpec& emb = out.pre.front().layers.front();
     out.vocab = emb.vocab;

@@ -6,6 +6,7 @@
 namespace dist::lang {
 
 void Diagnostics::error(SourceLoc loc, std::string message, std::string hint) {
+    ++errors_;
     for (const auto& d : list_) {
         if (d.loc.file == loc.file && d.loc.line == loc.line && d.loc.col == loc.col &&
             d.message == message)
@@ -16,6 +17,13 @@ void Diagnostics::error(SourceLoc loc, std::string message, std::string hint) {
         return;
     }
     list_.push_back({loc, std::move(message), std::move(hint)});
+}
+
+void Diagnostics::note(SourceLoc loc, std::string message) {
+    if (list_.size() >= max_errors) return;
+    Diagnostic d{loc, std::move(message), {}};
+    d.note = true;
+    list_.push_back(std::move(d));
 }
 
 void Diagnostics::sort() {
@@ -30,8 +38,8 @@ std::string Diagnostics::render(const SourceManager& sources) const {
     std::string out;
     for (const auto& d : list_) out += render_diagnostic(sources, d);
     if (truncated_) {
-        out += "error: too many errors (" + std::to_string(max_errors) +
-               " shown); fix these first\n";
+        out +=
+            "error: too many errors (" + std::to_string(max_errors) + " shown); fix these first\n";
     }
     return out;
 }
@@ -98,7 +106,7 @@ std::string render_diagnostic(const SourceManager& sources, const Diagnostic& d)
     if (d.loc.valid() && d.loc.file < sources.size()) {
         const SourceFile& f = sources.file(d.loc.file);
         out += f.name() + ":" + std::to_string(d.loc.line) + ":" + std::to_string(d.loc.col) +
-               ": error: " + d.message + "\n";
+               (d.note ? ": note: " : ": error: ") + d.message + "\n";
         std::string_view line = f.line(d.loc.line);
         ShownLine s = show_line(line, d.loc.col, d.loc.length);
         out += "    " + s.text + "\n";
@@ -115,14 +123,18 @@ std::string render_diagnostic(const SourceManager& sources, const Diagnostic& d)
 namespace {
 
 size_t edit_distance(std::string_view a, std::string_view b) {
-    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    // Optimal string alignment: insertions, deletions, substitutions and swaps of neighbours.
+    std::vector<size_t> before(b.size() + 1), prev(b.size() + 1), cur(b.size() + 1);
     for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
     for (size_t i = 1; i <= a.size(); ++i) {
         cur[0] = i;
         for (size_t j = 1; j <= b.size(); ++j) {
             size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
             cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+                cur[j] = std::min(cur[j], before[j - 2] + 1);
         }
+        before = prev;
         std::swap(prev, cur);
     }
     return prev[b.size()];

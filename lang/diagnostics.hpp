@@ -17,6 +17,7 @@ struct Diagnostic {
     SourceLoc loc;
     std::string message;
     std::string hint;
+    bool note = false; // context for the errors around it ("in the model called here")
 };
 
 /// Collects diagnostics; duplicates (same place, same message) are kept once.
@@ -26,7 +27,11 @@ class Diagnostics {
     static constexpr size_t max_errors = 50;
 
     void error(SourceLoc loc, std::string message, std::string hint = {});
-    bool has_errors() const { return !list_.empty(); }
+    /// Context for an error reported elsewhere; a note alone is not a failure.
+    void note(SourceLoc loc, std::string message);
+    bool has_errors() const { return errors_ > 0; }
+    /// Errors reported so far (a counter that later code compares to see if a step failed).
+    size_t error_count() const { return errors_; }
     size_t count() const { return list_.size(); }
     const std::vector<Diagnostic>& all() const { return list_; }
     /// Order by file, line and column (stable for equal places).
@@ -36,6 +41,7 @@ class Diagnostics {
 
   private:
     std::vector<Diagnostic> list_;
+    size_t errors_ = 0;
     bool truncated_ = false;
 };
 

@@ -49,8 +49,7 @@ std::string expr_text(const Expr& e) {
     }
     case ExprKind::binary: {
         int p = precedence(e);
-        if (e.text == "**")
-            return operand(*e.items[0], 5) + " ** " + operand(*e.items[1], 4);
+        if (e.text == "**") return operand(*e.items[0], 5) + " ** " + operand(*e.items[1], 4);
         return operand(*e.items[0], p) + " " + e.text + " " + operand(*e.items[1], p + 1);
     }
     case ExprKind::call: {
@@ -75,6 +74,48 @@ std::string expr_text(const Expr& e) {
     }
     }
     return {};
+}
+
+constexpr size_t max_columns = 100;
+
+// `head(a, b, c)tail` on one line, or, when that is longer than the limit, with the items
+// filled greedily onto lines that align under the first one.
+std::string wrap(size_t indent_cols, const std::string& head, const std::vector<std::string>& items,
+                 const std::string& tail) {
+    std::string one = head;
+    for (size_t i = 0; i < items.size(); ++i) one += (i ? ", " : "") + items[i];
+    one += tail;
+    if (indent_cols + one.size() <= max_columns || items.size() < 2) return one;
+    size_t align = indent_cols + head.size();
+    std::string out = head;
+    size_t col = align;
+    for (size_t i = 0; i < items.size(); ++i) {
+        std::string piece = items[i] + (i + 1 < items.size() ? "," : tail);
+        if (i > 0) {
+            if (col + 1 + piece.size() > max_columns) {
+                out += "\n" + std::string(align, ' ');
+                col = align;
+            } else {
+                out += " ";
+                col += 1;
+            }
+        }
+        out += piece;
+        col += piece.size();
+    }
+    return out;
+}
+
+std::vector<std::string> arg_texts(const Expr& call) {
+    std::vector<std::string> items;
+    for (const auto& a : call.args)
+        items.push_back((a.name.empty() ? "" : a.name + ": ") + expr_text(*a.value));
+    return items;
+}
+
+std::string call_text(size_t indent_cols, const std::string& prefix, const Expr& call,
+                      const std::string& suffix = "") {
+    return wrap(indent_cols, prefix + call.text + "(", arg_texts(call), ")" + suffix);
 }
 
 class Printer {
@@ -139,7 +180,7 @@ class Printer {
             end_line(st.end_line);
             break;
         case Statement::Kind::preset:
-            line(0, "preset " + st.name + " = " + expr_text(*st.value));
+            line(0, call_text(0, "preset " + st.name + " = ", *st.value));
             end_line(st.end_line);
             break;
         case Statement::Kind::let:
@@ -147,18 +188,15 @@ class Printer {
             end_line(st.end_line);
             break;
         case Statement::Kind::model:
-            line(0, "model = " + expr_text(*st.value));
+            line(0, call_text(0, "model = ", *st.value));
             end_line(st.end_line);
             break;
         case Statement::Kind::model_template: {
-            std::string head = "model " + st.name + "(";
-            for (size_t i = 0; i < st.params.size(); ++i) {
-                if (i) head += ", ";
-                head += st.params[i].name;
-                if (st.params[i].default_value)
-                    head += " = " + expr_text(*st.params[i].default_value);
-            }
-            line(0, head + ") {");
+            std::vector<std::string> params;
+            for (const auto& p : st.params)
+                params.push_back(p.name + (p.default_value ? " = " + expr_text(*p.default_value)
+                                                           : std::string()));
+            line(0, wrap(0, "model " + st.name + "(", params, ") {"));
             end_line(st.loc.line);
             last_ = st.loc.line;
             fresh_scope_ = true;
@@ -213,14 +251,13 @@ class Printer {
             end_line(m.end_line);
             break;
         case ModelItem::Kind::layer:
-            line(indent, label + expr_text(*m.value) + shard);
+            line(indent, call_text(static_cast<size_t>(indent) * 4, label, *m.value, shard));
             end_line(m.end_line);
             break;
         case ModelItem::Kind::repeat:
         case ModelItem::Kind::residual: {
-            std::string head = m.kind == ModelItem::Kind::repeat
-                                   ? "repeat " + expr_text(*m.value)
-                                   : std::string("residual");
+            std::string head = m.kind == ModelItem::Kind::repeat ? "repeat " + expr_text(*m.value)
+                                                                 : std::string("residual");
             line(indent, label + head + " {");
             end_line(m.loc.line);
             last_ = m.loc.line;
@@ -243,6 +280,8 @@ class Printer {
 
 } // namespace
 
-std::string format_script(const Script& script) { return Printer(script).run(); }
+std::string format_script(const Script& script) {
+    return Printer(script).run();
+}
 
 } // namespace dist::lang

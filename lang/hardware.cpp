@@ -71,7 +71,7 @@ std::optional<HardwareProfile> load_profile(const std::filesystem::path& path,
     std::stringstream ss;
     ss << in.rdbuf();
     uint32_t file = sources.add(path.string(), ss.str());
-    size_t before = diags.count();
+    size_t before = diags.error_count();
     toml::table root;
     try {
         root = toml::parse(sources.file(file).text(), path.string());
@@ -106,7 +106,7 @@ std::optional<HardwareProfile> load_profile(const std::filesystem::path& path,
     p.intra_host.latency = r.number("links.intra_host.latency");
     p.inter_host.bandwidth = r.number("links.inter_host.bandwidth");
     p.inter_host.latency = r.number("links.inter_host.latency");
-    if (diags.count() > before) return std::nullopt;
+    if (diags.error_count() > before) return std::nullopt;
     return p;
 }
 

@@ -26,8 +26,8 @@ struct LoadedProgram {
 
 /// Reads `text` as the main script (its folder anchors relative imports) and its imports.
 LoadedProgram load_program(const std::filesystem::path& path, std::string text,
-                           const std::vector<std::filesystem::path>& roots,
-                           SourceManager& sources, Diagnostics& diags);
+                           const std::vector<std::filesystem::path>& roots, SourceManager& sources,
+                           Diagnostics& diags);
 
 /// Reads a whole file of at most max_source_bytes; "" and an explanation in `error` otherwise.
 bool read_source_file(const std::filesystem::path& path, std::string& text, std::string& error);

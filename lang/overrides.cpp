@@ -19,8 +19,8 @@ bool ident_char(char c, bool first) {
 
 } // namespace
 
-std::vector<Override> parse_overrides(const std::vector<std::string>& texts,
-                                      SourceManager& sources, Diagnostics& diags) {
+std::vector<Override> parse_overrides(const std::vector<std::string>& texts, SourceManager& sources,
+                                      Diagnostics& diags) {
     std::vector<Override> out;
     for (const std::string& text : texts) {
         uint32_t file = sources.add("--set", text);
@@ -37,8 +37,10 @@ std::vector<Override> parse_overrides(const std::vector<std::string>& texts,
         size_t start = 0;
         for (size_t i = 0; ok && i <= eq; ++i) {
             if (i == eq || text[i] == '.') {
-                if (i == start) ok = false;
-                else o.path.push_back(text.substr(start, i - start));
+                if (i == start)
+                    ok = false;
+                else
+                    o.path.push_back(text.substr(start, i - start));
                 start = i + 1;
             } else if (!ident_char(text[i], i == start)) {
                 ok = false;
@@ -123,8 +125,7 @@ std::vector<Override> apply_overrides(std::vector<Override> overrides, Script& s
         const std::string& name = o.path.back();
         Field* field = nullptr;
         for (auto& item : block->items) {
-            if (item.kind == BlockItem::Kind::field && item.field.name == name)
-                field = &item.field;
+            if (item.kind == BlockItem::Kind::field && item.field.name == name) field = &item.field;
             if (item.kind == BlockItem::Kind::block && item.block->name == name) {
                 diags.error(o.key_loc, "`" + name + "` is a block; set one of its fields",
                             "for example `--set train.optimizer.lr=1e-3`");

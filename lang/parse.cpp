@@ -192,15 +192,19 @@ class ErrorListener : public antlr4::BaseErrorListener {
             try {
                 for (ssize_t t : parser->getExpectedTokens().toList()) {
                     if (t < 0) continue;
-                    std::string d = token_description(static_cast<size_t>(t),
-                                                      parser->getVocabulary());
+                    std::string d =
+                        token_description(static_cast<size_t>(t), parser->getVocabulary());
                     if (d.find("'x'") != std::string::npos) continue;
                     names.push_back(d);
                 }
             } catch (...) {
                 names.clear();
             }
-            if (names.size() == 1) {
+            bool value_start = std::find(names.begin(), names.end(), "an integer") != names.end() &&
+                               std::find(names.begin(), names.end(), "a name") != names.end();
+            if (value_start && names.size() > 6) {
+                expected = "; expected a value";
+            } else if (names.size() == 1) {
                 expected = "; expected " + names[0];
             } else if (!names.empty() && names.size() <= 6) {
                 expected = "; expected ";
@@ -225,9 +229,8 @@ class ErrorListener : public antlr4::BaseErrorListener {
     std::string hint_for(antlr4::Token* t) {
         if (!t) return {};
         std::string text = t->getText();
-        if (t->getType() == DistParser::NAME && !text.empty() && std::isdigit(
-                                                                    static_cast<unsigned char>(
-                                                                        text[0])))
+        if (t->getType() == DistParser::NAME && !text.empty() &&
+            std::isdigit(static_cast<unsigned char>(text[0])))
             return {};
         if (text == "=") return "fields are written `name: value`";
         if (text == ";") return "no `;` is needed: newlines and spaces separate fields";
@@ -253,8 +256,8 @@ class Builder {
         antlr4::Token* stop = ctx->getStop();
         if (stop && stop->getLine() == ctx->getStart()->getLine() &&
             stop->getStartIndex() >= ctx->getStart()->getStartIndex()) {
-            l.length = static_cast<uint32_t>(stop->getStopIndex() -
-                                             ctx->getStart()->getStartIndex() + 1);
+            l.length =
+                static_cast<uint32_t>(stop->getStopIndex() - ctx->getStart()->getStartIndex() + 1);
         }
         return l;
     }
@@ -549,8 +552,8 @@ std::vector<Comment> collect_comments(antlr4::CommonTokenStream& tokens) {
     for (antlr4::Token* t : tokens.getTokens()) {
         if (t->getType() == DistLexer::COMMENT) {
             std::string text = t->getText();
-            while (!text.empty() && (text.back() == ' ' || text.back() == '\t' ||
-                                     text.back() == '\r'))
+            while (!text.empty() &&
+                   (text.back() == ' ' || text.back() == '\t' || text.back() == '\r'))
                 text.pop_back();
             out.push_back({static_cast<uint32_t>(t->getLine()),
                            static_cast<uint32_t>(t->getCharPositionInLine() + 1), text,
@@ -577,11 +580,11 @@ std::unique_ptr<Script> parse_script(const SourceManager& sources, uint32_t file
     DistParser::ScriptContext* tree = s.parser.script();
     if (listener.errors > 0) return nullptr;
 
-    size_t before = diags.count();
+    size_t before = diags.error_count();
     Builder b(file, diags);
     auto script = std::make_unique<Script>(b.script(tree));
     script->comments = collect_comments(s.tokens);
-    if (diags.count() > before) return nullptr;
+    if (diags.error_count() > before) return nullptr;
     return script;
 }
 
@@ -598,11 +601,11 @@ ExprPtr parse_set_value(const SourceManager& sources, uint32_t file, size_t valu
     s.parser.addErrorListener(&listener);
     DistParser::SetValueContext* tree = s.parser.setValue();
     if (listener.errors > 0) return nullptr;
-    size_t before = diags.count();
+    size_t before = diags.error_count();
     Builder b(file, diags);
     ExprPtr value = b.expr(tree->value()->expr(0));
     if (tree->value()->expr().size() > 1) count = b.expr(tree->value()->expr(1));
-    if (diags.count() > before) return nullptr;
+    if (diags.error_count() > before) return nullptr;
     return value;
 }
 

@@ -92,8 +92,8 @@ struct ModelSpec {
     std::string template_name; // e.g. "gpt"
     std::string preset;        // e.g. "gpt2_124m", or "" when the template was called directly
     std::vector<std::pair<std::string, lang::Value>> arguments; // every template argument
-    std::vector<ModelItemSpec> pre;  // before the blocks (embeddings)
-    std::vector<BlockSpec> blocks;   // the repeated blocks
+    std::vector<ModelItemSpec> pre;                             // before the blocks (embeddings)
+    std::vector<BlockSpec> blocks;                              // the repeated blocks
     std::vector<ModelItemSpec> post; // after the blocks (final norm, head, loss)
     int64_t vocab = 0;
     int64_t context = 0;
@@ -125,7 +125,7 @@ struct MeshSpec {
     std::string device; // the profile name as written in the script
     HardwareProfile profile;
     int64_t dp = 1, tp = 1, pp = 1;
-    int64_t devices = 1;          // dp * tp * pp
+    int64_t devices = 1; // dp * tp * pp
     int64_t hosts = 1;
     int64_t devices_per_host = 1; // devices / hosts
     int64_t memory_bytes = 0;     // per device: the profile's, or the script's `memory`
@@ -144,8 +144,8 @@ struct ScheduleSpec {
     int64_t microbatches = 1;
     int64_t virtual_stages = 1;
     Recompute recompute = Recompute::none;
-    std::vector<int64_t> partition; // blocks per stage (pp * virtual_stages entries)
-    bool partition_given = false;   // from the script, not the default even split
+    std::vector<int64_t> partition;               // blocks per stage (pp * virtual_stages entries)
+    bool partition_given = false;                 // from the script, not the default even split
     std::vector<std::vector<ActionSpec>> actions; // custom: per pipeline rank
     std::vector<lang::SourceLoc> action_rows;     // custom: where each rank's row is
 };

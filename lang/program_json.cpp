@@ -8,8 +8,14 @@
 namespace dist {
 
 const char* to_string(LayerKind k) {
-    static const char* n[] = {"embedding", "position_embedding", "rotary_embedding",
-                              "layer_norm", "rms_norm", "attention", "mlp", "lm_head",
+    static const char* n[] = {"embedding",
+                              "position_embedding",
+                              "rotary_embedding",
+                              "layer_norm",
+                              "rms_norm",
+                              "attention",
+                              "mlp",
+                              "lm_head",
                               "cross_entropy"};
     return n[static_cast<int>(k)];
 }
@@ -23,7 +29,7 @@ const char* to_string(Activation a) {
 }
 const char* to_string(ScheduleKind k) {
     static const char* n[] = {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zb_h1",
-                              "zb_h2", "zbv", "dualpipev", "custom"};
+                              "zb_h2", "zbv",  "dualpipev",        "custom"};
     return n[static_cast<int>(k)];
 }
 const char* to_string(Recompute r) {
@@ -71,11 +77,27 @@ json layer_json(const LayerSpec& l) {
     json j = {{"name", l.name}, {"kind", to_string(l.kind)}, {"parameters", l.parameters}};
     if (l.shard != ShardDim::none) j["shard"] = to_string(l.shard);
     switch (l.kind) {
-    case LayerKind::embedding: j["vocab"] = l.vocab; j["width"] = l.width; break;
-    case LayerKind::position_embedding: j["context"] = l.context; j["width"] = l.width; break;
-    case LayerKind::rotary_embedding: j["context"] = l.context; j["theta"] = l.theta; break;
-    case LayerKind::layer_norm: j["width"] = l.width; j["eps"] = l.eps; j["bias"] = l.bias; break;
-    case LayerKind::rms_norm: j["width"] = l.width; j["eps"] = l.eps; break;
+    case LayerKind::embedding:
+        j["vocab"] = l.vocab;
+        j["width"] = l.width;
+        break;
+    case LayerKind::position_embedding:
+        j["context"] = l.context;
+        j["width"] = l.width;
+        break;
+    case LayerKind::rotary_embedding:
+        j["context"] = l.context;
+        j["theta"] = l.theta;
+        break;
+    case LayerKind::layer_norm:
+        j["width"] = l.width;
+        j["eps"] = l.eps;
+        j["bias"] = l.bias;
+        break;
+    case LayerKind::rms_norm:
+        j["width"] = l.width;
+        j["eps"] = l.eps;
+        break;
     case LayerKind::attention:
         j["width"] = l.width;
         j["heads"] = l.heads;
@@ -150,22 +172,24 @@ json to_json(const Program& p) {
                     {"memory_bytes", hw.memory_bytes},
                     {"memory_bandwidth", hw.memory_bandwidth},
                     {"devices_per_host", hw.devices_per_host},
-                    {"intra_host", {{"bandwidth", hw.intra_host.bandwidth},
-                                    {"latency", hw.intra_host.latency}}},
-                    {"inter_host", {{"bandwidth", hw.inter_host.bandwidth},
-                                    {"latency", hw.inter_host.latency}}}};
-    json jmesh = {{"device", mesh.device}, {"profile", profile}, {"dp", mesh.dp},
-                  {"tp", mesh.tp},         {"pp", mesh.pp},       {"devices", mesh.devices},
-                  {"hosts", mesh.hosts},   {"devices_per_host", mesh.devices_per_host},
+                    {"intra_host",
+                     {{"bandwidth", hw.intra_host.bandwidth}, {"latency", hw.intra_host.latency}}},
+                    {"inter_host",
+                     {{"bandwidth", hw.inter_host.bandwidth}, {"latency", hw.inter_host.latency}}}};
+    json jmesh = {{"device", mesh.device},
+                  {"profile", profile},
+                  {"dp", mesh.dp},
+                  {"tp", mesh.tp},
+                  {"pp", mesh.pp},
+                  {"devices", mesh.devices},
+                  {"hosts", mesh.hosts},
+                  {"devices_per_host", mesh.devices_per_host},
                   {"memory_bytes", mesh.memory_bytes}};
 
     const ScheduleSpec& s = p.schedule;
-    json sched = {{"kind", to_string(s.kind)},
-                  {"microbatches", s.microbatches},
-                  {"virtual_stages", s.virtual_stages},
-                  {"recompute", to_string(s.recompute)},
-                  {"partition", s.partition},
-                  {"partition_given", s.partition_given}};
+    json sched = {{"kind", to_string(s.kind)},          {"microbatches", s.microbatches},
+                  {"virtual_stages", s.virtual_stages}, {"recompute", to_string(s.recompute)},
+                  {"partition", s.partition},           {"partition_given", s.partition_given}};
     if (s.kind == ScheduleKind::custom) {
         json rows = json::array();
         for (const auto& row : s.actions) {
@@ -178,33 +202,35 @@ json to_json(const Program& p) {
     }
 
     const TrainSpec& t = p.train;
-    json train = {{"data", data_json(t.data)},
-                  {"batch", t.batch},
-                  {"microbatch_size", t.microbatch_size},
-                  {"steps", t.steps},
-                  {"stop_after", t.stop_after},
-                  {"seed", t.seed},
-                  {"precision", to_string(t.precision)},
-                  {"optimizer", {{"kind", "adamw"},
-                                 {"lr", t.optimizer.lr},
-                                 {"betas", {t.optimizer.beta1, t.optimizer.beta2}},
-                                 {"eps", t.optimizer.eps},
-                                 {"weight_decay", t.optimizer.weight_decay}}},
-                  {"lr_schedule", {{"kind", to_string(t.lr_schedule.kind)},
-                                   {"warmup", t.lr_schedule.warmup},
-                                   {"min_lr", t.lr_schedule.min_lr}}},
-                  {"clip", t.clip},
-                  {"checkpoint", {{"every", t.checkpoint.every}, {"dir", t.checkpoint.dir}}},
-                  {"eval", {{"every", t.eval.every},
-                            {"data", data_json(t.eval.data)},
-                            {"batches", t.eval.batches}}}};
+    json train = {
+        {"data", data_json(t.data)},
+        {"batch", t.batch},
+        {"microbatch_size", t.microbatch_size},
+        {"steps", t.steps},
+        {"stop_after", t.stop_after},
+        {"seed", t.seed},
+        {"precision", to_string(t.precision)},
+        {"optimizer",
+         {{"kind", "adamw"},
+          {"lr", t.optimizer.lr},
+          {"betas", {t.optimizer.beta1, t.optimizer.beta2}},
+          {"eps", t.optimizer.eps},
+          {"weight_decay", t.optimizer.weight_decay}}},
+        {"lr_schedule",
+         {{"kind", to_string(t.lr_schedule.kind)},
+          {"warmup", t.lr_schedule.warmup},
+          {"min_lr", t.lr_schedule.min_lr}}},
+        {"clip", t.clip},
+        {"checkpoint", {{"every", t.checkpoint.every}, {"dir", t.checkpoint.dir}}},
+        {"eval",
+         {{"every", t.eval.every}, {"data", data_json(t.eval.data)}, {"batches", t.eval.batches}}}};
     json gen = {{"temperature", p.generate.temperature},
                 {"top_k", p.generate.top_k},
                 {"max_tokens", p.generate.max_tokens}};
     json memory = {{"parameters_per_device", p.memory.parameters_per_device},
                    {"state_bytes_per_device", p.memory.bytes_per_device},
                    {"bytes_per_parameter", p.memory.bytes_per_parameter}};
-    return {{"file", p.file}, {"model", model},   {"mesh", jmesh},     {"schedule", sched},
+    return {{"file", p.file}, {"model", model},  {"mesh", jmesh},   {"schedule", sched},
             {"train", train}, {"generate", gen}, {"memory", memory}};
 }
 
@@ -212,10 +238,11 @@ std::string summary(const Program& p) {
     char buf[512];
     std::string out;
     const ModelSpec& m = p.model;
-    std::snprintf(buf, sizeof buf, "model     %s%s%s: %.2fM parameters, %zu blocks, width %lld, "
+    std::snprintf(buf, sizeof buf,
+                  "model     %s%s%s: %.2fM parameters, %zu blocks, width %lld, "
                   "context %lld, vocab %lld\n",
-                  m.template_name.c_str(), m.preset.empty() ? "" : " via ",
-                  m.preset.c_str(), static_cast<double>(m.parameters) / 1e6, m.blocks.size(),
+                  m.template_name.c_str(), m.preset.empty() ? "" : " via ", m.preset.c_str(),
+                  static_cast<double>(m.parameters) / 1e6, m.blocks.size(),
                   static_cast<long long>(m.width), static_cast<long long>(m.context),
                   static_cast<long long>(m.vocab));
     out += buf;
@@ -237,14 +264,13 @@ std::string summary(const Program& p) {
                   static_cast<long long>(s.virtual_stages), s.virtual_stages == 1 ? "" : "s",
                   part.c_str());
     out += buf;
-    std::snprintf(buf, sizeof buf,
-                  "train     batch %lld (%lld per microbatch), %lld steps, lr %g, %s\n",
-                  static_cast<long long>(p.train.batch),
-                  static_cast<long long>(p.train.microbatch_size),
-                  static_cast<long long>(p.train.steps), p.train.optimizer.lr,
-                  p.train.data.format == DataFormat::none
-                      ? "no data"
-                      : (std::string(to_string(p.train.data.format)) + " data").c_str());
+    std::snprintf(
+        buf, sizeof buf, "train     batch %lld (%lld per microbatch), %lld steps, lr %g, %s\n",
+        static_cast<long long>(p.train.batch), static_cast<long long>(p.train.microbatch_size),
+        static_cast<long long>(p.train.steps), p.train.optimizer.lr,
+        p.train.data.format == DataFormat::none
+            ? "no data"
+            : (std::string(to_string(p.train.data.format)) + " data").c_str());
     out += buf;
     std::snprintf(buf, sizeof buf,
                   "memory    at least %s per device for weights, gradients and AdamW state "

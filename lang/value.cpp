@@ -92,11 +92,11 @@ bool is_unit(std::string_view s) {
 std::string name_hint(const std::string& name, const Scope& scope) {
     // `16GiB`: a number glued to a unit lexes as one name.
     size_t digits = 0;
-    while (digits < name.size() && std::isdigit(static_cast<unsigned char>(name[digits])))
-        ++digits;
+    while (digits < name.size() && std::isdigit(static_cast<unsigned char>(name[digits]))) ++digits;
     if (digits > 0 && digits < name.size()) {
         std::string rest = name.substr(digits);
-        if (is_unit(rest)) return "write `" + name.substr(0, digits) + " " + rest + "`, with a space";
+        if (is_unit(rest))
+            return "write `" + name.substr(0, digits) + " " + rest + "`, with a space";
         return "a name cannot start with a digit here";
     }
     std::string best = closest_name(name, scope.names());
@@ -161,7 +161,9 @@ Opt binary(const Expr& e, const Value& a, const Value& b, Diagnostics& diags) {
             return Value::integer(op == "//" ? q : m);
         }
         if (op == "**") {
-            if (y < 0) return real_result(std::pow(static_cast<double>(x), static_cast<double>(y)), e, diags);
+            if (y < 0)
+                return real_result(std::pow(static_cast<double>(x), static_cast<double>(y)), e,
+                                   diags);
             int64_t result = 1, base = x;
             for (int64_t k = y; k > 0; k >>= 1) {
                 if ((k & 1) && __builtin_mul_overflow(result, base, &result)) {

@@ -1,0 +1,68 @@
+# Makefile: the two commands a new user needs (`make demo`, `make test`) and a few more.
+# A thin wrapper over CMake; `make deps` installs the Debian packages the build needs.
+
+BUILD      ?= build
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
+CMAKE_ARGS ?=
+FUZZ_SECONDS ?= 30
+DIST       := $(BUILD)/bin/dist
+
+# Debian / Ubuntu packages (see ../shared/DEPS.md for what each one is for).
+PACKAGES := antlr4 libantlr4-runtime-dev libcaf-dev libucx-dev ucx-utils libtomlplusplus-dev \
+	libopenblas-dev libgloo-dev libopenmpi-dev openmpi-bin libedit-dev libcli11-dev \
+	nlohmann-json3-dev libfmt-dev pkg-config fortunes \
+	cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev clang clang-format
+
+.PHONY: all deps build test demo format format-check fuzz fuzz-build sanitize clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh $(PACKAGES)
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
+
+build: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: deps build format-check
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
+
+demo: deps build
+	@scripts/demo.sh $(DIST)
+
+# Canonical formatting of the hand-written C++ and of the shipped .dist scripts.
+CXX_SOURCES = $(shell git ls-files '*.cpp' '*.hpp' 2>/dev/null)
+DIST_SOURCES = $(shell git ls-files '*.dist' 2>/dev/null | grep -v '^tests/golden/')
+
+format:
+	clang-format -i $(CXX_SOURCES)
+	@for f in $(DIST_SOURCES); do $(DIST) fmt --write $$f; done
+
+format-check: build
+	clang-format --dry-run -Werror $(CXX_SOURCES)
+	@for f in $(DIST_SOURCES); do $(DIST) fmt --check $$f || exit 1; done
+	@echo "format-check: ok"
+
+# The libFuzzer target over the whole front end, built with clang and sanitizers in its own
+# folder; a short run by default, `make fuzz FUZZ_SECONDS=600` for a long one.
+fuzz-build:
+	cmake -S . -B build-fuzz $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_CXX_COMPILER=clang++ -DDIST_FUZZ=ON -DDIST_TESTS=OFF -DDIST_CUDA=OFF
+	cmake --build build-fuzz -j $(JOBS) --target frontend_fuzzer
+
+fuzz: fuzz-build
+	@scripts/fuzz.sh build-fuzz/bin/frontend_fuzzer $(FUZZ_SECONDS)
+
+# The test suite under AddressSanitizer and UndefinedBehaviorSanitizer.
+sanitize:
+	cmake -S . -B build-asan $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug -DDIST_SANITIZE=address,undefined \
+	  -DDIST_CUDA=OFF
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ctest --output-on-failure -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD) build-fuzz build-asan
