@@ -928,19 +928,35 @@ struct Checker {
                 for (const auto& l : it.layers) visit(l);
             int64_t g = 0;
             for (const auto& n : needs) g = std::gcd(g, n.n);
+            // One error for the one cause, naming every size that does not split.
             std::set<std::string> said;
+            std::vector<std::string> parts;
+            bool vocab = false;
+            int64_t vocab_size = 0;
             for (const auto& n : needs) {
                 if (n.n % m.tp == 0) continue;
                 if (!said.insert(std::string(n.what) + std::to_string(n.n)).second) continue;
-                std::string hint =
-                    std::string(n.what) == "vocabulary"
-                        ? "pad the vocabulary to a multiple of tp (e.g. " +
-                              std::to_string(((n.n + 127) / 128) * 128) +
-                              "), or use tp = " + divisors_hint(g)
-                        : "tp must divide every sharded size: use " + divisors_hint(g);
-                diags.error(tp_loc,
-                            "tp = " + std::to_string(m.tp) + " does not divide the " + n.what +
-                                " (" + std::to_string(n.n) + ") of `" + n.layer->name + "`",
+                if (std::string(n.what) == "key/value heads" && n.layer->kv_heads == n.layer->heads)
+                    continue;
+                parts.push_back(std::string(n.what) + " " + std::to_string(n.n) + " (`" +
+                                n.layer->name + "`)");
+                if (std::string(n.what) == "vocabulary") {
+                    vocab = true;
+                    vocab_size = n.n;
+                }
+            }
+            if (!parts.empty()) {
+                std::string list;
+                for (size_t i = 0; i < parts.size(); ++i)
+                    list += (i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ") + parts[i];
+                std::string hint = "tp must divide every size it splits: use tp = " +
+                                   divisors_hint(g);
+                if (vocab) {
+                    int64_t step = std::lcm<int64_t>(m.tp, 128);
+                    hint += "; or pad the vocabulary to " +
+                            std::to_string(((vocab_size + step - 1) / step) * step);
+                }
+                diags.error(tp_loc, "tp = " + std::to_string(m.tp) + " does not divide the " + list,
                             hint);
                 ok = false;
             }
