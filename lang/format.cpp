@@ -123,7 +123,9 @@ class Printer {
     explicit Printer(const Script& s) : script_(s) {}
 
     std::string run() {
-        for (const auto& st : script_.statements) statement(st);
+        const auto& sts = script_.statements;
+        for (size_t i = 0; i < sts.size(); ++i)
+            statement(sts[i], i + 1 == sts.size() || sts[i + 1].loc.line > sts[i].end_line);
         leading(UINT32_MAX, 0);
         return out_;
     }
@@ -151,8 +153,10 @@ class Printer {
     }
 
     // A comment at the end of source line `at`, appended to the printed line; then a newline.
-    void end_line(uint32_t at) {
-        if (ci_ < script_.comments.size() && script_.comments[ci_].line == at &&
+    // `take` is false for a block header whose first entry shares its line: the comment then
+    // belongs to that entry.
+    void end_line(uint32_t at, bool take = true) {
+        if (take && ci_ < script_.comments.size() && script_.comments[ci_].line == at &&
             !script_.comments[ci_].own_line) {
             out_ += "  " + script_.comments[ci_++].text;
         }
@@ -172,24 +176,24 @@ class Printer {
         fresh_scope_ = false;
     }
 
-    void statement(const Statement& st) {
+    void statement(const Statement& st, bool take) {
         begin_item(st.loc, 0);
         switch (st.kind) {
         case Statement::Kind::import:
             line(0, "import " + quote(st.name));
-            end_line(st.end_line);
+            end_line(st.end_line, take);
             break;
         case Statement::Kind::preset:
             line(0, call_text(0, "preset " + st.name + " = ", *st.value));
-            end_line(st.end_line);
+            end_line(st.end_line, take);
             break;
         case Statement::Kind::let:
             line(0, "let " + st.name + " = " + expr_text(*st.value));
-            end_line(st.end_line);
+            end_line(st.end_line, take);
             break;
         case Statement::Kind::model:
             line(0, call_text(0, "model = ", *st.value));
-            end_line(st.end_line);
+            end_line(st.end_line, take);
             break;
         case Statement::Kind::model_template: {
             std::vector<std::string> params;
@@ -197,10 +201,10 @@ class Printer {
                 params.push_back(p.name + (p.default_value ? " = " + expr_text(*p.default_value)
                                                            : std::string()));
             line(0, wrap(0, "model " + st.name + "(", params, ") {"));
-            end_line(st.loc.line);
+            end_line(st.loc.line, st.body.empty() || st.body.front().loc.line > st.loc.line);
             last_ = st.loc.line;
             fresh_scope_ = true;
-            for (const auto& item : st.body) model_item(item, 1);
+            model_items(st.body, 1);
             close(st.end_line, 0);
             break;
         }
@@ -209,22 +213,28 @@ class Printer {
         last_ = st.end_line;
     }
 
+    static uint32_t item_line(const BlockItem& item) {
+        return item.kind == BlockItem::Kind::field   ? item.field.loc.line
+               : item.kind == BlockItem::Kind::block ? item.block->loc.line
+                                                     : item.row.loc.line;
+    }
+
     void block(const Block& b, int indent, uint32_t end) {
         line(indent, b.name + " {");
-        end_line(b.loc.line);
+        end_line(b.loc.line, b.items.empty() || item_line(b.items.front()) > b.loc.line);
         last_ = b.loc.line;
         fresh_scope_ = true;
-        for (const auto& item : b.items) {
-            SourceLoc at = item.kind == BlockItem::Kind::field   ? item.field.loc
-                           : item.kind == BlockItem::Kind::block ? item.block->loc
-                                                                 : item.row.loc;
-            begin_item(at, indent + 1);
+        for (size_t i = 0; i < b.items.size(); ++i) {
+            const BlockItem& item = b.items[i];
+            // A comment at the end of a line belongs to the last entry on that line.
+            bool take = i + 1 == b.items.size() || item_line(b.items[i + 1]) > item.end_line;
+            begin_item({0, item_line(item), 1, 1}, indent + 1);
             switch (item.kind) {
             case BlockItem::Kind::field: {
                 std::string s = item.field.name + ": " + expr_text(*item.field.value);
                 if (item.field.count) s += " x " + expr_text(*item.field.count);
                 line(indent + 1, s);
-                end_line(item.end_line);
+                end_line(item.end_line, take);
                 break;
             }
             case BlockItem::Kind::block: block(*item.block, indent + 1, item.end_line); break;
@@ -232,7 +242,7 @@ class Printer {
                 std::string s = "rank " + expr_text(*item.row.rank) + ":";
                 for (const auto& a : item.row.actions) s += " " + a;
                 line(indent + 1, s);
-                end_line(item.end_line);
+                end_line(item.end_line, take);
                 break;
             }
             }
@@ -241,28 +251,35 @@ class Printer {
         close(end, indent);
     }
 
-    void model_item(const ModelItem& m, int indent) {
+    void model_items(const std::vector<ModelItem>& items, int indent) {
+        for (size_t i = 0; i < items.size(); ++i) {
+            bool take = i + 1 == items.size() || items[i + 1].loc.line > items[i].end_line;
+            model_item(items[i], indent, take);
+        }
+    }
+
+    void model_item(const ModelItem& m, int indent, bool take) {
         begin_item(m.loc, indent);
         std::string label = m.name.empty() || m.kind == ModelItem::Kind::let ? "" : m.name + ": ";
         std::string shard = m.shard.empty() ? "" : " shard " + m.shard;
         switch (m.kind) {
         case ModelItem::Kind::let:
             line(indent, "let " + m.name + " = " + expr_text(*m.value));
-            end_line(m.end_line);
+            end_line(m.end_line, take);
             break;
         case ModelItem::Kind::layer:
             line(indent, call_text(static_cast<size_t>(indent) * 4, label, *m.value, shard));
-            end_line(m.end_line);
+            end_line(m.end_line, take);
             break;
         case ModelItem::Kind::repeat:
         case ModelItem::Kind::residual: {
             std::string head = m.kind == ModelItem::Kind::repeat ? "repeat " + expr_text(*m.value)
                                                                  : std::string("residual");
             line(indent, label + head + " {");
-            end_line(m.loc.line);
+            end_line(m.loc.line, m.body.empty() || m.body.front().loc.line > m.loc.line);
             last_ = m.loc.line;
             fresh_scope_ = true;
-            for (const auto& child : m.body) model_item(child, indent + 1);
+            model_items(m.body, indent + 1);
             // `shard` on a group is an error the checker reports; keep it visible here.
             close(m.end_line, indent, shard);
             break;

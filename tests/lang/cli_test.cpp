@@ -1,1 +1,118 @@
+// cli_test.cpp: the `dist` executable as a user runs it: exit statuses, where output goes, and
+// `fmt --write` replacing a file whole or not at all.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+    int status = -1;
+    std::string out; // stdout
+    std::string err; // stderr
+};
+
+Result run(const std::string& args) {
+    fs::path err_file = fs::temp_directory_path() / ("dist-cli-" + std::to_string(::getpid()));
+    std::string cmd = std::string(DIST_BINARY) + " " + args + " 2>" + err_file.string();
+    Result r;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (!p) return r;
+    std::array<char, 4096> buf{};
+    size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+    int st = ::pclose(p);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    std::ifstream in(err_file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    r.err = ss.str();
+    fs::remove(err_file);
+    return r;
+}
+
+std::string slurp(const fs::path& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+} // namespace
+
+TEST(Cli, CheckSucceedsOnEveryExample) {
+    for (const auto& e : fs::directory_iterator("examples")) {
+        if (e.path().extension() != ".dist") continue;
+        Result r = run("check " + e.path().string());
+        EXPECT_EQ(r.status, 0) << e.path() << "\n" << r.err;
+        EXPECT_NE(r.out.find(": ok ("), std::string::npos);
+        EXPECT_TRUE(r.err.empty()) << r.err;
+    }
+}
+
+TEST(Cli, UserErrorsExitOneWithLocatedDiagnostics) {
+    Result r = run("check examples/gpt_tiny.dist --set mesh.tp=3");
+    EXPECT_EQ(r.status, 1);
+    EXPECT_TRUE(r.out.empty());
+    EXPECT_EQ(r.err.rfind("--set:1:1: error: tp = 3 does not divide", 0), 0u) << r.err;
+    Result missing = run("check no/such/file.dist");
+    EXPECT_EQ(missing.status, 1);
+    EXPECT_NE(missing.err.find("cannot read `no/such/file.dist`: no such file"), std::string::npos);
+    Result dir = run("check examples");
+    EXPECT_EQ(dir.status, 1);
+    EXPECT_NE(dir.err.find("it is a directory"), std::string::npos);
+}
+
+TEST(Cli, UsageErrorsExitTwo) {
+    EXPECT_EQ(run("").status, 2);
+    EXPECT_EQ(run("frobnicate x.dist").status, 2);
+    EXPECT_EQ(run("check").status, 2);
+    EXPECT_EQ(run("check examples/gpt_tiny.dist --bogus").status, 2);
+    EXPECT_EQ(run("fmt examples/gpt_tiny.dist --write --check").status, 2);
+    EXPECT_EQ(run("--help").status, 0);
+}
+
+TEST(Cli, PlanJsonIsJsonWithTheResolvedValues) {
+    Result r = run("plan examples/gpt_tiny.dist --json --set mesh.pp=2 --set mesh.dp=2 "
+                "--set train.batch=32");
+    ASSERT_EQ(r.status, 0) << r.err;
+    nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["mesh"]["devices"], 4);
+    EXPECT_EQ(j["mesh"]["pp"], 2);
+    EXPECT_EQ(j["schedule"]["partition"], nlohmann::json::array({2, 2}));
+    EXPECT_EQ(j["train"]["microbatch_size"], 8);
+    EXPECT_EQ(j["model"]["arguments"]["layers"], 4);
+}
+
+TEST(Cli, FmtWriteReplacesTheFileWholeOrNotAtAll) {
+    fs::path dir = fs::temp_directory_path() / ("dist-fmt-" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    fs::path f = dir / "s.dist";
+    std::ofstream(f) << "let a=1 # one\nmesh{dp:2}\n";
+    ::chmod(f.c_str(), 0640);
+    Result w = run("fmt --write " + f.string());
+    ASSERT_EQ(w.status, 0) << w.err;
+    EXPECT_EQ(slurp(f), "let a = 1  # one\nmesh {\n    dp: 2\n}\n");
+    struct stat st{};
+    ::stat(f.c_str(), &st);
+    EXPECT_EQ(st.st_mode & 0777, 0640u);
+    EXPECT_EQ(run("fmt --check " + f.string()).status, 0);
+    // A syntax error leaves the file as it was, and no temporary file behind.
+    std::ofstream(f) << "mesh { dp: }\n";
+    Result bad = run("fmt --write " + f.string());
+    EXPECT_EQ(bad.status, 1);
+    EXPECT_EQ(slurp(f), "mesh { dp: }\n");
+    size_t entries = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++entries;
+    EXPECT_EQ(entries, 1u);
+    fs::remove_all(dir);
+}
