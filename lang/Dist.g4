@@ -24,12 +24,13 @@ letStmt     : 'let' ident '=' expr ;
 modelStmt   : 'model' '=' call ;
 
 // Configuration blocks: `mesh { ... }`, `schedule { ... }`, `train { optimizer { ... } }`.
-block       : ident '{' blockItem* '}' ;
-blockItem   : field ','?
-            | block
+// A field and a nested block share their first token, so the choice comes right after the name
+// (and a mistake there reads "expected `:` or `{`").
+block       : ident blockBody ;
+blockBody   : '{' blockItem* '}' ;
+blockItem   : ident (':' value ','? | blockBody)
             | tableRow
             ;
-field       : ident ':' value ;
 value       : expr ('x' expr)? ;               // `h200 x 8` counts devices
 tableRow    : 'rank' expr ':' NAME* ;          // `rank 0: 0F0 0F1 0B0 0B1`
 

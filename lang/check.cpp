@@ -39,13 +39,15 @@ namespace {
 const std::vector<std::string> block_names = {"mesh", "schedule", "train", "generate"};
 
 // Gathers templates, presets and lets; reports redefinitions and misplaced statements.
-void collect(const LoadedProgram& loaded, Definitions& defs, Diagnostics& diags) {
+void collect(const LoadedProgram& loaded, const SourceManager& sources, Definitions& defs,
+             Diagnostics& diags) {
     std::map<std::string, SourceLoc> seen;
     auto define = [&](const Statement& st) {
         auto [it, fresh] = seen.emplace(st.name, st.name_loc);
         if (!fresh) {
             diags.error(st.name_loc, "`" + st.name + "` is already defined",
-                        "first defined at line " + std::to_string(it->second.line));
+                        "first defined at " + sources.file(it->second.file).name() + ":" +
+                            std::to_string(it->second.line));
             return false;
         }
         return true;
@@ -96,7 +98,7 @@ CheckResult check_loaded(CheckResult result, const fs::path& path, std::string t
     std::vector<Override> model_overrides = apply_overrides(std::move(overrides), main, diags);
 
     Definitions defs;
-    collect(loaded, defs, diags);
+    collect(loaded, sources, defs, diags);
 
     const Statement* model_stmt = nullptr;
     BlockSet blocks;
@@ -117,6 +119,7 @@ CheckResult check_loaded(CheckResult result, const fs::path& path, std::string t
                                  : b->name == "generate" ? &blocks.generate
                                                          : nullptr;
             if (!slot) {
+                blocks.unknown_block = true;
                 std::string best = closest_name(b->name, block_names);
                 diags.error(b->loc, "unknown block `" + b->name + "`",
                             best.empty() ? "the blocks are " + join_names(block_names)

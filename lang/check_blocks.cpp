@@ -70,6 +70,7 @@ BlockReader::BlockReader(const Block* block, std::string path, const Scope& scop
 
 const Field* BlockReader::field(const std::string& name) {
     if (std::find(known_.begin(), known_.end(), name) == known_.end()) known_.push_back(name);
+    fields_.insert(name);
     if (!block_) return nullptr;
     for (const auto& item : block_->items)
         if (item.kind == BlockItem::Kind::field && item.field.name == name) return &item.field;
@@ -78,6 +79,7 @@ const Field* BlockReader::field(const std::string& name) {
 
 const Block* BlockReader::block(const std::string& name) {
     if (std::find(known_.begin(), known_.end(), name) == known_.end()) known_.push_back(name);
+    blocks_.insert(name);
     if (!block_) return nullptr;
     for (const auto& item : block_->items)
         if (item.kind == BlockItem::Kind::block && item.block->name == name)
@@ -238,12 +240,24 @@ void BlockReader::finish() {
             }
             continue;
         }
-        const std::string& name =
-            item.kind == BlockItem::Kind::field ? item.field.name : item.block->name;
-        SourceLoc loc = item.kind == BlockItem::Kind::field ? item.field.loc : item.block->loc;
-        if (std::find(known_.begin(), known_.end(), name) != known_.end()) continue;
+        bool is_field = item.kind == BlockItem::Kind::field;
+        const std::string& name = is_field ? item.field.name : item.block->name;
+        SourceLoc loc = is_field ? item.field.loc : item.block->loc;
+        if (is_field ? fields_.count(name) : blocks_.count(name)) continue;
+        if (is_field && blocks_.count(name)) {
+            diags_.error(loc, "`" + name + "` is a block in " + path_,
+                         "write `" + name + " { ... }` and set its fields inside");
+            failed_ = true;
+            continue;
+        }
+        if (!is_field && fields_.count(name)) {
+            diags_.error(loc, "`" + name + "` is a field in " + path_,
+                         "write `" + name + ": VALUE`");
+            failed_ = true;
+            continue;
+        }
         std::string best = closest_name(name, known_);
-        std::string list = "the fields of " + path_ + " are " + join_names(known_, " and ");
+        std::string list = path_ + " holds " + join_names(known_, " and ");
         diags_.error(loc,
                      std::string("unknown ") +
                          (item.kind == BlockItem::Kind::field ? "field" : "block") + " `" + name +
@@ -281,6 +295,7 @@ struct Checker {
     Program& p;
     uint32_t file;
     bool model_ok;
+    bool unknown_block = false;
     bool ok = true;
 
     Checker(const Definitions& d, const fs::path& dir_, const FrontendOptions& o, SourceManager& s,
@@ -347,8 +362,9 @@ struct Checker {
         BlockReader r(block, "mesh", defs.globals, diags);
         MeshSpec& m = p.mesh;
         if (!block) {
-            diags.error({file, 1, 1, 1}, "the script has no `mesh` block",
-                        "add `mesh { devices: cpu }` for one CPU device");
+            if (!unknown_block)
+                diags.error({file, 1, 1, 1}, "the script has no `mesh` block",
+                            "add `mesh { devices: cpu }` for one CPU device");
             ok = false;
             return;
         }
@@ -388,21 +404,32 @@ struct Checker {
             return;
         }
         m.device = dev->value->text;
-        // Find the profile by file name or alias.
+        // Find the profile by file name, else by alias. Only the chosen profile's errors
+        // concern this script: the others are read quietly while looking for an alias.
+        std::vector<std::filesystem::path> files = profile_files(options.search_roots);
         std::vector<std::string> names;
         bool found = false;
-        for (const auto& path : profile_files(options.search_roots)) {
+        for (const auto& path : files) {
+            if (path.stem() != m.device) continue;
             auto prof = load_profile(path, sources, diags);
             if (!prof) {
                 ok = false;
-                continue;
+                return;
             }
-            names.push_back(path.stem().string());
-            bool match = path.stem() == m.device ||
-                         std::find(prof->aliases.begin(), prof->aliases.end(), m.device) !=
-                             prof->aliases.end();
+            m.profile = *prof;
+            found = true;
+        }
+        for (const auto& path : files) {
+            if (found) break;
+            SourceManager scratch;
+            Diagnostics quiet;
+            auto prof = load_profile(path, scratch, quiet);
+            if (!prof) continue;
+            if (path.stem().string().find('-') == std::string::npos)
+                names.push_back(path.stem().string());
             names.insert(names.end(), prof->aliases.begin(), prof->aliases.end());
-            if (match && !found) {
+            if (std::find(prof->aliases.begin(), prof->aliases.end(), m.device) !=
+                prof->aliases.end()) {
                 m.profile = *prof;
                 found = true;
             }
@@ -410,7 +437,7 @@ struct Checker {
         if (!found) {
             std::string best = closest_name(m.device, names);
             diags.error(dev->value->loc, "unknown device `" + m.device + "`",
-                        best.empty() ? "the hardware profiles are " + join_names(names)
+                        best.empty() ? "the devices are " + join_names(names)
                                      : "did you mean `" + best + "`?");
             ok = false;
             return;
@@ -488,7 +515,7 @@ struct Checker {
         }
         if (limit > 0 && d > limit) {
             diags.error(hosts ? r.loc_of("hosts") : devices_loc,
-                        std::to_string(d) + " devices per host, but a " + m.profile.name +
+                        std::to_string(d) + " devices per host, but one " + m.profile.name +
                             " host holds at most " + std::to_string(limit),
                         "set `hosts: " + std::to_string((ranks + limit - 1) / limit) + "`");
             ok = false;
@@ -660,6 +687,7 @@ struct Checker {
         std::map<int64_t, int64_t> stage_rank;
         // count[stage][mb][op]
         std::map<std::tuple<int64_t, int64_t, char>, SourceLoc> done;
+        std::set<int64_t> split_stages;
         bool table_ok = true;
         for (const TableRow* row : rows) {
             auto rank = evaluate(*row->rank, defs.globals, diags);
@@ -719,10 +747,11 @@ struct Checker {
                 }
                 auto [it, fresh] = stage_rank.emplace(act.stage, rank->i);
                 if (!fresh && it->second != rank->i) {
-                    diags.error(at,
-                                "stage " + std::to_string(act.stage) + " is on rank " +
-                                    std::to_string(it->second) + " already",
-                                "each stage lives on one rank");
+                    if (split_stages.insert(act.stage).second)
+                        diags.error(at,
+                                    "stage " + std::to_string(act.stage) + " is on rank " +
+                                        std::to_string(it->second) + " already",
+                                    "each stage lives on one rank");
                     table_ok = false;
                     continue;
                 }
@@ -754,7 +783,8 @@ struct Checker {
                     if (!f)
                         what = "no forward `" + std::to_string(st) + "F" + std::to_string(m) + "`";
                     else if (b && (i || w))
-                        what = "both B and I/W for " + std::to_string(st) + "/" + std::to_string(m);
+                        what = "both B and I/W for stage " + std::to_string(st) + " microbatch " +
+                               std::to_string(m);
                     else if (!b && !(i && w))
                         what = "no backward for stage " + std::to_string(st) + " microbatch " +
                                std::to_string(m) + " (B, or I and W)";
@@ -770,6 +800,22 @@ struct Checker {
                 }
             }
         }
+        if (table_ok) {
+            // Each rank runs virtual_stages stages of its own.
+            std::vector<int64_t> per_rank(static_cast<size_t>(pp), 0);
+            for (const auto& [stage, rank] : stage_rank) ++per_rank[static_cast<size_t>(rank)];
+            for (int64_t ri = 0; ri < pp && table_ok; ++ri) {
+                if (per_rank[static_cast<size_t>(ri)] != s.virtual_stages) {
+                    diags.error(s.action_rows[static_cast<size_t>(ri)],
+                                "rank " + std::to_string(ri) + " runs " +
+                                    std::to_string(per_rank[static_cast<size_t>(ri)]) +
+                                    " stages; each rank runs virtual_stages = " +
+                                    std::to_string(s.virtual_stages));
+                    table_ok = false;
+                }
+            }
+            for (const auto& [stage, rank] : stage_rank) s.stage_ranks.push_back(rank);
+        }
         ok = ok && table_ok;
     }
 
@@ -777,8 +823,9 @@ struct Checker {
         BlockReader r(block, "train", defs.globals, diags);
         TrainSpec& t = p.train;
         if (!block) {
-            diags.error({file, 1, 1, 1}, "the script has no `train` block",
-                        "add `train { batch: 8  steps: 100 }` at least");
+            if (!unknown_block)
+                diags.error({file, 1, 1, 1}, "the script has no `train` block",
+                            "add `train { batch: 8  steps: 100 }` at least");
             ok = false;
             return;
         }
@@ -893,6 +940,7 @@ struct Checker {
         GenerateSpec& g = p.generate;
         g.temperature = r.real("temperature", 0.0, false).value_or(1.0);
         g.top_k = r.integer("top_k", 0, model_ok ? p.model.vocab : INT64_MAX).value_or(0);
+        // Generation may run past the context: it then conditions on the last `context` tokens.
         g.max_tokens = r.integer("max_tokens", 1, 1 << 20).value_or(256);
         r.finish();
         if (r.failed()) ok = false;
@@ -949,8 +997,8 @@ struct Checker {
                 std::string list;
                 for (size_t i = 0; i < parts.size(); ++i)
                     list += (i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ") + parts[i];
-                std::string hint = "tp must divide every size it splits: use tp = " +
-                                   divisors_hint(g);
+                std::string hint =
+                    "tp must divide every size it splits: use tp = " + divisors_hint(g);
                 if (vocab) {
                     int64_t step = std::lcm<int64_t>(m.tp, 128);
                     hint += "; or pad the vocabulary to " +
@@ -985,6 +1033,7 @@ struct Checker {
         if (stages == 0) return;
         bool v_shape = s.kind == ScheduleKind::zbv || s.kind == ScheduleKind::dualpipev;
         auto rank_of = [&](int64_t stage) {
+            if (!s.stage_ranks.empty()) return s.stage_ranks[static_cast<size_t>(stage)];
             if (v_shape) return stage < m.pp ? stage : 2 * m.pp - 1 - stage;
             return stage % m.pp;
         };
@@ -1019,11 +1068,15 @@ struct Checker {
         p.memory.bytes_per_device = sat_mul(worst, p.memory.bytes_per_parameter);
         if (p.memory.bytes_per_device > m.memory_bytes) {
             char params[64];
-            std::snprintf(params, sizeof params, "%.2fB", static_cast<double>(worst) / 1e9);
+            double n = static_cast<double>(worst);
+            if (n >= 1e9)
+                std::snprintf(params, sizeof params, "%.2fB", n / 1e9);
+            else
+                std::snprintf(params, sizeof params, "%.2fM", n / 1e6);
             diags.error(devices_loc,
                         "the model does not fit: the fullest device holds " + std::string(params) +
                             " parameters, " + format_bytes(p.memory.bytes_per_device) +
-                            " of weights, gradients and AdamW state, but a " + m.profile.name +
+                            " of weights, gradients and AdamW state, but one " + m.profile.name +
                             " has " + format_bytes(m.memory_bytes),
                         "raise tp or pp to spread the model, or pick a device with more memory");
             ok = false;
@@ -1037,6 +1090,7 @@ bool check_blocks(const BlockSet& blocks, const Definitions& defs, const fs::pat
                   const FrontendOptions& options, SourceManager& sources, Diagnostics& diags,
                   Program& program) {
     Checker c(defs, script_dir, options, sources, diags, program, blocks.file, blocks.model_ok);
+    c.unknown_block = blocks.unknown_block;
     c.mesh(blocks.mesh);
     if (!c.ok) {
         // Later rules need a valid mesh; still read the other blocks for their own errors.

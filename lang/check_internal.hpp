@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,7 @@ class BlockReader {
     const Scope& scope_;
     Diagnostics& diags_;
     std::vector<std::string> known_;
+    std::set<std::string> fields_, blocks_;
     bool rows_read_ = false;
     bool failed_ = false;
 };
@@ -105,8 +107,9 @@ struct BlockSet {
     const Block* schedule = nullptr;
     const Block* train = nullptr;
     const Block* generate = nullptr;
-    uint32_t file = 0;     // the main script, for errors about missing blocks
-    bool model_ok = false; // rules that need the model run only when it checked
+    uint32_t file = 0;          // the main script, for errors about missing blocks
+    bool model_ok = false;      // rules that need the model run only when it checked
+    bool unknown_block = false; // a misspelt block: "no such block" errors would only echo it
 };
 bool check_blocks(const BlockSet& blocks, const Definitions& defs,
                   const std::filesystem::path& script_dir, const FrontendOptions& options,

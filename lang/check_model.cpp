@@ -149,7 +149,8 @@ class Expander {
         if (!names.insert(name).second) {
             SourceLoc at = item.name.empty() ? item.value->loc : item.name_loc;
             diags_.error(at, "two layers are named `" + name + "` here",
-                         "give each a label, e.g. `ln_1: layer_norm(width)`");
+                         item.name.empty() ? "give each a label, e.g. `ln_1: layer_norm(width)`"
+                                           : "labels must differ within one body");
             ok_ = false;
             return false;
         }
@@ -350,8 +351,18 @@ class Expander {
                 continue;
             }
             std::optional<Value> v;
-            if (pname == "activation") {
-                if (a.value->kind == ExprKind::name) v = Value::symbol(a.value->text);
+            // A bare name is the activation itself unless it names a value in scope.
+            bool bare = a.value->kind == ExprKind::name && !scope.find(a.value->text);
+            if (pname == "activation" && bare) {
+                v = Value::symbol(a.value->text);
+            } else if (pname == "activation") {
+                // A template parameter may carry the activation as a string.
+                v = evaluate(*a.value, scope, diags_);
+                if (!v) {
+                    ok = false;
+                    continue;
+                }
+                if (v->type == Value::Type::string) v = Value::symbol(v->s);
             } else {
                 v = evaluate(*a.value, scope, diags_);
                 if (!v) {
@@ -370,7 +381,7 @@ class Expander {
         for (const auto& p : sig->params) {
             auto it = args.find(p.name);
             if (it == args.end()) {
-                if (p.required) {
+                if (p.required && ok) {
                     diags_.error(call.loc, "`" + call.text + "` needs argument `" +
                                                std::string(p.name) + "`");
                     ok = false;
@@ -534,8 +545,9 @@ bool check_structure(const ModelSpec& m, SourceLoc call_loc, Diagnostics& diags)
     std::vector<const LayerSpec*> all;
     for (const auto& it : m.pre)
         for (const auto& l : it.layers) all.push_back(&l);
-    for (const auto& b : m.blocks)
-        for (const auto& it : b.items)
+    // Every block is the same: the first one stands for all (and errors are reported once).
+    if (!m.blocks.empty())
+        for (const auto& it : m.blocks.front().items)
             for (const auto& l : it.layers) all.push_back(&l);
     for (const auto& it : m.post)
         for (const auto& l : it.layers) all.push_back(&l);
@@ -557,7 +569,7 @@ bool check_structure(const ModelSpec& m, SourceLoc call_loc, Diagnostics& diags)
     }
     if (count(LayerKind::position_embedding) + count(LayerKind::rotary_embedding) != 1) {
         diags.error(call_loc, "a model has exactly one `position_embedding` or `rotary_embedding`");
-        ok = false;
+        return false;
     }
     for (const LayerSpec* l : all) {
         if ((l->kind == LayerKind::position_embedding || l->kind == LayerKind::rotary_embedding) &&
@@ -694,7 +706,12 @@ bool check_model(const Statement& model_stmt, const Definitions& defs,
     bind(call, true);
     for (const auto& o : model_overrides) {
         const std::string& name = o.path[1];
-        if (o.path.size() != 2 || std::find(pnames.begin(), pnames.end(), name) == pnames.end()) {
+        if (o.path.size() != 2) {
+            diags.error(o.key_loc, "model arguments are set as `model.ARG`, one level deep");
+            ok = false;
+            continue;
+        }
+        if (std::find(pnames.begin(), pnames.end(), name) == pnames.end()) {
             std::string best = closest_name(name, pnames);
             diags.error(
                 o.key_loc,

@@ -2,6 +2,7 @@
 #include "lang/diagnostics.hpp"
 
 #include <algorithm>
+#include <cctype>
 
 namespace dist::lang {
 
@@ -27,11 +28,29 @@ void Diagnostics::note(SourceLoc loc, std::string message) {
 }
 
 void Diagnostics::sort() {
-    std::stable_sort(list_.begin(), list_.end(), [](const Diagnostic& a, const Diagnostic& b) {
-        if (a.loc.file != b.loc.file) return a.loc.file < b.loc.file;
-        if (a.loc.line != b.loc.line) return a.loc.line < b.loc.line;
-        return a.loc.col < b.loc.col;
+    // A note explains the errors just before it: sort those groups by their first error and
+    // print the note after them.
+    struct Group {
+        SourceLoc key;
+        std::vector<Diagnostic> items;
+    };
+    std::vector<Group> groups;
+    for (auto& d : list_) {
+        if (d.note && !groups.empty()) {
+            groups.back().items.push_back(std::move(d));
+            continue;
+        }
+        groups.push_back({d.loc, {}});
+        groups.back().items.push_back(std::move(d));
+    }
+    std::stable_sort(groups.begin(), groups.end(), [](const Group& a, const Group& b) {
+        if (a.key.file != b.key.file) return a.key.file < b.key.file;
+        if (a.key.line != b.key.line) return a.key.line < b.key.line;
+        return a.key.col < b.key.col;
     });
+    list_.clear();
+    for (auto& g : groups)
+        for (auto& d : g.items) list_.push_back(std::move(d));
 }
 
 std::string Diagnostics::render(const SourceManager& sources) const {
@@ -144,11 +163,17 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 
 std::string closest_name(std::string_view name, const std::vector<std::string>& candidates) {
     if (name.size() > 64) return {};
+    auto lower = [](std::string_view s) {
+        std::string out(s);
+        for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        return out;
+    };
     std::string best;
     size_t best_d = std::max<size_t>(1, name.size() / 3) + 1;
     for (const auto& c : candidates) {
         if (c == name || c.size() > 64) continue;
-        size_t d = edit_distance(name, c);
+        // A difference of case alone is the closest there is.
+        size_t d = lower(c) == lower(name) ? 0 : edit_distance(name, c);
         if (d < best_d) {
             best_d = d;
             best = c;

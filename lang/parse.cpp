@@ -6,9 +6,11 @@
 #include "DistParser.h"
 #include "antlr4-runtime.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 
 namespace dist::lang {
 
@@ -104,15 +106,19 @@ bool is_separator(const std::string& lit) {
 }
 
 // Refuses what the parser must never see; returns false (with diagnostics) on any such token.
+// Brackets are matched here too: an unclosed `{` is reported where it opens, which says more
+// than the parser's "unexpected end of file".
 bool check_tokens(const std::vector<antlr4::Token*>& tokens, uint32_t file,
                   const antlr4::dfa::Vocabulary& voc, Diagnostics& diags) {
     bool ok = true;
-    int depth = 0;
     int operators = 0;
+    std::vector<antlr4::Token*> open;
     for (antlr4::Token* t : tokens) {
         size_t type = t->getType();
         if (type == DistLexer::ERROR_CHAR) {
-            diags.error(token_loc(file, t), "unexpected character " + describe_char(t->getText()));
+            std::string text = t->getText();
+            diags.error(token_loc(file, t), "unexpected character " + describe_char(text),
+                        text == ";" ? "no `;` is needed: spaces and newlines separate fields" : "");
             ok = false;
             continue;
         }
@@ -122,17 +128,34 @@ bool check_tokens(const std::vector<antlr4::Token*>& tokens, uint32_t file,
             ok = false;
             continue;
         }
-        if (t->getChannel() != antlr4::Token::DEFAULT_CHANNEL) continue;
+        // After a lexical error the brackets no longer say anything: only collect those errors.
+        if (!ok || t->getChannel() != antlr4::Token::DEFAULT_CHANNEL) continue;
         std::string lit = voc.getLiteralName(type);
         if (lit == "'('" || lit == "'['" || lit == "'{'") {
-            if (++depth > max_nesting) {
+            open.push_back(t);
+            if (open.size() > static_cast<size_t>(max_nesting)) {
                 diags.error(token_loc(file, t),
                             "nesting deeper than " + std::to_string(max_nesting) + " levels",
                             "flatten the expression or split it with `let`");
                 return false;
             }
         } else if (lit == "')'" || lit == "']'" || lit == "'}'") {
-            if (depth > 0) --depth;
+            static const std::map<std::string, std::string> pair = {
+                {"')'", "("}, {"']'", "["}, {"'}'", "{"}};
+            const std::string& want = pair.at(lit);
+            if (open.empty()) {
+                diags.error(token_loc(file, t), "`" + t->getText() + "` closes nothing");
+                return false;
+            }
+            if (open.back()->getText() != want) {
+                diags.error(token_loc(file, t),
+                            "`" + t->getText() + "` does not close the `" + open.back()->getText() +
+                                "` at line " + std::to_string(open.back()->getLine()) +
+                                ", column " +
+                                std::to_string(open.back()->getCharPositionInLine() + 1));
+                return false;
+            }
+            open.pop_back();
         }
         if (is_separator(lit)) {
             operators = 0;
@@ -145,6 +168,14 @@ bool check_tokens(const std::vector<antlr4::Token*>& tokens, uint32_t file,
                 return false;
             }
         }
+    }
+    if (ok && !open.empty()) {
+        antlr4::Token* t = open.back();
+        static const std::map<std::string, std::string> close = {
+            {"(", ")"}, {"[", "]"}, {"{", "}"}};
+        diags.error(token_loc(file, t), "this `" + t->getText() + "` is never closed",
+                    "add the matching `" + close.at(t->getText()) + "`");
+        return false;
     }
     return ok;
 }
@@ -168,37 +199,61 @@ std::string token_description(size_t type, const antlr4::dfa::Vocabulary& voc) {
 
 class ErrorListener : public antlr4::BaseErrorListener {
   public:
-    ErrorListener(uint32_t file, Diagnostics& diags) : file_(file), diags_(diags) {}
+    ErrorListener(uint32_t file, Diagnostics& diags, bool is_value)
+        : file_(file), diags_(diags), is_value_(is_value) {}
 
     void syntaxError(antlr4::Recognizer* recognizer, antlr4::Token* offending, size_t line,
                      size_t col, const std::string& msg, std::exception_ptr) override {
         ++errors;
+        auto* parser = dynamic_cast<antlr4::Parser*>(recognizer);
+        // One error per top-level statement: what the parser reports after its first error in
+        // a statement is mostly the echo of that error.
+        // The same goes for the rest of its line, where recovery often restarts.
+        ssize_t statement = parser ? statement_start(parser) : -1;
+        size_t at_line = offending ? offending->getLine() : line;
+        if ((statement >= 0 && statement == last_statement_) || at_line == last_line_) return;
+        last_statement_ = statement;
+        last_line_ = at_line;
+
         SourceLoc loc{file_, static_cast<uint32_t>(line), static_cast<uint32_t>(col + 1), 1};
-        std::string found = "end of file";
-        if (offending) {
+        std::string found = is_value_ ? "end of the value" : "end of file";
+        if (offending && offending->getType() != antlr4::Token::EOF) {
             loc = token_loc(file_, offending);
-            if (offending->getType() != antlr4::Token::EOF) {
-                std::string text = offending->getText();
-                if (text.size() > 40) text = text.substr(0, 40) + "...";
-                found = "`" + text + "`";
-            } else {
+            std::string text = offending->getText();
+            if (text.size() > 40) text = text.substr(0, 40) + "...";
+            found = "`" + text + "`";
+        } else if (parser) {
+            // At the end of the input, point just past the last token rather than at the
+            // empty line after it.
+            auto* stream = parser->getTokenStream();
+            for (ssize_t i = static_cast<ssize_t>(stream->index()) - 1; i >= 0; --i) {
+                antlr4::Token* t = stream->get(static_cast<size_t>(i));
+                if (t->getChannel() != antlr4::Token::DEFAULT_CHANNEL) continue;
+                loc = token_loc(file_, t);
+                loc.col += loc.length;
                 loc.length = 1;
+                break;
             }
         }
         std::string expected;
-        auto* parser = dynamic_cast<antlr4::Parser*>(recognizer);
         if (parser) {
             std::vector<std::string> names;
             try {
                 for (ssize_t t : parser->getExpectedTokens().toList()) {
                     if (t < 0) continue;
-                    std::string d =
-                        token_description(static_cast<size_t>(t), parser->getVocabulary());
-                    if (d.find("'x'") != std::string::npos) continue;
-                    names.push_back(d);
+                    names.push_back(
+                        token_description(static_cast<size_t>(t), parser->getVocabulary()));
                 }
             } catch (...) {
                 names.clear();
+            }
+            // Soft keywords are names too.
+            if (std::find(names.begin(), names.end(), "a name") != names.end()) {
+                names.erase(std::remove_if(names.begin(), names.end(),
+                                           [](const std::string& n) {
+                                               return n == "`x`" || n == "`rank`" || n == "`shard`";
+                                           }),
+                            names.end());
             }
             bool value_start = std::find(names.begin(), names.end(), "an integer") != names.end() &&
                                std::find(names.begin(), names.end(), "a name") != names.end();
@@ -214,31 +269,44 @@ class ErrorListener : public antlr4::BaseErrorListener {
                 }
             }
         }
+        if (offending && expected.find("`" + offending->getText() + "`") != std::string::npos)
+            expected.clear();
         std::string message;
-        if (msg.rfind("missing ", 0) == 0 && expected.size() > 2) {
+        if (msg.rfind("missing ", 0) == 0 && expected.size() > 11) {
             message = "missing " + expected.substr(11) + " before " + found;
         } else {
             message = "unexpected " + found + expected;
         }
-        diags_.error(loc, message, hint_for(offending));
+        diags_.error(loc, message, hint_for(parser, offending));
     }
 
     int errors = 0;
 
   private:
-    std::string hint_for(antlr4::Token* t) {
-        if (!t) return {};
-        std::string text = t->getText();
-        if (t->getType() == DistParser::NAME && !text.empty() &&
-            std::isdigit(static_cast<unsigned char>(text[0])))
-            return {};
-        if (text == "=") return "fields are written `name: value`";
-        if (text == ";") return "no `;` is needed: newlines and spaces separate fields";
+    static ssize_t statement_start(antlr4::Parser* parser) {
+        antlr4::ParserRuleContext* ctx = parser->getContext();
+        while (ctx && ctx->parent && !dynamic_cast<DistParser::ScriptContext*>(ctx->parent))
+            ctx = dynamic_cast<antlr4::ParserRuleContext*>(ctx->parent);
+        if (!ctx || !ctx->getStart()) return -1;
+        return static_cast<ssize_t>(ctx->getStart()->getTokenIndex());
+    }
+
+    std::string hint_for(antlr4::Parser* parser, antlr4::Token* t) {
+        if (!t || !parser) return {};
+        bool in_block = false;
+        for (auto* ctx = parser->getContext(); ctx;
+             ctx = dynamic_cast<antlr4::ParserRuleContext*>(ctx->parent)) {
+            if (dynamic_cast<DistParser::BlockBodyContext*>(ctx)) in_block = true;
+        }
+        if (t->getText() == "=" && in_block) return "fields are written `name: value`";
         return {};
     }
 
     uint32_t file_;
     Diagnostics& diags_;
+    bool is_value_;
+    ssize_t last_statement_ = -2;
+    size_t last_line_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -319,23 +387,19 @@ class Builder {
     }
 
     std::unique_ptr<Block> block(DistParser::BlockContext* ctx) {
+        return block_body(ident(ctx->ident()), loc(ctx->ident()), ctx->blockBody(), end_line(ctx));
+    }
+
+    std::unique_ptr<Block> block_body(std::string name, SourceLoc at,
+                                      DistParser::BlockBodyContext* body, uint32_t last) {
         auto b = std::make_unique<Block>();
-        b->name = ident(ctx->ident());
-        b->loc = loc(ctx->ident());
-        b->end_line = end_line(ctx);
-        for (auto* item : ctx->blockItem()) {
+        b->name = std::move(name);
+        b->loc = at;
+        b->end_line = last;
+        for (auto* item : body->blockItem()) {
             BlockItem bi;
             bi.end_line = end_line(item);
-            if (auto* f = item->field()) {
-                bi.kind = BlockItem::Kind::field;
-                bi.field.name = ident(f->ident());
-                bi.field.loc = loc(f->ident());
-                bi.field.value = expr(f->value()->expr(0));
-                if (f->value()->expr().size() > 1) bi.field.count = expr(f->value()->expr(1));
-            } else if (auto* nb = item->block()) {
-                bi.kind = BlockItem::Kind::block;
-                bi.block = block(nb);
-            } else if (auto* r = item->tableRow()) {
+            if (auto* r = item->tableRow()) {
                 bi.kind = BlockItem::Kind::row;
                 bi.row.loc = loc(r->getStart());
                 bi.row.rank = expr(r->expr());
@@ -343,6 +407,16 @@ class Builder {
                     bi.row.actions.push_back(n->getText());
                     bi.row.action_locs.push_back(loc(n->getSymbol()));
                 }
+            } else if (item->blockBody()) {
+                bi.kind = BlockItem::Kind::block;
+                bi.block = block_body(ident(item->ident()), loc(item->ident()), item->blockBody(),
+                                      end_line(item));
+            } else {
+                bi.kind = BlockItem::Kind::field;
+                bi.field.name = ident(item->ident());
+                bi.field.loc = loc(item->ident());
+                bi.field.value = expr(item->value()->expr(0));
+                if (item->value()->expr().size() > 1) bi.field.count = expr(item->value()->expr(1));
             }
             b->items.push_back(std::move(bi));
         }
@@ -464,7 +538,7 @@ class Builder {
         if (first == "(" && !has_comma) return expr(ctx->expr(0));
         auto e = std::make_unique<Expr>();
         e->kind = first == "[" ? ExprKind::list : ExprKind::tuple;
-        e->loc = loc(ctx->getStart());
+        e->loc = loc(ctx);
         for (auto* x : ctx->expr()) e->items.push_back(expr(x));
         return e;
     }
@@ -518,6 +592,7 @@ class Builder {
             case '\\': out += '\\'; break;
             default: {
                 SourceLoc l = loc(t);
+                l.col += static_cast<uint32_t>(i - 1);
                 l.length = 2;
                 diags_.error(l, std::string("unknown escape `\\") + n + "` in string",
                              "the escapes are \\n, \\t, \\\" and \\\\");
@@ -575,7 +650,7 @@ std::unique_ptr<Script> parse_script(const SourceManager& sources, uint32_t file
     s.tokens.fill();
     if (!check_tokens(s.tokens.getTokens(), file, s.lexer.getVocabulary(), diags)) return nullptr;
 
-    ErrorListener listener(file, diags);
+    ErrorListener listener(file, diags, false);
     s.parser.addErrorListener(&listener);
     DistParser::ScriptContext* tree = s.parser.script();
     if (listener.errors > 0) return nullptr;
@@ -597,7 +672,7 @@ ExprPtr parse_set_value(const SourceManager& sources, uint32_t file, size_t valu
     Session s(text);
     s.tokens.fill();
     if (!check_tokens(s.tokens.getTokens(), file, s.lexer.getVocabulary(), diags)) return nullptr;
-    ErrorListener listener(file, diags);
+    ErrorListener listener(file, diags, true);
     s.parser.addErrorListener(&listener);
     DistParser::SetValueContext* tree = s.parser.setValue();
     if (listener.errors > 0) return nullptr;

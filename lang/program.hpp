@@ -148,6 +148,7 @@ struct ScheduleSpec {
     bool partition_given = false;                 // from the script, not the default even split
     std::vector<std::vector<ActionSpec>> actions; // custom: per pipeline rank
     std::vector<lang::SourceLoc> action_rows;     // custom: where each rank's row is
+    std::vector<int64_t> stage_ranks; // custom: the pipeline rank of each stage, from the table
 };
 
 struct DataSpec {

@@ -19,8 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (script) {
         std::string formatted = dist::lang::format_script(*script);
         dist::lang::Diagnostics again_diags;
-        auto again = dist::lang::parse_script(sources, sources.add("formatted", formatted),
-                                              again_diags);
+        auto again =
+            dist::lang::parse_script(sources, sources.add("formatted", formatted), again_diags);
         if (!again) std::abort(); // the formatter wrote something that does not parse
         if (dist::lang::dump(*again) != dist::lang::dump(*script)) std::abort();
         if (dist::lang::format_script(*again) != formatted) std::abort();

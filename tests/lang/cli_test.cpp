@@ -83,7 +83,7 @@ TEST(Cli, UsageErrorsExitTwo) {
 
 TEST(Cli, PlanJsonIsJsonWithTheResolvedValues) {
     Result r = run("plan examples/gpt_tiny.dist --json --set mesh.pp=2 --set mesh.dp=2 "
-                "--set train.batch=32");
+                   "--set train.batch=32");
     ASSERT_EQ(r.status, 0) << r.err;
     nlohmann::json j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["mesh"]["devices"], 4);
@@ -102,7 +102,7 @@ TEST(Cli, FmtWriteReplacesTheFileWholeOrNotAtAll) {
     Result w = run("fmt --write " + f.string());
     ASSERT_EQ(w.status, 0) << w.err;
     EXPECT_EQ(slurp(f), "let a = 1  # one\nmesh {\n    dp: 2\n}\n");
-    struct stat st{};
+    struct stat st {};
     ::stat(f.c_str(), &st);
     EXPECT_EQ(st.st_mode & 0777, 0640u);
     EXPECT_EQ(run("fmt --check " + f.string()).status, 0);

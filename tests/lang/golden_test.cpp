@@ -64,8 +64,7 @@ std::string actual_output(const std::string& kind, const fs::path& rel) {
         return kind == "parse" ? dump(*script) : format_script(*script);
     }
     CheckResult r = check_file(rel, options_for(text));
-    if (kind == "check")
-        return r.ok() ? portable(to_json(*r.program).dump(2)) + "\n" : r.report();
+    if (kind == "check") return r.ok() ? portable(to_json(*r.program).dump(2)) + "\n" : r.report();
     return portable(r.report());
 }
 

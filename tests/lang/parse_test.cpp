@@ -99,8 +99,8 @@ TEST(Parse, RefusesNulBytes) {
 }
 
 TEST(Parse, RefusesInvalidUtf8) {
-    for (std::string bad : {"\xff", "\xc0\xaf", "\xe0\x80\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80",
-                            "\xc3"}) {
+    for (std::string bad :
+         {"\xff", "\xc0\xaf", "\xe0\x80\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xc3"}) {
         auto p = parse("let a = 1 # " + bad + "\n");
         EXPECT_FALSE(p->script);
         EXPECT_NE(p->report().find("t.dist:1:13: error: invalid UTF-8"), std::string::npos)
@@ -158,8 +158,7 @@ TEST(Parse, StringsAndEscapes) {
 TEST(Parse, UnknownCharactersAreNamed) {
     auto p = parse("mesh { dp: 2 $ }\n");
     EXPECT_FALSE(p->script);
-    EXPECT_NE(p->report().find("t.dist:1:14: error: unexpected character `$`"),
-              std::string::npos);
+    EXPECT_NE(p->report().find("t.dist:1:14: error: unexpected character `$`"), std::string::npos);
     auto ctl = parse("mesh { \x01 }\n");
     EXPECT_NE(ctl->report().find("U+0001"), std::string::npos);
 }
