@@ -390,3 +390,21 @@ TEST(RoundTrip, FormatPreservesTheProgram) {
         EXPECT_EQ(a, b) << f;
     }
 }
+
+// Every ```dist example of the language reference checks (the formatter's "Input" included).
+TEST(Docs, LanguageReferenceExamplesCheck) {
+    std::string text, error;
+    ASSERT_TRUE(read_source_file(fs::path(DIST_SOURCE_DIR) / "docs/language.md", text, error));
+    size_t count = 0;
+    for (size_t at = 0; (at = text.find("```dist\n", at)) != std::string::npos;) {
+        at += 8;
+        size_t end = text.find("```", at);
+        ASSERT_NE(end, std::string::npos);
+        std::string example = text.substr(at, end - at);
+        CheckResult r = check_text("docs/language.md", example, opts());
+        EXPECT_TRUE(r.ok()) << "example " << count << ":\n" << example << "\n" << r.report();
+        ++count;
+        at = end + 3;
+    }
+    EXPECT_GE(count, 8u);
+}
