@@ -45,11 +45,12 @@ std::string expr_text(const Expr& e) {
     case ExprKind::name: return e.text;
     case ExprKind::unary: {
         const Expr& x = *e.items[0];
-        return e.text + (x.kind == ExprKind::unary ? "(" + expr_text(x) + ")" : operand(x, 3));
+        // `- -1` rather than `-(-1)`: parentheses would add nesting the source did not have.
+        return e.text + (x.kind == ExprKind::unary ? " " + expr_text(x) : operand(x, 3));
     }
     case ExprKind::binary: {
         int p = precedence(e);
-        if (e.text == "**") return operand(*e.items[0], 5) + " ** " + operand(*e.items[1], 4);
+        if (e.text == "**") return operand(*e.items[0], 5) + " ** " + operand(*e.items[1], 3);
         return operand(*e.items[0], p) + " " + e.text + " " + operand(*e.items[1], p + 1);
     }
     case ExprKind::call: {

@@ -10,7 +10,8 @@ seeds=$(mktemp -d)
 trap 'rm -rf "$seeds"' EXIT
 cp examples/*.dist stdlib/std/*.dist "$seeds"/
 find tests/golden -name '*.dist' -exec cp {} "$seeds"/ \; 2>/dev/null || true
+cp tests/fuzz/regressions/* "$seeds"/  # inputs that once failed
 # The fuzzer resolves imports against stdlib/ and never reads data files.
 DIST_PATH="$PWD/stdlib" "$fuzzer" -max_total_time="$seconds" -max_len=4096 -timeout=10 \
-    -rss_limit_mb=2048 -print_final_stats=1 "$corpus" "$seeds" 2>&1 | tail -n 15
+    -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=build-fuzz/ "$corpus" "$seeds" 2>&1 | tail -n 15
 echo "fuzz: ${seconds}s without a finding"

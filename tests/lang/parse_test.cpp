@@ -183,7 +183,7 @@ TEST(Format, ParenthesesOnlyWhereNeeded) {
     ASSERT_TRUE(p->script) << p->report();
     std::string f = format_script(*p->script);
     EXPECT_EQ(f, "let a = (1 - (2 - 3)) * -(4 + 5) ** 2 ** (1 + 1)\nlet b = (-2) ** 2\n"
-                 "let c = -(-1)\n");
+                 "let c = - -1\n");
     auto q = parse(f);
     ASSERT_TRUE(q->script);
     EXPECT_EQ(dump(*q->script), dump(*p->script));

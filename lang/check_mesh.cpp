@@ -1,0 +1,173 @@
+// check_mesh.cpp: the `mesh` block: axes, the hardware profile, device count, hosts.
+#include "lang/check_blocks.hpp"
+#include "lang/hardware.hpp"
+
+namespace dist::lang {
+
+void BlockChecker::mesh(const Block* block) {
+    BlockReader r(block, "mesh", defs.globals, diags);
+    MeshSpec& m = p.mesh;
+    if (!block) {
+        if (!unknown_block)
+            diags.error({file, 1, 1, 1}, "the script has no `mesh` block",
+                        "add `mesh { devices: cpu }` for one CPU device");
+        ok = false;
+        return;
+    }
+    const Field* dev = r.field("devices");
+    devices_loc = dev ? dev->loc : block->loc;
+    m.dp = r.integer("dp", 1, max_ranks).value_or(1);
+    m.tp = r.integer("tp", 1, max_ranks).value_or(1);
+    m.pp = r.integer("pp", 1, max_ranks).value_or(1);
+    dp_loc = r.loc_of("dp");
+    tp_loc = r.loc_of("tp");
+    pp_loc = r.loc_of("pp");
+    auto hosts = r.integer("hosts", 1, max_ranks);
+    auto per_host = r.integer("devices_per_host", 1, max_ranks);
+    auto memory = r.integer("memory", 1);
+    r.finish();
+    if (r.failed()) ok = false;
+
+    int64_t ranks = sat_mul(sat_mul(m.dp, m.tp), m.pp);
+    if (ranks > max_ranks) {
+        diags.error(block->loc, "the mesh has " + std::to_string(ranks) +
+                                    " ranks; Dist plans at most " + std::to_string(max_ranks));
+        ok = false;
+        return;
+    }
+    m.devices = ranks;
+    if (!dev) {
+        diags.error(block->loc, "`mesh` needs `devices`, e.g. `devices: cpu` or "
+                                "`devices: h100 x 8`");
+        ok = false;
+        return;
+    }
+    if (dev->value->kind != ExprKind::name) {
+        diags.error(dev->value->loc, "`devices` names a hardware profile, e.g. `h200 x 8`",
+                    dev->value->kind == ExprKind::string ? "write the name without quotes" : "");
+        ok = false;
+        return;
+    }
+    m.device = dev->value->text;
+    // Find the profile by file name, else by alias. Only the chosen profile's errors
+    // concern this script: the others are read quietly while looking for an alias.
+    std::vector<std::filesystem::path> files = profile_files(options.search_roots);
+    std::vector<std::string> names;
+    bool found = false;
+    for (const auto& path : files) {
+        if (path.stem() != m.device) continue;
+        auto prof = load_profile(path, sources, diags);
+        if (!prof) {
+            ok = false;
+            return;
+        }
+        m.profile = *prof;
+        found = true;
+    }
+    for (const auto& path : files) {
+        if (found) break;
+        SourceManager scratch;
+        Diagnostics quiet;
+        auto prof = load_profile(path, scratch, quiet);
+        if (!prof) continue;
+        if (path.stem().string().find('-') == std::string::npos)
+            names.push_back(path.stem().string());
+        names.insert(names.end(), prof->aliases.begin(), prof->aliases.end());
+        if (std::find(prof->aliases.begin(), prof->aliases.end(), m.device) !=
+            prof->aliases.end()) {
+            m.profile = *prof;
+            found = true;
+        }
+    }
+    if (!found) {
+        std::string best = closest_name(m.device, names);
+        diags.error(dev->value->loc, "unknown device `" + m.device + "`",
+                    best.empty() ? "the devices are " + join_names(names)
+                                 : "did you mean `" + best + "`?");
+        ok = false;
+        return;
+    }
+    if (dev->count) {
+        auto c = evaluate(*dev->count, defs.globals, diags);
+        if (!c) {
+            ok = false;
+            return;
+        }
+        if (c->type != Value::Type::integer || c->i < 1) {
+            diags.error(dev->count->loc, "the device count must be a positive integer");
+            ok = false;
+            return;
+        }
+        if (c->i != ranks) {
+            int64_t tpp = m.tp * m.pp;
+            std::string hint = c->i % tpp == 0 ? "set `dp: " + std::to_string(c->i / tpp) +
+                                                     "` to use " + std::to_string(c->i) + " devices"
+                                               : "the device count is dp x tp x pp";
+            diags.error(dev->count->loc,
+                        "the mesh has dp x tp x pp = " + std::to_string(m.dp) + " x " +
+                            std::to_string(m.tp) + " x " + std::to_string(m.pp) + " = " +
+                            std::to_string(ranks) + " ranks, but " + std::to_string(c->i) +
+                            " devices",
+                        hint);
+            ok = false;
+            return;
+        }
+    }
+    // Hosts and devices per host.
+    int64_t limit = m.profile.devices_per_host;
+    int64_t h = hosts.value_or(0), d = per_host.value_or(0);
+    if (h && d) {
+        if (sat_mul(h, d) != ranks) {
+            diags.error(r.loc_of("hosts"), std::to_string(h) + " hosts x " + std::to_string(d) +
+                                               " devices is not the " + std::to_string(ranks) +
+                                               " devices of the mesh");
+            ok = false;
+            return;
+        }
+    } else if (h) {
+        if (ranks % h != 0) {
+            diags.error(r.loc_of("hosts"),
+                        std::to_string(ranks) + " devices do not divide evenly over " +
+                            std::to_string(h) + " hosts",
+                        "use " + divisors_hint(ranks) + " hosts");
+            ok = false;
+            return;
+        }
+        d = ranks / h;
+    } else if (d) {
+        if (ranks % d != 0) {
+            diags.error(r.loc_of("devices_per_host"), std::to_string(ranks) +
+                                                          " devices do not fill hosts of " +
+                                                          std::to_string(d));
+            ok = false;
+            return;
+        }
+        h = ranks / d;
+    } else {
+        d = limit > 0 ? std::min(limit, ranks) : ranks;
+        if (ranks % d != 0) {
+            diags.error(devices_loc,
+                        std::to_string(ranks) + " devices do not fill hosts of " +
+                            std::to_string(d) + " " + m.profile.name,
+                        "use a multiple of " + std::to_string(d) +
+                            " devices, or set "
+                            "`hosts`");
+            ok = false;
+            return;
+        }
+        h = ranks / d;
+    }
+    if (limit > 0 && d > limit) {
+        diags.error(hosts ? r.loc_of("hosts") : devices_loc,
+                    std::to_string(d) + " devices per host, but one " + m.profile.name +
+                        " host holds at most " + std::to_string(limit),
+                    "set `hosts: " + std::to_string((ranks + limit - 1) / limit) + "`");
+        ok = false;
+        return;
+    }
+    m.hosts = h;
+    m.devices_per_host = d;
+    m.memory_bytes = memory.value_or(m.profile.memory_bytes);
+}
+
+} // namespace dist::lang
