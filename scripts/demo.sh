@@ -14,6 +14,7 @@ say dist plan examples/gpt_tiny.dist --set mesh.pp=2 --set mesh.dp=2 --set train
 "$dist" plan examples/gpt_tiny.dist --set mesh.pp=2 --set mesh.dp=2 --set train.batch=32
 
 for f in examples/*.dist; do
+    [[ "$f" == examples/gpt_tiny.dist ]] && continue
     say dist check "$f"
     "$dist" check "$f"
 done
