@@ -87,114 +87,97 @@ SourceLoc BlockReader::loc_of(const std::string& name) const {
     return block_->loc;
 }
 
-std::optional<Value> BlockReader::value(const std::string& name) {
+const Field* BlockReader::single(const std::string& name) {
     const Field* f = field(name);
-    if (!f) return std::nullopt;
-    if (f->count) {
-        diags_.error(f->count->loc, "`x` counts devices; it belongs to `mesh.devices` only");
-        failed_ = true;
-        return std::nullopt;
+    if (f && f->count) {
+        fail(f->count->loc, "`x` counts devices; it belongs to `mesh.devices` only");
+        return nullptr;
     }
+    return f;
+}
+
+std::optional<Value> BlockReader::value(const std::string& name) {
+    const Field* f = single(name);
+    if (!f) return std::nullopt;
     auto v = evaluate(*f->value, scope_, diags_);
     if (!v) failed_ = true;
     return v;
 }
 
-std::optional<int64_t> BlockReader::integer(const std::string& name, int64_t min, int64_t max) {
+std::nullopt_t BlockReader::fail(SourceLoc loc, std::string message, std::string hint) {
+    diags_.error(loc, std::move(message), std::move(hint));
+    failed_ = true;
+    return std::nullopt;
+}
+
+std::optional<Value> BlockReader::typed(const std::string& name, bool (*accept)(const Value&),
+                                        const char* what) {
     const Field* f = field(name);
     auto v = value(name);
     if (!v) return std::nullopt;
-    if (v->type != Value::Type::integer) {
-        diags_.error(f->value->loc,
-                     "`" + path_ + "." + name + "` must be an integer, got " + v->type_name());
-        failed_ = true;
-        return std::nullopt;
-    }
+    if (!accept(*v))
+        return fail(f->value->loc,
+                    "`" + path_ + "." + name + "` must be " + what + ", got " + v->type_name());
+    return v;
+}
+
+std::optional<int64_t> BlockReader::integer(const std::string& name, int64_t min, int64_t max) {
+    auto v = typed(
+        name, [](const Value& x) { return x.type == Value::Type::integer; }, "an integer");
+    if (!v) return std::nullopt;
+    SourceLoc at = field(name)->value->loc;
+    std::string key = "`" + path_ + "." + name + "` must be ";
     if (v->i < min) {
-        diags_.error(f->value->loc, "`" + path_ + "." + name + "` must be " +
-                                        (min == 1   ? std::string("positive")
-                                         : min == 0 ? std::string("zero or more")
-                                                    : "at least " + std::to_string(min)) +
-                                        ", got " + std::to_string(v->i));
-        failed_ = true;
-        return std::nullopt;
+        std::string range = min == 1   ? std::string("positive")
+                            : min == 0 ? std::string("zero or more")
+                                       : "at least " + std::to_string(min);
+        return fail(at, key + range + ", got " + std::to_string(v->i));
     }
-    if (v->i > max) {
-        diags_.error(f->value->loc, "`" + path_ + "." + name + "` must be at most " +
-                                        std::to_string(max) + ", got " + std::to_string(v->i));
-        failed_ = true;
-        return std::nullopt;
-    }
+    if (v->i > max)
+        return fail(at, key + "at most " + std::to_string(max) + ", got " + std::to_string(v->i));
     return v->i;
 }
 
 std::optional<double> BlockReader::real(const std::string& name, double min, bool min_exclusive,
                                         double max, bool max_exclusive) {
-    const Field* f = field(name);
-    auto v = value(name);
+    auto v = typed(
+        name, [](const Value& x) { return x.is_number(); }, "a number");
     if (!v) return std::nullopt;
-    if (!v->is_number()) {
-        diags_.error(f->value->loc,
-                     "`" + path_ + "." + name + "` must be a number, got " + v->type_name());
-        failed_ = true;
-        return std::nullopt;
-    }
     double r = v->as_real();
     bool low = min_exclusive ? !(r > min) : !(r >= min);
     bool high = max_exclusive ? !(r < max) : !(r <= max);
-    if (low || high) {
-        std::string range;
-        if (max >= 1e300)
-            range = min_exclusive && min == 0.0 ? "positive"
-                    : min == 0.0                ? "zero or more"
-                                                : "at least " + Value::real(min).str();
-        else
-            range = std::string(min_exclusive ? "in (" : "in [") + Value::real(min).str() + ", " +
-                    Value::real(max).str() + (max_exclusive ? ")" : "]");
-        diags_.error(f->value->loc,
-                     "`" + path_ + "." + name + "` must be " + range + ", got " + v->str());
-        failed_ = true;
-        return std::nullopt;
-    }
-    return r;
+    if (!low && !high) return r;
+    std::string range;
+    if (max >= 1e300)
+        range = min_exclusive && min == 0.0 ? "positive"
+                : min == 0.0                ? "zero or more"
+                                            : "at least " + Value::real(min).str();
+    else
+        range = std::string(min_exclusive ? "in (" : "in [") + Value::real(min).str() + ", " +
+                Value::real(max).str() + (max_exclusive ? ")" : "]");
+    return fail(field(name)->value->loc,
+                "`" + path_ + "." + name + "` must be " + range + ", got " + v->str());
 }
 
 std::optional<bool> BlockReader::boolean(const std::string& name) {
-    const Field* f = field(name);
-    auto v = value(name);
+    auto v = typed(
+        name, [](const Value& x) { return x.type == Value::Type::boolean; }, "`true` or `false`");
     if (!v) return std::nullopt;
-    if (v->type != Value::Type::boolean) {
-        diags_.error(f->value->loc, "`" + path_ + "." + name + "` must be `true` or `false`, got " +
-                                        v->type_name());
-        failed_ = true;
-        return std::nullopt;
-    }
     return v->b;
 }
 
 std::optional<std::string> BlockReader::string(const std::string& name) {
-    const Field* f = field(name);
-    auto v = value(name);
+    auto v = typed(
+        name, [](const Value& x) { return x.type == Value::Type::string; }, "a string");
     if (!v) return std::nullopt;
-    if (v->type != Value::Type::string) {
-        diags_.error(f->value->loc,
-                     "`" + path_ + "." + name + "` must be a string, got " + v->type_name());
-        failed_ = true;
-        return std::nullopt;
-    }
     return v->s;
 }
 
 std::optional<std::string> BlockReader::choice(const std::string& name,
                                                const std::vector<std::string>& options,
                                                const std::string& what) {
-    const Field* f = field(name);
+    const Field* f = single(name);
     if (!f) return std::nullopt;
-    if (f->count) {
-        diags_.error(f->count->loc, "`x` counts devices; it belongs to `mesh.devices` only");
-        failed_ = true;
-        return std::nullopt;
-    }
     const Expr& e = *f->value;
     std::string text = e.kind == ExprKind::name ? e.text : "";
     if (e.kind != ExprKind::name) {

@@ -68,7 +68,13 @@ class BlockReader {
     bool failed() const { return failed_; }
 
   private:
-    void require_int(const Value& v, const Field& f, int64_t min, int64_t max, bool& ok);
+    /// The field, refusing a device count (`x N`) where it does not belong.
+    const Field* single(const std::string& name);
+    /// Reports an error about this block and marks it failed.
+    std::nullopt_t fail(SourceLoc loc, std::string message, std::string hint = {});
+    /// The field's value when `accept` takes it; "must be WHAT, got ..." otherwise.
+    std::optional<Value> typed(const std::string& name, bool (*accept)(const Value&),
+                               const char* what);
 
     const Block* block_;
     std::string path_;
