@@ -152,6 +152,25 @@ void BlockChecker::memory_floor() {
                         " has " + format_bytes(m.memory_bytes),
                     "raise tp or pp to spread the model, or pick a device with more memory");
         ok = false;
+        return;
+    }
+    // Devices without a host limit (CPU cores) share one machine's memory: all ranks together
+    // must fit in it.
+    if (m.profile.devices_per_host == 0) {
+        int64_t total = 0;
+        for (int64_t r : per_rank) total = sat_add(total, r);
+        int64_t bytes = sat_mul(sat_mul(sat_mul(total, m.tp), m.dp), p.memory.bytes_per_parameter);
+        if (bytes > m.memory_bytes) {
+            diags.error(devices_loc,
+                        "the model does not fit: the " + std::to_string(m.devices) +
+                            " ranks of this " + m.profile.name + " mesh share " +
+                            format_bytes(m.memory_bytes) + " and together need " +
+                            format_bytes(bytes) +
+                            " for weights, gradients and AdamW state",
+                        "use fewer data-parallel replicas, a smaller model, or more memory "
+                        "(`memory: 64 GiB` in mesh)");
+            ok = false;
+        }
     }
 }
 
