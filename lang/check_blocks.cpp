@@ -165,8 +165,7 @@ void BlockChecker::memory_floor() {
                         "the model does not fit: the " + std::to_string(m.devices) +
                             " ranks of this " + m.profile.name + " mesh share " +
                             format_bytes(m.memory_bytes) + " and together need " +
-                            format_bytes(bytes) +
-                            " for weights, gradients and AdamW state",
+                            format_bytes(bytes) + " for weights, gradients and AdamW state",
                         "use fewer data-parallel replicas, a smaller model, or more memory "
                         "(`memory: 64 GiB` in mesh)");
             ok = false;

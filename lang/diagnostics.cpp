@@ -6,8 +6,37 @@
 
 namespace dist::lang {
 
+namespace {
+
+// A quoted name or number from the source may be any length: keep messages readable by
+// cutting each `quoted` span to its first and last characters.
+std::string shorten_quotes(const std::string& s) {
+    constexpr size_t keep = 24;
+    std::string out;
+    size_t i = 0;
+    while (i < s.size()) {
+        size_t open = s.find('`', i);
+        size_t close = open == std::string::npos ? open : s.find('`', open + 1);
+        if (close == std::string::npos) {
+            out += s.substr(i);
+            break;
+        }
+        out += s.substr(i, open + 1 - i);
+        std::string inner = s.substr(open + 1, close - open - 1);
+        if (inner.size() > 2 * keep + 3)
+            inner = inner.substr(0, keep) + "..." + inner.substr(inner.size() - keep);
+        out += inner + "`";
+        i = close + 1;
+    }
+    return out;
+}
+
+} // namespace
+
 void Diagnostics::error(SourceLoc loc, std::string message, std::string hint) {
     ++errors_;
+    message = shorten_quotes(message);
+    hint = shorten_quotes(hint);
     for (const auto& d : list_) {
         if (d.loc.file == loc.file && d.loc.line == loc.line && d.loc.col == loc.col &&
             d.message == message)

@@ -143,6 +143,14 @@ TEST(Parse, HandlesHugeLines) {
     EXPECT_NE(r.find("..."), std::string::npos); // the shown line is cut around the caret
 }
 
+TEST(Parse, HugeTokensDoNotMakeHugeMessages) {
+    auto p = parse("let a = " + std::string(200000, '9') + "\n");
+    EXPECT_FALSE(p->script);
+    ASSERT_EQ(p->diags.all().size(), 1u);
+    EXPECT_LT(p->diags.all()[0].message.size(), 200u) << p->diags.all()[0].message;
+    EXPECT_LT(p->report().size(), 1000u);
+}
+
 TEST(Parse, StringsAndEscapes) {
     auto p = parse("let s = \"a\\tb\\\"c\\\\\"\n");
     ASSERT_TRUE(p->script) << p->report();
