@@ -9,7 +9,7 @@ namespace dist::lang {
 namespace {
 
 // A quoted name or number from the source may be any length: keep messages readable by
-// cutting each `quoted` span to its first and last characters.
+// cutting each long `quoted` token to its first and last characters.
 std::string shorten_quotes(const std::string& s) {
     constexpr size_t keep = 24;
     std::string out;
@@ -23,7 +23,8 @@ std::string shorten_quotes(const std::string& s) {
         }
         out += s.substr(i, open + 1 - i);
         std::string inner = s.substr(open + 1, close - open - 1);
-        if (inner.size() > 2 * keep + 3)
+        bool code = inner.find(' ') != std::string::npos; // an example the message shows
+        if (!code && inner.size() > 2 * keep + 3)
             inner = inner.substr(0, keep) + "..." + inner.substr(inner.size() - keep);
         out += inner + "`";
         i = close + 1;
