@@ -1,0 +1,110 @@
+// tensor.hpp: tensors and the per-device allocators behind them.
+//
+// The bottom of the compute stack: models/ and the runtime hold Tensors; kernels take raw
+// pointers and sizes (llm.c style), so a kernel is easy to test and to port to CUDA. Memory
+// comes from a per-device allocator that keeps freed buffers by size and hands them out again,
+// so a training step allocates nothing once the first step has run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace dist::kernels {
+
+enum class DType { f32, bf16 };
+
+/// Bytes per element.
+size_t dtype_size(DType t);
+const char* to_string(DType t);
+
+struct Device {
+    enum class Kind { cpu, cuda } kind = Kind::cpu;
+    int index = 0;
+
+    static Device cpu() { return {}; }
+    bool operator==(const Device&) const = default;
+    /// "cpu" or "cuda:N".
+    std::string str() const;
+};
+
+/// Reuses buffers across steps: a freed buffer goes to a free list for its exact byte size.
+class Allocator {
+  public:
+    explicit Allocator(Device device) : device_(device) {}
+    ~Allocator();
+    Allocator(const Allocator&) = delete;
+    Allocator& operator=(const Allocator&) = delete;
+
+    void* allocate(size_t bytes);
+    void release(void* ptr, size_t bytes);
+
+    Device device() const { return device_; }
+    /// Calls that had to ask the system for memory (not served from a free list).
+    size_t fresh_allocations() const { return fresh_; }
+    size_t bytes_in_use() const { return in_use_; }
+    size_t bytes_reserved() const { return reserved_; }
+
+    /// The process-wide allocator of the CPU.
+    static Allocator& cpu();
+
+  private:
+    Device device_;
+    std::mutex mutex_;
+    std::multimap<size_t, void*> free_;
+    size_t fresh_ = 0;
+    size_t in_use_ = 0;
+    size_t reserved_ = 0;
+};
+
+/// A dense, row-major tensor. Copies share storage (like torch.Tensor); `clone` copies data.
+class Tensor {
+  public:
+    Tensor() = default;
+    Tensor(std::vector<int64_t> shape, DType dtype = DType::f32,
+           Allocator& allocator = Allocator::cpu());
+
+    static Tensor zeros(std::vector<int64_t> shape, DType dtype = DType::f32,
+                        Allocator& allocator = Allocator::cpu());
+
+    const std::vector<int64_t>& shape() const { return shape_; }
+    int64_t dim(size_t i) const { return shape_.at(i); }
+    size_t rank() const { return shape_.size(); }
+    int64_t numel() const { return numel_; }
+    size_t bytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
+    DType dtype() const { return dtype_; }
+    Device device() const { return storage_ ? storage_->allocator->device() : Device::cpu(); }
+    bool defined() const { return storage_ != nullptr; }
+
+    void* raw() const { return storage_ ? storage_->ptr : nullptr; }
+    /// Typed access; the element type must match the dtype (float for f32, uint16_t for bf16).
+    template <typename T> T* data() const { return static_cast<T*>(raw()); }
+
+    void fill_zero();
+    Tensor clone() const;
+    /// A copy converted to another dtype (f32 <-> bf16, round to nearest even).
+    Tensor to(DType dtype) const;
+    std::string shape_str() const;
+
+  private:
+    struct Storage {
+        Allocator* allocator = nullptr;
+        void* ptr = nullptr;
+        size_t bytes = 0;
+        ~Storage();
+    };
+    std::shared_ptr<Storage> storage_;
+    std::vector<int64_t> shape_;
+    int64_t numel_ = 0;
+    DType dtype_ = DType::f32;
+};
+
+/// bf16 <-> f32 (round to nearest even; NaN stays NaN).
+uint16_t f32_to_bf16(float x);
+float bf16_to_f32(uint16_t x);
+
+} // namespace dist::kernels

@@ -1,0 +1,61 @@
+// tensor_test.cpp: tensors, buffer reuse by the allocator, bf16 conversion.
+#include "kernels/tensor.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+using namespace dist::kernels;
+
+TEST(Tensor, ShapeSizeAndZeros) {
+    Tensor t = Tensor::zeros({2, 3, 4});
+    EXPECT_EQ(t.numel(), 24);
+    EXPECT_EQ(t.bytes(), 96u);
+    EXPECT_EQ(t.shape_str(), "(2, 3, 4)");
+    for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t.data<float>()[i], 0.0f);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % 64, 0u);
+    EXPECT_THROW(Tensor({2, -1}), std::invalid_argument);
+}
+
+TEST(Tensor, CopiesShareStorageAndCloneDoesNot) {
+    Tensor a = Tensor::zeros({4});
+    Tensor b = a;
+    b.data<float>()[0] = 5.0f;
+    EXPECT_EQ(a.data<float>()[0], 5.0f);
+    Tensor c = a.clone();
+    c.data<float>()[0] = 1.0f;
+    EXPECT_EQ(a.data<float>()[0], 5.0f);
+}
+
+TEST(Allocator, SteadyStateAllocatesNothingNew) {
+    Allocator alloc(Device::cpu());
+    // A "training step" that makes and drops the same tensors every time.
+    auto step = [&] {
+        Tensor x({64, 128}, DType::f32, alloc), y({64, 128}, DType::f32, alloc);
+        Tensor z({17}, DType::bf16, alloc);
+        return x.numel() + y.numel() + z.numel();
+    };
+    step();
+    size_t after_first = alloc.fresh_allocations();
+    EXPECT_EQ(after_first, 3u);
+    for (int i = 0; i < 10; ++i) step();
+    EXPECT_EQ(alloc.fresh_allocations(), after_first);
+    EXPECT_EQ(alloc.bytes_in_use(), 0u);
+}
+
+TEST(Bf16, RoundsToNearestEven) {
+    EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+    EXPECT_EQ(bf16_to_f32(0x3f80), 1.0f);
+    // 1 + 2^-8 is halfway between two bf16 values (1 and 1 + 2^-7): ties go to even, 1.
+    EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + std::ldexp(1.0f, -8))), 1.0f);
+    // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: ties go to even, 1 + 2^-6.
+    EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8))),
+              1.0f + std::ldexp(1.0f, -6));
+    EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+    EXPECT_TRUE(std::isinf(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::infinity()))));
+    Tensor t = Tensor::zeros({3});
+    t.data<float>()[1] = 3.140625f; // exactly representable in bf16
+    Tensor back = t.to(DType::bf16).to(DType::f32);
+    EXPECT_EQ(back.data<float>()[1], 3.140625f);
+}
