@@ -6,11 +6,14 @@
 #include "lang/loader.hpp"
 #include "lang/parse.hpp"
 #include "lang/program_json.hpp"
+#include "models/trainer.hpp"
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fcntl.h>
 #include <filesystem>
+#include <fstream>
 #include <ostream>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -141,6 +144,64 @@ bool write_file_atomically(const std::string& path, const std::string& text, std
         ::close(dfd);
     }
     return true;
+}
+
+int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, std::ostream& err) {
+    lang::CheckResult checked = check(o);
+    if (!checked.ok()) {
+        err << checked.report();
+        return 1;
+    }
+    const Program& p = *checked.program;
+    if (p.mesh.devices != 1) {
+        err << "error: this build trains on one device; the mesh has " << p.mesh.devices << " (dp "
+            << p.mesh.dp << ", tp " << p.mesh.tp << ", pp " << p.mesh.pp
+            << "). Use --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1, or `dist plan` to study "
+               "the layout\n";
+        return 1;
+    }
+    models::TokenData data;
+    std::string error = models::load_data(p.train.data, p.model, data);
+    if (!error.empty()) {
+        err << "error: " << error << "\n";
+        return 1;
+    }
+    std::ofstream metrics;
+    if (!r.metrics.empty()) {
+        metrics.open(r.metrics, std::ios::trunc);
+        if (!metrics) {
+            err << "error: cannot write `" << r.metrics << "`: " << std::strerror(errno) << "\n";
+            return 1;
+        }
+    }
+    models::Model model(p.model, static_cast<uint64_t>(p.train.seed));
+    bool tty = r.progress && ::isatty(STDERR_FILENO);
+    int64_t last = p.train.stop_after > 0 ? p.train.stop_after : p.train.steps;
+    double elapsed = 0.0;
+    out << "training " << (p.model.preset.empty() ? p.model.template_name : p.model.preset) << " ("
+        << p.model.parameters << " parameters) for " << last << " steps of " << p.train.batch
+        << " x " << p.model.context << " tokens on one cpu device\n";
+    error = models::train(p, model, data, [&](const models::StepMetrics& m) {
+        elapsed += m.step_time_s;
+        if (metrics) metrics << models::metrics_json(m) << "\n" << std::flush;
+        double eta = elapsed / static_cast<double>(m.step) * static_cast<double>(last - m.step);
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "step %5lld/%lld  loss %.4f  lr %.2e  norm %.3f  %.0f tok/s  eta %.0fs",
+                      static_cast<long long>(m.step), static_cast<long long>(last), m.loss, m.lr,
+                      m.grad_norm, m.tokens_per_s, eta);
+        if (tty)
+            err << "\r" << line << "\x1b[K" << std::flush;
+        else if (r.progress && (m.step == 1 || m.step % 10 == 0 || m.step == last))
+            err << line << "\n";
+        return true;
+    });
+    if (tty) err << "\n";
+    if (!error.empty()) {
+        err << "error: " << error << "\n";
+        return 1;
+    }
+    return 0;
 }
 
 } // namespace dist::cli

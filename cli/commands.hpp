@@ -19,6 +19,13 @@ int run_check(const CommonOptions& o, std::ostream& out, std::ostream& err);
 int run_fmt(const CommonOptions& o, bool write, bool check, std::ostream& out, std::ostream& err);
 int run_plan(const CommonOptions& o, bool json, std::ostream& out, std::ostream& err);
 
+struct RunOptions {
+    std::string metrics;  // JSON lines, one per step ("" for none)
+    bool progress = true; // a progress line on stderr
+};
+/// Trains the script's model for real (one device).
+int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, std::ostream& err);
+
 /// Replaces `path` with `text` atomically: a temporary file beside it, fsync, rename, fsync of
 /// the folder. The original keeps its permissions; on failure it is untouched.
 bool write_file_atomically(const std::string& path, const std::string& text, std::string& error);

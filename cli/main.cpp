@@ -33,6 +33,14 @@ int main(int argc, char** argv) {
     add_common(plan);
     plan->add_flag("--json", json, "print JSON");
 
+    dist::cli::RunOptions run_options;
+    bool quiet = false;
+    CLI::App* run = app.add_subcommand("run", "train the script's model");
+    add_common(run);
+    run->add_option("--metrics", run_options.metrics,
+                    "write one JSON object per step to this file");
+    run->add_flag("--quiet", quiet, "no progress line");
+
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -49,5 +57,9 @@ int main(int argc, char** argv) {
         return dist::cli::run_fmt(common, write, check_only, std::cout, std::cerr);
     }
     if (*plan) return dist::cli::run_plan(common, json, std::cout, std::cerr);
+    if (*run) {
+        run_options.progress = !quiet;
+        return dist::cli::run_train(common, run_options, std::cout, std::cerr);
+    }
     return 2;
 }

@@ -9,10 +9,10 @@
 namespace dist::kernels {
 
 size_t dtype_size(DType t) {
-    return t == DType::f32 ? 4 : 2;
+    return t == DType::bf16 ? 2 : 4;
 }
 const char* to_string(DType t) {
-    return t == DType::f32 ? "f32" : "bf16";
+    return t == DType::f32 ? "f32" : t == DType::bf16 ? "bf16" : "i32";
 }
 
 std::string Device::str() const {
@@ -93,6 +93,8 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(DType dtype) const {
     if (dtype == dtype_) return clone();
+    if (dtype == DType::i32 || dtype_ == DType::i32)
+        throw std::invalid_argument("integer tensors do not convert to floating point");
     Tensor t(shape_, dtype, *storage_->allocator);
     if (dtype == DType::bf16) {
         const float* src = data<float>();

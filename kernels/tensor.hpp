@@ -16,7 +16,7 @@
 
 namespace dist::kernels {
 
-enum class DType { f32, bf16 };
+enum class DType { f32, bf16, i32 };
 
 /// Bytes per element.
 size_t dtype_size(DType t);
@@ -81,7 +81,8 @@ class Tensor {
     bool defined() const { return storage_ != nullptr; }
 
     void* raw() const { return storage_ ? storage_->ptr : nullptr; }
-    /// Typed access; the element type must match the dtype (float for f32, uint16_t for bf16).
+    /// Typed access; the element type must match the dtype (float for f32, uint16_t for bf16,
+    /// int32_t for i32).
     template <typename T> T* data() const { return static_cast<T*>(raw()); }
 
     void fill_zero();

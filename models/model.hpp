@@ -1,0 +1,44 @@
+// model.hpp: a model built from the checked Program's ModelSpec, as a sequence of units.
+//
+// The units run in order: the pre layers (embeddings), every block (residual groups of
+// layers), the post layers (final norm, head, loss). Pipeline stages are contiguous ranges of
+// these units; one device runs them all. Forward returns the mean loss of a microbatch;
+// backward takes the weight of that microbatch in the step's loss.
+#pragma once
+
+#include "lang/program.hpp"
+#include "models/parameters.hpp"
+#include "models/units.hpp"
+
+#include <memory>
+#include <vector>
+
+namespace dist::models {
+
+class Model {
+  public:
+    /// Builds the units and initialises their parameters from `seed`.
+    Model(const ModelSpec& spec, uint64_t seed);
+
+    /// tokens, targets (B,T) i32 -> the mean of the B*T token losses.
+    double forward(int64_t mb, const Tensor& tokens, const Tensor& targets);
+    /// Adds the gradients of `weight` x (this microbatch's mean loss).
+    void backward(int64_t mb, double weight);
+    /// The two halves of backward, over the whole model: the input gradients first, then the
+    /// weight gradients (what a schedule with split backward runs at different times).
+    void backward_input(int64_t mb, double weight);
+    void backward_weight(int64_t mb);
+
+    ParameterStore& params() { return params_; }
+    const ModelSpec& spec() const { return spec_; }
+    size_t unit_count() const { return units_.size(); }
+
+  private:
+    ModelSpec spec_;
+    ParameterStore params_;
+    std::vector<std::unique_ptr<Unit>> units_;
+    std::map<int64_t, Batch> batches_;
+    std::map<int64_t, std::vector<int64_t>> loss_shape_;
+};
+
+} // namespace dist::models

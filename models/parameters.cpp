@@ -1,0 +1,72 @@
+// parameters.cpp: parameter storage and the counter-based initialisation.
+#include "models/parameters.hpp"
+
+#include "models/data.hpp"
+
+#include <cmath>
+
+namespace dist::models {
+
+namespace {
+
+uint64_t name_hash(const std::string& s) {
+    uint64_t h = 1469598103934665603ull; // FNV-1a
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+    return h;
+}
+
+double unit_interval(uint64_t bits) {
+    return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
+} // namespace
+
+float initial_value(uint64_t seed, const std::string& name, int64_t index, const Init& init) {
+    switch (init.kind) {
+    case Init::Kind::zeros: return 0.0f;
+    case Init::Kind::ones: return 1.0f;
+    case Init::Kind::normal: {
+        // Box-Muller on two uniforms drawn from (seed, name, index) alone.
+        uint64_t h = name_hash(name);
+        uint64_t i = static_cast<uint64_t>(index);
+        double u1 = 1.0 - unit_interval(hash64(seed, h, 2 * i));
+        double u2 = unit_interval(hash64(seed, h, 2 * i + 1));
+        double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+        return static_cast<float>(z * init.std);
+    }
+    }
+    return 0.0f;
+}
+
+Parameter& ParameterStore::add(std::string name, std::vector<int64_t> shape, Init init, bool decay,
+                               uint64_t seed) {
+    Parameter& p = params_.emplace_back();
+    p.name = std::move(name);
+    p.init = init;
+    p.decay = decay;
+    p.value = kernels::Tensor(shape);
+    p.grad = kernels::Tensor::zeros(shape);
+    p.m = kernels::Tensor::zeros(shape);
+    p.v = kernels::Tensor::zeros(shape);
+    float* x = p.value.data<float>();
+    for (int64_t i = 0; i < p.value.numel(); ++i) x[i] = initial_value(seed, p.name, i, init);
+    return p;
+}
+
+Parameter* ParameterStore::find(const std::string& name) {
+    for (auto& p : params_)
+        if (p.name == name) return &p;
+    return nullptr;
+}
+
+int64_t ParameterStore::count() const {
+    int64_t n = 0;
+    for (const auto& p : params_) n += p.value.numel();
+    return n;
+}
+
+void ParameterStore::zero_grads() {
+    for (auto& p : params_) p.grad.fill_zero();
+}
+
+} // namespace dist::models

@@ -1,0 +1,124 @@
+// trainer.cpp: the single-device training loop.
+#include "models/trainer.hpp"
+
+#include "kernels/cpu/ops.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+namespace dist::models {
+
+double learning_rate(const TrainSpec& t, int64_t step) {
+    const LrScheduleSpec& s = t.lr_schedule;
+    double peak = t.optimizer.lr;
+    if (step < s.warmup)
+        return peak * static_cast<double>(step + 1) / static_cast<double>(s.warmup);
+    if (s.kind == LrScheduleKind::constant) return peak;
+    int64_t span = std::max<int64_t>(1, t.steps - 1 - s.warmup);
+    double progress =
+        std::min(1.0, static_cast<double>(step - s.warmup) / static_cast<double>(span));
+    double shape =
+        s.kind == LrScheduleKind::cosine ? 0.5 * (1.0 + std::cos(M_PI * progress)) : 1.0 - progress;
+    return s.min_lr + (peak - s.min_lr) * shape;
+}
+
+std::string load_data(const DataSpec& data, const ModelSpec& model, TokenData& out) {
+    int64_t need = model.context + 1;
+    switch (data.format) {
+    case DataFormat::none: return "the script names no training data (`train.data`)";
+    case DataFormat::text:
+        if (model.vocab < 256)
+            return "text is read as bytes (256 tokens), but the model's vocabulary is " +
+                   std::to_string(model.vocab);
+        return TokenData::load_text(data.path, need, out);
+    case DataFormat::tokens:
+        return TokenData::load_bin(data.path, static_cast<int32_t>(model.vocab), need, out);
+    case DataFormat::synthetic: {
+        // Random tokens, enough for any window: a stand-in for planning-only scripts.
+        std::vector<uint16_t> tokens(static_cast<size_t>(std::max<int64_t>(need * 64, 1 << 16)));
+        for (size_t i = 0; i < tokens.size(); ++i)
+            tokens[i] =
+                static_cast<uint16_t>(hash64(0x5eed, i, 0) %
+                                      static_cast<uint64_t>(std::min<int64_t>(model.vocab, 65536)));
+        return TokenData::from_tokens(tokens, out);
+    }
+    }
+    return "unknown data format";
+}
+
+std::string metrics_json(const StepMetrics& m) {
+    nlohmann::json j = {{"step", m.step},
+                        {"loss", m.loss},
+                        {"lr", m.lr},
+                        {"grad_norm", m.grad_norm},
+                        {"tokens", m.tokens},
+                        {"step_time_s", m.step_time_s},
+                        {"tokens_per_s", m.tokens_per_s}};
+    return j.dump();
+}
+
+std::string train(const Program& program, Model& model, const TokenData& data,
+                  const std::function<bool(const StepMetrics&)>& on_step) {
+    namespace ops = kernels::cpu;
+    const TrainSpec& t = program.train;
+    const int64_t B = t.batch, T = program.model.context;
+    const int64_t m = program.schedule.microbatches, mb_rows = B / m;
+    const int64_t last = t.stop_after > 0 ? t.stop_after : t.steps;
+    if (B % m != 0) return "batch does not split into microbatches";
+    kernels::Tensor inputs({B, T}, kernels::DType::i32), targets({B, T}, kernels::DType::i32);
+    std::vector<kernels::Tensor> mb_in, mb_tg;
+    for (int64_t i = 0; i < m; ++i) {
+        mb_in.emplace_back(std::vector<int64_t>{mb_rows, T}, kernels::DType::i32);
+        mb_tg.emplace_back(std::vector<int64_t>{mb_rows, T}, kernels::DType::i32);
+    }
+    ops::AdamWConfig adam{t.optimizer.lr, t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
+                          t.optimizer.weight_decay};
+    for (int64_t step = 0; step < last; ++step) {
+        auto start = std::chrono::steady_clock::now();
+        data.batch(static_cast<uint64_t>(t.seed), step, B, T, 0, 1, inputs.data<int32_t>(),
+                   targets.data<int32_t>());
+        model.params().zero_grads();
+        double loss = 0.0;
+        for (int64_t i = 0; i < m; ++i) {
+            size_t bytes = static_cast<size_t>(mb_rows * T) * sizeof(int32_t);
+            std::memcpy(mb_in[static_cast<size_t>(i)].raw(),
+                        inputs.data<int32_t>() + i * mb_rows * T, bytes);
+            std::memcpy(mb_tg[static_cast<size_t>(i)].raw(),
+                        targets.data<int32_t>() + i * mb_rows * T, bytes);
+            loss += model.forward(i, mb_in[static_cast<size_t>(i)], mb_tg[static_cast<size_t>(i)]) /
+                    static_cast<double>(m);
+            model.backward(i, 1.0 / static_cast<double>(m));
+        }
+        if (!std::isfinite(loss))
+            return "the loss became " + std::to_string(loss) + " at step " +
+                   std::to_string(step + 1) + "; lower train.optimizer.lr or set train.clip";
+        double sq = 0.0;
+        for (auto& p : model.params().all())
+            sq += ops::sum_squares(p.grad.data<float>(), p.grad.numel());
+        double norm = std::sqrt(sq);
+        if (t.clip > 0 && norm > t.clip)
+            for (auto& p : model.params().all())
+                ops::scale(p.grad.data<float>(), p.grad.numel(), t.clip / norm);
+        adam.lr = learning_rate(t, step);
+        for (auto& p : model.params().all()) {
+            ops::AdamWConfig c = adam;
+            if (!p.decay) c.weight_decay = 0.0;
+            ops::adamw_step(p.grad.data<float>(), p.value.numel(), c, step + 1,
+                            p.value.data<float>(), p.m.data<float>(), p.v.data<float>());
+        }
+        double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        StepMetrics sm{step + 1,
+                       loss,
+                       adam.lr,
+                       norm,
+                       B * T,
+                       secs,
+                       secs > 0 ? static_cast<double>(B * T) / secs : 0.0};
+        if (on_step && !on_step(sm)) break;
+    }
+    return {};
+}
+
+} // namespace dist::models

@@ -1,0 +1,42 @@
+// trainer.hpp: training and evaluation on one device.
+//
+// The loop every later runtime distributes: for each step, the global batch of (seed, step),
+// cut into microbatches whose gradients accumulate; the gradient norm, clipping, the learning
+// rate of the step, one AdamW update. Metrics go to a callback (JSON lines, a progress line, or
+// an embedding application), which may stop the run.
+#pragma once
+
+#include "lang/program.hpp"
+#include "models/data.hpp"
+#include "models/model.hpp"
+
+#include <functional>
+#include <string>
+
+namespace dist::models {
+
+struct StepMetrics {
+    int64_t step = 0; // 1-based: the step just finished
+    double loss = 0.0;
+    double lr = 0.0;
+    double grad_norm = 0.0; // before clipping
+    int64_t tokens = 0;     // tokens in this step's batch
+    double step_time_s = 0.0;
+    double tokens_per_s = 0.0;
+};
+
+/// The learning rate of step `step` (0-based): linear warm-up to `lr`, then constant, cosine or
+/// linear decay to `min_lr` at the last step.
+double learning_rate(const TrainSpec& train, int64_t step);
+
+/// Reads the training data the program names; "" or an error that names the file.
+std::string load_data(const DataSpec& data, const ModelSpec& model, TokenData& out);
+
+/// Trains on one device. `on_step` returns false to stop. "" on success, else the error.
+std::string train(const Program& program, Model& model, const TokenData& data,
+                  const std::function<bool(const StepMetrics&)>& on_step);
+
+/// One metrics record as a JSON line (the `--metrics` format).
+std::string metrics_json(const StepMetrics& m);
+
+} // namespace dist::models

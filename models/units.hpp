@@ -1,0 +1,63 @@
+// units.hpp: the layers of a model as executable units, each with forward, backward_input and
+// backward_weight.
+//
+// A unit keeps what its backward needs per microbatch (keyed by microbatch id) and frees it when
+// the backward that needs it has run. backward_input returns the gradient of the unit's input
+// and keeps what backward_weight needs, so a zero-bubble schedule can run the two apart;
+// backward() runs both. Units are written for one device; tensor-parallel variants wrap them.
+#pragma once
+
+#include "kernels/tensor.hpp"
+#include "lang/program.hpp"
+#include "models/parameters.hpp"
+
+#include <map>
+#include <memory>
+#include <string>
+
+namespace dist::models {
+
+using kernels::Tensor;
+
+/// Per-microbatch inputs every unit may read: the targets of the loss.
+struct Batch {
+    Tensor tokens;  // (B,T) i32
+    Tensor targets; // (B,T) i32
+};
+
+class Unit {
+  public:
+    virtual ~Unit() = default;
+    virtual const std::string& name() const = 0;
+    /// x -> y. The first unit reads tokens (B,T) i32; the loss unit returns per-token losses
+    /// (B,T); the others map activations (B,T,C) to (B,T,C) or logits (B,T,V).
+    virtual Tensor forward(int64_t mb, const Tensor& x, const Batch& batch) = 0;
+    /// dy -> dx (undefined for the first unit). Keeps what backward_weight needs.
+    virtual Tensor backward_input(int64_t mb, const Tensor& dy) = 0;
+    /// Adds this microbatch's parameter gradients and frees its state.
+    virtual void backward_weight(int64_t mb) = 0;
+
+    Tensor backward(int64_t mb, const Tensor& dy) {
+        Tensor dx = backward_input(mb, dy);
+        backward_weight(mb);
+        return dx;
+    }
+};
+
+/// What building a unit needs besides its LayerSpec.
+struct UnitContext {
+    ParameterStore& params;
+    uint64_t seed;
+    int64_t layers;                 // blocks in the model (GPT-2 scales residual projections)
+    double rotary_theta = 0.0;      // > 0 when the model has rotary positions
+    Parameter* embedding = nullptr; // the token embedding, for a tied head
+};
+
+/// The unit for one layer; null for layers with no computation of their own (rotary
+/// positions, which attention applies).
+std::unique_ptr<Unit> make_unit(const LayerSpec& layer, UnitContext& ctx);
+
+/// y = x + f(x) over a group of units.
+std::unique_ptr<Unit> make_residual(std::string name, std::vector<std::unique_ptr<Unit>> body);
+
+} // namespace dist::models

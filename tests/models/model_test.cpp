@@ -1,0 +1,162 @@
+// model_test.cpp: models built from checked programs: gradients against finite differences,
+// split backward against full backward, deterministic initialisation, parameter counts.
+#include "lang/check.hpp"
+#include "models/model.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+namespace fs = std::filesystem;
+using namespace dist;
+using namespace dist::models;
+
+namespace {
+
+ModelSpec spec_of(const std::string& model_line) {
+    lang::FrontendOptions o;
+    o.search_roots = {fs::path(DIST_SOURCE_DIR) / "stdlib"};
+    std::string text = "import \"std/gpt.dist\"\nimport \"std/llama.dist\"\nmodel = " + model_line +
+                       "\nmesh {\n devices: cpu\n}\ntrain {\n batch: 2\n steps: 1\n}\n";
+    lang::CheckResult r = lang::check_text("t.dist", text, o);
+    EXPECT_TRUE(r.ok()) << r.report();
+    return r.program->model;
+}
+
+const char* tiny_gpt = "gpt(vocab: 11, context: 6, layers: 2, heads: 2, width: 8)";
+const char* tiny_llama =
+    "llama(vocab: 13, context: 6, layers: 2, heads: 4, kv_heads: 2, width: 8, hidden: 12)";
+
+struct Data {
+    Tensor tokens, targets;
+};
+
+Data data(int64_t B, int64_t T, int32_t vocab, uint32_t seed) {
+    Data d{Tensor({B, T}, kernels::DType::i32), Tensor({B, T}, kernels::DType::i32)};
+    for (int64_t i = 0; i < B * T; ++i) {
+        d.tokens.data<int32_t>()[i] = static_cast<int32_t>((seed * 7 + i * 5) % vocab);
+        d.targets.data<int32_t>()[i] = static_cast<int32_t>((seed * 3 + i * 11 + 1) % vocab);
+    }
+    return d;
+}
+
+// Central differences of the loss against the backward pass, on the coordinates with the
+// largest gradients of every parameter (float arithmetic: a loose but telling tolerance).
+void expect_model_gradients(const std::string& model_line) {
+    ModelSpec spec = spec_of(model_line);
+    Model model(spec, 42);
+    Data d = data(2, 5, static_cast<int32_t>(spec.vocab), 1);
+    model.params().zero_grads();
+    model.forward(0, d.tokens, d.targets);
+    model.backward(0, 1.0);
+    int checked = 0;
+    for (auto& p : model.params().all()) {
+        const float* g = p.grad.data<float>();
+        int64_t best = 0;
+        for (int64_t i = 1; i < p.value.numel(); ++i)
+            if (std::abs(g[i]) > std::abs(g[best])) best = i;
+        float* x = p.value.data<float>();
+        const float h = 1e-2f;
+        float keep = x[best];
+        x[best] = keep + h;
+        double up = model.forward(1, d.tokens, d.targets);
+        x[best] = keep - h;
+        double down = model.forward(2, d.tokens, d.targets);
+        x[best] = keep;
+        model.backward(1, 0.0); // release the saved state of the probes
+        model.backward(2, 0.0);
+        double numeric = (up - down) / (2.0 * h);
+        EXPECT_NEAR(g[best], numeric, 2e-3 + 0.05 * std::abs(numeric))
+            << p.name << "[" << best << "]";
+        ++checked;
+    }
+    EXPECT_GT(checked, 10);
+}
+
+} // namespace
+
+TEST(Model, GptGradientsMatchFiniteDifferences) {
+    expect_model_gradients(tiny_gpt);
+}
+
+TEST(Model, LlamaGradientsMatchFiniteDifferences) {
+    expect_model_gradients(tiny_llama);
+}
+
+TEST(Model, BuiltParametersMatchTheCheckersCount) {
+    for (const char* m : {tiny_gpt, tiny_llama}) {
+        ModelSpec spec = spec_of(m);
+        Model model(spec, 1);
+        EXPECT_EQ(model.params().count(), spec.parameters) << m;
+    }
+}
+
+TEST(Model, SplitBackwardInAnyOrderEqualsFullBackward) {
+    ModelSpec spec = spec_of(tiny_gpt);
+    Data a = data(2, 4, 11, 3), b = data(2, 4, 11, 4);
+    Model full(spec, 7), split(spec, 7);
+    full.params().zero_grads();
+    split.params().zero_grads();
+    // F0 B0 F1 B1 against F0 F1 I1 I0 W0 W1: per-microbatch state must not mix.
+    full.forward(0, a.tokens, a.targets);
+    full.backward(0, 0.5);
+    full.forward(1, b.tokens, b.targets);
+    full.backward(1, 0.5);
+    split.forward(0, a.tokens, a.targets);
+    split.forward(1, b.tokens, b.targets);
+    split.backward_input(1, 0.5);
+    split.backward_input(0, 0.5);
+    split.backward_weight(0);
+    split.backward_weight(1);
+    for (size_t i = 0; i < full.params().all().size(); ++i) {
+        const auto& p = full.params().all()[i];
+        const auto& q = split.params().all()[i];
+        for (int64_t j = 0; j < p.grad.numel(); ++j)
+            ASSERT_NEAR(p.grad.data<float>()[j], q.grad.data<float>()[j], 1e-6) << p.name;
+    }
+}
+
+TEST(Model, InitialisationDependsOnSeedNameAndIndexOnly) {
+    ModelSpec spec = spec_of("gpt(vocab: 64, context: 16, layers: 4, heads: 4, width: 64)");
+    Model a(spec, 5), b(spec, 5), c(spec, 6);
+    Parameter* wa = a.params().find("wte.weight");
+    ASSERT_NE(wa, nullptr);
+    EXPECT_EQ(0, std::memcmp(wa->value.raw(), b.params().find("wte.weight")->value.raw(),
+                             wa->value.bytes()));
+    EXPECT_NE(0, std::memcmp(wa->value.raw(), c.params().find("wte.weight")->value.raw(),
+                             wa->value.bytes()));
+    // Element i of a parameter is the same whichever shard asks for it.
+    EXPECT_EQ(wa->value.data<float>()[1234], initial_value(5, "wte.weight", 1234, wa->init));
+    auto std_of = [](const Parameter& p) {
+        double s = 0;
+        for (int64_t i = 0; i < p.value.numel(); ++i)
+            s += static_cast<double>(p.value.data<float>()[i]) * p.value.data<float>()[i];
+        return std::sqrt(s / static_cast<double>(p.value.numel()));
+    };
+    EXPECT_NEAR(std_of(*wa), 0.02, 0.002);
+    // GPT-2 scales residual projections by 1 / sqrt(2 x layers).
+    EXPECT_NEAR(std_of(*a.params().find("h.0.mlp.proj.weight")), 0.02 / std::sqrt(8.0), 0.001);
+    EXPECT_EQ(a.params().find("h.0.ln_1.weight")->value.data<float>()[3], 1.0f);
+    EXPECT_EQ(a.params().find("h.0.attn.qkv.bias")->value.data<float>()[3], 0.0f);
+}
+
+TEST(Model, InitialLossIsNearTheUniformOne) {
+    // With small random weights the predictions are nearly uniform: loss ~ ln(vocab).
+    ModelSpec spec = spec_of("gpt(vocab: 64, context: 16, layers: 2, heads: 2, width: 32)");
+    Model m(spec, 1);
+    Data d = data(4, 16, 64, 9);
+    double loss = m.forward(0, d.tokens, d.targets);
+    EXPECT_NEAR(loss, std::log(64.0), 0.1);
+}
+
+TEST(Model, BadTokensAreErrorsNotCrashes) {
+    ModelSpec spec = spec_of(tiny_gpt);
+    Model m(spec, 1);
+    Data d = data(1, 4, 11, 1);
+    d.tokens.data<int32_t>()[2] = 11;
+    EXPECT_THROW(m.forward(0, d.tokens, d.targets), std::out_of_range);
+    Data long_seq = data(1, 7, 11, 1); // context is 6
+    EXPECT_THROW(m.forward(1, long_seq.tokens, long_seq.targets), std::out_of_range);
+}
