@@ -4,6 +4,7 @@
 // diagnostic was printed), 2 usage error.
 #pragma once
 
+#include <cstdint>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -20,11 +21,18 @@ int run_fmt(const CommonOptions& o, bool write, bool check, std::ostream& out, s
 int run_plan(const CommonOptions& o, bool json, std::ostream& out, std::ostream& err);
 
 struct RunOptions {
-    std::string metrics;  // JSON lines, one per step ("" for none)
-    bool progress = true; // a progress line on stderr
+    std::string metrics;       // JSON lines, one per step ("" for none)
+    std::string save;          // checkpoint folder, written at the end (and every checkpoint.every)
+    std::string resume;        // continue the run saved in this folder
+    std::string load;          // start from these weights (Dist or Hugging Face folder)
+    bool progress = true;      // a progress line on stderr
+    int64_t sample_tokens = 0; // print this many sampled tokens at the end
 };
 /// Trains the script's model for real (one device).
 int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, std::ostream& err);
+/// The mean next-token loss of the weights in `load` over a data file.
+int run_eval(const CommonOptions& o, const std::string& load, const std::string& data, bool json,
+             std::ostream& out, std::ostream& err);
 
 /// Replaces `path` with `text` atomically: a temporary file beside it, fsync, rename, fsync of
 /// the folder. The original keeps its permissions; on failure it is untouched.

@@ -39,7 +39,22 @@ int main(int argc, char** argv) {
     add_common(run);
     run->add_option("--metrics", run_options.metrics,
                     "write one JSON object per step to this file");
+    run->add_option("--save", run_options.save, "save a checkpoint into this folder");
+    run->add_option("--resume", run_options.resume, "continue the run saved in this folder");
+    run->add_option("--load", run_options.load,
+                    "start from these weights (a Dist or Hugging Face model folder)");
+    run->add_option("--sample", run_options.sample_tokens,
+                    "after training, print this many generated tokens")
+        ->check(CLI::Range(0, 1 << 20));
     run->add_flag("--quiet", quiet, "no progress line");
+
+    std::string eval_load, eval_data;
+    CLI::App* eval =
+        app.add_subcommand("eval", "mean next-token loss of saved weights on a data file");
+    add_common(eval);
+    eval->add_option("--load", eval_load, "the checkpoint folder")->required();
+    eval->add_option("--data", eval_data, "a text file, or llm.c tokens (.bin)")->required();
+    eval->add_flag("--json", json, "print {\"loss\": ..., \"tokens\": ...}");
 
     try {
         app.parse(argc, argv);
@@ -57,6 +72,7 @@ int main(int argc, char** argv) {
         return dist::cli::run_fmt(common, write, check_only, std::cout, std::cerr);
     }
     if (*plan) return dist::cli::run_plan(common, json, std::cout, std::cerr);
+    if (*eval) return dist::cli::run_eval(common, eval_load, eval_data, json, std::cout, std::cerr);
     if (*run) {
         run_options.progress = !quiet;
         return dist::cli::run_train(common, run_options, std::cout, std::cerr);

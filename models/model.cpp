@@ -62,6 +62,27 @@ void Model::backward_weight(int64_t mb) {
     batches_.erase(mb);
 }
 
+namespace {
+constexpr int64_t inference_mb = -1; // the microbatch id of forwards that keep no state
+} // namespace
+
+Tensor Model::logits(const Tensor& tokens) {
+    Batch batch{tokens, {}};
+    Tensor x = tokens;
+    // Every unit but the loss.
+    for (size_t i = 0; i + 1 < units_.size(); ++i) x = units_[i]->forward(inference_mb, x, batch);
+    for (auto& u : units_) u->discard(inference_mb);
+    return x;
+}
+
+double Model::loss(const Tensor& tokens, const Tensor& targets) {
+    double l = forward(inference_mb, tokens, targets);
+    for (auto& u : units_) u->discard(inference_mb);
+    loss_shape_.erase(inference_mb);
+    batches_.erase(inference_mb);
+    return l;
+}
+
 void Model::backward(int64_t mb, double weight) {
     backward_input(mb, weight);
     backward_weight(mb);

@@ -29,6 +29,11 @@ class Model {
     void backward_input(int64_t mb, double weight);
     void backward_weight(int64_t mb);
 
+    /// tokens (B,T) -> logits (B,T,V) of every position, keeping no state (inference).
+    Tensor logits(const Tensor& tokens);
+    /// tokens, targets (B,T) -> the mean loss, keeping no state (evaluation).
+    double loss(const Tensor& tokens, const Tensor& targets);
+
     ParameterStore& params() { return params_; }
     const ModelSpec& spec() const { return spec_; }
     size_t unit_count() const { return units_.size(); }

@@ -3,8 +3,10 @@
 
 #include "kernels/cpu/ops.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 namespace dist::models {
@@ -58,7 +60,7 @@ std::string metrics_json(const StepMetrics& m) {
     return j.dump();
 }
 
-std::string train(const Program& program, Model& model, const TokenData& data,
+std::string train(const Program& program, Model& model, const TokenData& data, int64_t first_step,
                   const std::function<bool(const StepMetrics&)>& on_step) {
     namespace ops = kernels::cpu;
     const TrainSpec& t = program.train;
@@ -74,7 +76,7 @@ std::string train(const Program& program, Model& model, const TokenData& data,
     }
     ops::AdamWConfig adam{t.optimizer.lr, t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
                           t.optimizer.weight_decay};
-    for (int64_t step = 0; step < last; ++step) {
+    for (int64_t step = first_step; step < last; ++step) {
         auto start = std::chrono::steady_clock::now();
         data.batch(static_cast<uint64_t>(t.seed), step, B, T, 0, 1, inputs.data<int32_t>(),
                    targets.data<int32_t>());
@@ -119,6 +121,64 @@ std::string train(const Program& program, Model& model, const TokenData& data,
         if (on_step && !on_step(sm)) break;
     }
     return {};
+}
+
+EvalResult evaluate(Model& model, const TokenData& data) {
+    const int64_t T = model.spec().context;
+    const int64_t windows = data.eval_windows(T);
+    const int64_t group = 8; // windows per forward
+    EvalResult r;
+    double sum = 0.0;
+    for (int64_t w0 = 0; w0 < windows; w0 += group) {
+        int64_t n = std::min(group, windows - w0);
+        kernels::Tensor in({n, T}, kernels::DType::i32), tg({n, T}, kernels::DType::i32);
+        for (int64_t i = 0; i < n; ++i)
+            data.eval_window(w0 + i, T, in.data<int32_t>() + i * T, tg.data<int32_t>() + i * T);
+        sum += model.loss(in, tg) * static_cast<double>(n * T);
+        r.tokens += n * T;
+    }
+    r.loss = r.tokens > 0 ? sum / static_cast<double>(r.tokens) : 0.0;
+    return r;
+}
+
+void sample(Model& model, const GenerateSpec& gen, uint64_t seed, std::vector<int32_t>& tokens) {
+    const int64_t T = model.spec().context, V = model.spec().vocab;
+    std::vector<double> probs(static_cast<size_t>(V));
+    for (int64_t k = 0; k < gen.max_tokens; ++k) {
+        int64_t n = std::min<int64_t>(T, static_cast<int64_t>(tokens.size()));
+        kernels::Tensor in({1, n}, kernels::DType::i32);
+        std::copy(tokens.end() - n, tokens.end(), in.data<int32_t>());
+        kernels::Tensor logits = model.logits(in);
+        const float* z = logits.data<float>() + (n - 1) * V;
+        int32_t next = 0;
+        if (gen.temperature <= 0.0) {
+            next = static_cast<int32_t>(std::max_element(z, z + V) - z);
+        } else {
+            // Keep the top_k logits, softmax at the temperature, draw from (seed, position).
+            std::vector<int32_t> order(static_cast<size_t>(V));
+            for (int64_t i = 0; i < V; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+            int64_t keep = gen.top_k > 0 ? std::min<int64_t>(gen.top_k, V) : V;
+            std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                              [&](int32_t a, int32_t b) { return z[a] > z[b]; });
+            double mx = z[order[0]], total = 0.0;
+            for (int64_t i = 0; i < keep; ++i) {
+                double p = std::exp((z[order[static_cast<size_t>(i)]] - mx) / gen.temperature);
+                probs[static_cast<size_t>(i)] = p;
+                total += p;
+            }
+            double u =
+                static_cast<double>(hash64(seed, tokens.size(), 0x9e37) >> 11) * 0x1.0p-53 * total;
+            next = order[static_cast<size_t>(keep - 1)];
+            for (int64_t i = 0; i < keep; ++i) {
+                u -= probs[static_cast<size_t>(i)];
+                if (u <= 0) {
+                    next = order[static_cast<size_t>(i)];
+                    break;
+                }
+            }
+        }
+        tokens.push_back(next);
+    }
 }
 
 } // namespace dist::models

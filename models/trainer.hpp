@@ -32,9 +32,23 @@ double learning_rate(const TrainSpec& train, int64_t step);
 /// Reads the training data the program names; "" or an error that names the file.
 std::string load_data(const DataSpec& data, const ModelSpec& model, TokenData& out);
 
-/// Trains on one device. `on_step` returns false to stop. "" on success, else the error.
-std::string train(const Program& program, Model& model, const TokenData& data,
+/// Trains on one device from step `first_step` (0, or where a resumed run left off).
+/// `on_step` returns false to stop. "" on success, else the error.
+std::string train(const Program& program, Model& model, const TokenData& data, int64_t first_step,
                   const std::function<bool(const StepMetrics&)>& on_step);
+
+struct EvalResult {
+    double loss = 0.0;  // mean next-token loss
+    int64_t tokens = 0; // tokens predicted
+};
+
+/// The mean loss of predicting tokens 1..T of every window of T+1 tokens (T the model's
+/// context) from the ones before, windows consecutive and non-overlapping.
+EvalResult evaluate(Model& model, const TokenData& data);
+
+/// Appends up to `max_tokens` sampled tokens to `tokens` (temperature 0: greedy; top_k 0: the
+/// whole vocabulary), conditioning on at most the model's context. Deterministic for a seed.
+void sample(Model& model, const GenerateSpec& gen, uint64_t seed, std::vector<int32_t>& tokens);
 
 /// One metrics record as a JSON line (the `--metrics` format).
 std::string metrics_json(const StepMetrics& m);

@@ -75,6 +75,8 @@ class EmbeddingUnit : public Named {
                                 weight_->value.dim(1), weight_->grad.data<float>());
     }
 
+    void discard(int64_t mb) override { saved_.erase(mb); }
+
   private:
     struct Saved {
         Tensor tokens, dy;
@@ -109,6 +111,8 @@ class PositionUnit : public Named {
         ops::positions_backward(dy.data<float>(), dy.dim(0), dy.dim(1), dy.dim(2),
                                 weight_->grad.data<float>());
     }
+
+    void discard(int64_t mb) override { saved_.erase(mb); }
 
   private:
     Parameter* weight_;
@@ -164,6 +168,8 @@ class NormUnit : public Named {
                 s.dy.data<float>(), s.x.data<float>(), s.mean.data<float>(), s.rstd.data<float>(),
                 N, C, weight_->grad.data<float>(), bias_ ? bias_->grad.data<float>() : nullptr);
     }
+
+    void discard(int64_t mb) override { saved_.erase(mb); }
 
   private:
     struct Saved {
@@ -273,6 +279,8 @@ class AttentionUnit : public Named {
         qkv_.backward_weight(s.dqkv, s.x);
     }
 
+    void discard(int64_t mb) override { saved_.erase(mb); }
+
   private:
     // (B,T,(H+2KV)D) rows into q (B,T,H,D), k and v (B,T,KV,D).
     void split(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) const {
@@ -352,6 +360,8 @@ class MlpUnit : public Named {
         fc_.backward_weight(s.dh, s.x);
     }
 
+    void discard(int64_t mb) override { saved_.erase(mb); }
+
   private:
     void activate(const Tensor& h, Tensor& g) const {
         const float* in = h.data<float>();
@@ -422,6 +432,8 @@ class HeadUnit : public Named {
         head_.backward_weight(s.dy, s.x);
     }
 
+    void discard(int64_t mb) override { saved_.erase(mb); }
+
   private:
     struct Saved {
         Tensor x, dy;
@@ -456,6 +468,8 @@ class LossUnit : public Named {
         return dlogits;
     }
     void backward_weight(int64_t) override {}
+
+    void discard(int64_t mb) override { saved_.erase(mb); }
 
   private:
     struct Saved {
@@ -492,6 +506,10 @@ class ResidualUnit : public Named {
     }
     void backward_weight(int64_t mb) override {
         for (auto& u : body_) u->backward_weight(mb);
+    }
+
+    void discard(int64_t mb) override {
+        for (auto& u : body_) u->discard(mb);
     }
 
   private:

@@ -36,6 +36,8 @@ class Unit {
     virtual Tensor backward_input(int64_t mb, const Tensor& dy) = 0;
     /// Adds this microbatch's parameter gradients and frees its state.
     virtual void backward_weight(int64_t mb) = 0;
+    /// Drops what a forward saved for `mb` without a backward (evaluation, generation).
+    virtual void discard(int64_t mb) = 0;
 
     Tensor backward(int64_t mb, const Tensor& dy) {
         Tensor dx = backward_input(mb, dy);

@@ -1,0 +1,395 @@
+// checkpoint.cpp: the mapping between Dist's parameters and Hugging Face tensors, and the
+// checkpoint folder's files.
+#include "models/checkpoint.hpp"
+
+#include "kernels/tensor.hpp"
+#include "models/safetensors.hpp"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace dist::models {
+
+namespace {
+
+enum class Family { gpt2, llama, native };
+
+Family family_of(const ModelSpec& spec) {
+    if (spec.template_name == "gpt") return Family::gpt2;
+    if (spec.template_name == "llama") return Family::llama;
+    return Family::native;
+}
+
+// One external tensor holding rows [begin, end) of an internal parameter, maybe transposed.
+struct Piece {
+    std::string name;
+    int64_t begin = 0, end = 0;
+    bool transposed = false;
+};
+
+struct Mapping {
+    std::map<std::string, std::vector<Piece>> pieces; // internal name -> pieces
+};
+
+void visit_layers(const ModelSpec& spec, const std::function<void(const LayerSpec&)>& f) {
+    for (const auto& it : spec.pre)
+        for (const auto& l : it.layers) f(l);
+    for (const auto& b : spec.blocks)
+        for (const auto& it : b.items)
+            for (const auto& l : it.layers) f(l);
+    for (const auto& it : spec.post)
+        for (const auto& l : it.layers) f(l);
+}
+
+Mapping mapping_of(const ModelSpec& spec) {
+    Mapping m;
+    Family fam = family_of(spec);
+    std::string prefix = fam == Family::llama ? "model." : "";
+    auto whole = [&](const std::string& internal, const std::string& external, int64_t rows,
+                     bool t = false) {
+        m.pieces[internal].push_back({external, 0, rows, t});
+    };
+    visit_layers(spec, [&](const LayerSpec& l) {
+        std::string in = l.name, ex = prefix + l.name;
+        switch (l.kind) {
+        case LayerKind::embedding: whole(in + ".weight", ex + ".weight", l.vocab); break;
+        case LayerKind::position_embedding: whole(in + ".weight", ex + ".weight", l.context); break;
+        case LayerKind::layer_norm:
+        case LayerKind::rms_norm:
+            whole(in + ".weight", ex + ".weight", l.width);
+            if (l.kind == LayerKind::layer_norm && l.bias)
+                whole(in + ".bias", ex + ".bias", l.width);
+            break;
+        case LayerKind::attention: {
+            int64_t q = l.heads * l.head_dim, kv = l.kv_heads * l.head_dim;
+            if (fam == Family::llama) {
+                for (const char* part : {".weight", ".bias"}) {
+                    if (std::string(part) == ".bias" && !l.bias) continue;
+                    auto& v = m.pieces[in + ".qkv" + part];
+                    v.push_back({ex + ".q_proj" + part, 0, q, false});
+                    v.push_back({ex + ".k_proj" + part, q, q + kv, false});
+                    v.push_back({ex + ".v_proj" + part, q + kv, q + 2 * kv, false});
+                }
+                whole(in + ".out.weight", ex + ".o_proj.weight", l.width);
+                if (l.bias) whole(in + ".out.bias", ex + ".o_proj.bias", l.width);
+            } else {
+                bool t = fam == Family::gpt2;
+                std::string qkv = t ? ".c_attn" : ".qkv", out = t ? ".c_proj" : ".out";
+                whole(in + ".qkv.weight", ex + qkv + ".weight", q + 2 * kv, t);
+                whole(in + ".out.weight", ex + out + ".weight", l.width, t);
+                if (l.bias) {
+                    whole(in + ".qkv.bias", ex + qkv + ".bias", q + 2 * kv);
+                    whole(in + ".out.bias", ex + out + ".bias", l.width);
+                }
+            }
+            break;
+        }
+        case LayerKind::mlp: {
+            bool glu = l.activation == Activation::swiglu;
+            int64_t fc_rows = glu ? 2 * l.hidden : l.hidden;
+            if (fam == Family::llama) {
+                auto& v = m.pieces[in + ".fc.weight"];
+                if (glu) {
+                    v.push_back({ex + ".gate_proj.weight", 0, l.hidden, false});
+                    v.push_back({ex + ".up_proj.weight", l.hidden, 2 * l.hidden, false});
+                } else {
+                    v.push_back({ex + ".up_proj.weight", 0, l.hidden, false});
+                }
+                whole(in + ".proj.weight", ex + ".down_proj.weight", l.width);
+            } else {
+                bool t = fam == Family::gpt2;
+                std::string fc = t ? ".c_fc" : ".fc", proj = t ? ".c_proj" : ".proj";
+                whole(in + ".fc.weight", ex + fc + ".weight", fc_rows, t);
+                whole(in + ".proj.weight", ex + proj + ".weight", l.width, t);
+                if (l.bias) {
+                    whole(in + ".fc.bias", ex + fc + ".bias", fc_rows);
+                    whole(in + ".proj.bias", ex + proj + ".bias", l.width);
+                }
+            }
+            break;
+        }
+        case LayerKind::lm_head:
+            // A tied head has no tensor of its own; Hugging Face's head is never prefixed.
+            if (!l.tied) whole(in + ".weight", l.name + ".weight", l.vocab);
+            if (l.bias) whole(in + ".bias", l.name + ".bias", l.vocab);
+            break;
+        case LayerKind::rotary_embedding:
+        case LayerKind::cross_entropy: break;
+        }
+    });
+    return m;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + "]";
+}
+
+// The external shape of a piece of a parameter.
+std::vector<int64_t> piece_shape(const Parameter& p, const Piece& piece) {
+    std::vector<int64_t> s = p.value.shape();
+    s[0] = piece.end - piece.begin;
+    if (piece.transposed && s.size() == 2) std::swap(s[0], s[1]);
+    return s;
+}
+
+TensorRecord export_piece(const Parameter& p, const Piece& piece) {
+    TensorRecord r;
+    r.name = piece.name;
+    r.dtype = TensorDType::f32;
+    r.shape = piece_shape(p, piece);
+    int64_t cols = p.value.rank() == 2 ? p.value.dim(1) : 1;
+    int64_t rows = piece.end - piece.begin;
+    std::vector<float> out(static_cast<size_t>(rows * cols));
+    const float* src = p.value.data<float>() + piece.begin * cols;
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j)
+            out[static_cast<size_t>(piece.transposed ? j * rows + i : i * cols + j)] =
+                src[i * cols + j];
+    r.bytes.resize(out.size() * sizeof(float));
+    std::memcpy(r.bytes.data(), out.data(), r.bytes.size());
+    return r;
+}
+
+std::string import_piece(const TensorRecord& r, const Piece& piece, Parameter& p) {
+    std::vector<int64_t> want = piece_shape(p, piece);
+    if (r.shape != want)
+        return "tensor `" + r.name + "` has shape " + shape_str(r.shape) + ", but the script's " +
+               "model expects " + shape_str(want);
+    int64_t cols = p.value.rank() == 2 ? p.value.dim(1) : 1;
+    int64_t rows = piece.end - piece.begin;
+    std::vector<float> vals(static_cast<size_t>(rows * cols));
+    if (r.dtype == TensorDType::f32) {
+        std::memcpy(vals.data(), r.bytes.data(), vals.size() * sizeof(float));
+    } else if (r.dtype == TensorDType::bf16) {
+        for (size_t i = 0; i < vals.size(); ++i) {
+            uint16_t b;
+            std::memcpy(&b, r.bytes.data() + 2 * i, 2);
+            vals[i] = kernels::bf16_to_f32(b);
+        }
+    } else {
+        return "tensor `" + r.name + "` is " + to_string(r.dtype) + "; weights are F32 or BF16";
+    }
+    float* dst = p.value.data<float>() + piece.begin * cols;
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j)
+            dst[i * cols + j] =
+                vals[static_cast<size_t>(piece.transposed ? j * rows + i : i * cols + j)];
+    return {};
+}
+
+// Hugging Face folders name tensors with or without the model class's prefix.
+const TensorRecord* find_tensor(const SafetensorsFile& f, const std::string& name) {
+    if (const TensorRecord* r = f.find(name)) return r;
+    if (const TensorRecord* r = f.find("transformer." + name)) return r;
+    if (name.rfind("model.", 0) == 0)
+        if (const TensorRecord* r = f.find(name.substr(6))) return r;
+    if (const TensorRecord* r = f.find("model." + name)) return r;
+    return nullptr;
+}
+
+nlohmann::json config_of(const ModelSpec& spec) {
+    const LayerSpec* attn = nullptr;
+    const LayerSpec* mlp = nullptr;
+    const LayerSpec* norm = nullptr;
+    const LayerSpec* head = nullptr;
+    double theta = 0;
+    visit_layers(spec, [&](const LayerSpec& l) {
+        if (l.kind == LayerKind::attention && !attn) attn = &l;
+        if (l.kind == LayerKind::mlp && !mlp) mlp = &l;
+        if ((l.kind == LayerKind::layer_norm || l.kind == LayerKind::rms_norm) && !norm) norm = &l;
+        if (l.kind == LayerKind::lm_head) head = &l;
+        if (l.kind == LayerKind::rotary_embedding) theta = l.theta;
+    });
+    nlohmann::json args = nlohmann::json::object();
+    for (const auto& [k, v] : spec.arguments)
+        if (v.type == lang::Value::Type::integer) args[k] = v.i;
+    int64_t layers = static_cast<int64_t>(spec.blocks.size());
+    switch (family_of(spec)) {
+    case Family::gpt2:
+        return {{"architectures", {"GPT2LMHeadModel"}},
+                {"model_type", "gpt2"},
+                {"vocab_size", spec.vocab},
+                {"n_positions", spec.context},
+                {"n_ctx", spec.context},
+                {"n_embd", spec.width},
+                {"n_layer", layers},
+                {"n_head", attn->heads},
+                {"n_inner", nullptr},
+                {"activation_function", "gelu_new"},
+                {"layer_norm_epsilon", norm->eps},
+                {"tie_word_embeddings", head->tied},
+                {"torch_dtype", "float32"},
+                {"dist_template", args}};
+    case Family::llama:
+        return {{"architectures", {"LlamaForCausalLM"}},
+                {"model_type", "llama"},
+                {"vocab_size", spec.vocab},
+                {"max_position_embeddings", spec.context},
+                {"hidden_size", spec.width},
+                {"intermediate_size", mlp->hidden},
+                {"num_hidden_layers", layers},
+                {"num_attention_heads", attn->heads},
+                {"num_key_value_heads", attn->kv_heads},
+                {"head_dim", attn->head_dim},
+                {"rms_norm_eps", norm->eps},
+                {"rope_theta", theta},
+                {"hidden_act", "silu"},
+                {"tie_word_embeddings", head->tied},
+                {"torch_dtype", "float32"},
+                {"dist_template", args}};
+    case Family::native: break;
+    }
+    return {{"model_type", "dist"},
+            {"dist_template_name", spec.template_name},
+            {"dist_template", args}};
+}
+
+std::string read_text(const fs::path& p, std::string& out) {
+    std::ifstream in(p, std::ios::binary);
+    if (!in) return "cannot read `" + p.string() + "`";
+    std::stringstream ss;
+    ss << in.rdbuf();
+    out = ss.str();
+    return {};
+}
+
+// Writes `text` to `path` through a temporary file and rename.
+std::string write_text_atomically(const fs::path& path, const std::string& text) {
+    fs::path tmp = path;
+    tmp += ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        if (!out) return "cannot write `" + tmp.string() + "`";
+        out << text;
+        out.flush();
+        if (!out) return "cannot write `" + tmp.string() + "`";
+    }
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    if (ec) {
+        fs::remove(tmp, ec);
+        return "cannot replace `" + path.string() + "`";
+    }
+    return {};
+}
+
+} // namespace
+
+std::string external_name(const ModelSpec& spec, const std::string& internal) {
+    Mapping m = mapping_of(spec);
+    auto it = m.pieces.find(internal);
+    if (it == m.pieces.end() || it->second.empty()) return internal;
+    return it->second.front().name;
+}
+
+std::string save_checkpoint(const std::string& dir, Model& model, int64_t step, uint64_t seed) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) return "cannot create the folder `" + dir + "`: " + ec.message();
+    Mapping m = mapping_of(model.spec());
+    SafetensorsFile weights, optimizer;
+    weights.metadata = {{"format", "pt"}, {"dist_step", std::to_string(step)}};
+    optimizer.metadata = {{"dist_step", std::to_string(step)}};
+    for (auto& p : model.params().all()) {
+        auto it = m.pieces.find(p.name);
+        if (it == m.pieces.end()) return "no checkpoint name for parameter `" + p.name + "`";
+        for (const auto& piece : it->second) weights.tensors.push_back(export_piece(p, piece));
+        for (auto [suffix, t] : {std::pair{".m", &p.m}, std::pair{".v", &p.v}}) {
+            TensorRecord r{p.name + suffix, TensorDType::f32, t->shape(), {}};
+            r.bytes.resize(t->bytes());
+            std::memcpy(r.bytes.data(), t->raw(), t->bytes());
+            optimizer.tensors.push_back(std::move(r));
+        }
+    }
+    fs::path d(dir);
+    if (std::string e = write_safetensors((d / "model.safetensors").string(), weights); !e.empty())
+        return e;
+    if (std::string e =
+            write_text_atomically(d / "config.json", config_of(model.spec()).dump(2) + "\n");
+        !e.empty())
+        return e;
+    if (std::string e = write_safetensors((d / "optimizer.safetensors").string(), optimizer);
+        !e.empty())
+        return e;
+    nlohmann::json state = {{"format", "dist-checkpoint-1"}, {"step", step}, {"seed", seed}};
+    return write_text_atomically(d / "state.json", state.dump(2) + "\n");
+}
+
+namespace {
+
+std::string load_weights_file(const fs::path& file, Model& model, std::string& step_stamp) {
+    SafetensorsFile weights;
+    if (std::string e = read_safetensors(file.string(), weights); !e.empty()) return e;
+    auto stamp = weights.metadata.find("dist_step");
+    step_stamp = stamp == weights.metadata.end() ? "" : stamp->second;
+    Mapping m = mapping_of(model.spec());
+    for (auto& p : model.params().all()) {
+        for (const auto& piece : m.pieces.at(p.name)) {
+            const TensorRecord* r = find_tensor(weights, piece.name);
+            if (!r)
+                return "`" + file.string() + "` has no tensor `" + piece.name +
+                       "` (expected shape " + shape_str(piece_shape(p, piece)) +
+                       "); is it a checkpoint of this model?";
+            if (std::string e = import_piece(*r, piece, p); !e.empty())
+                return "`" + file.string() + "`: " + e;
+        }
+    }
+    return {};
+}
+
+} // namespace
+
+std::string load_weights(const std::string& dir, Model& model) {
+    fs::path d(dir);
+    std::error_code ec;
+    if (!fs::is_directory(d, ec)) return "`" + dir + "` is not a checkpoint folder";
+    fs::path file = d / "model.safetensors";
+    if (!fs::exists(file, ec))
+        return "`" + dir + "` holds no model.safetensors (Dist and Hugging Face folders do)";
+    std::string stamp;
+    return load_weights_file(file, model, stamp);
+}
+
+std::string load_training_state(const std::string& dir, Model& model, int64_t& step) {
+    fs::path d(dir);
+    std::string text;
+    if (std::string e = read_text(d / "state.json", text); !e.empty())
+        return e + ": a folder to resume from is one that `dist run --save` wrote";
+    nlohmann::json state = nlohmann::json::parse(text, nullptr, false);
+    if (state.is_discarded() || !state.is_object() || !state.contains("step") ||
+        !state["step"].is_number_integer() || state["step"].get<int64_t>() < 0)
+        return "`" + (d / "state.json").string() + "` is not a Dist training state";
+    step = state["step"].get<int64_t>();
+    std::string stamp;
+    if (std::string e = load_weights_file(d / "model.safetensors", model, stamp); !e.empty())
+        return e;
+    SafetensorsFile opt;
+    if (std::string e = read_safetensors((d / "optimizer.safetensors").string(), opt); !e.empty())
+        return e;
+    std::string opt_stamp = opt.metadata.count("dist_step") ? opt.metadata.at("dist_step") : "";
+    if (stamp != std::to_string(step) || opt_stamp != std::to_string(step))
+        return "`" + dir + "` mixes files of different steps (state " + std::to_string(step) +
+               ", model " + (stamp.empty() ? "?" : stamp) + ", optimizer " +
+               (opt_stamp.empty() ? "?" : opt_stamp) +
+               "): an interrupted save; use an older "
+               "checkpoint";
+    for (auto& p : model.params().all()) {
+        for (auto [suffix, t] : {std::pair{".m", &p.m}, std::pair{".v", &p.v}}) {
+            const TensorRecord* r = opt.find(p.name + suffix);
+            if (!r || r->dtype != TensorDType::f32 || r->shape != t->shape())
+                return "`" + (d / "optimizer.safetensors").string() + "` has no matching `" +
+                       p.name + suffix + "`";
+            std::memcpy(t->raw(), r->bytes.data(), t->bytes());
+        }
+    }
+    return {};
+}
+
+} // namespace dist::models

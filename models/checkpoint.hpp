@@ -1,0 +1,34 @@
+// checkpoint.hpp: saving and loading models and training state.
+//
+// A checkpoint folder holds `model.safetensors` with Hugging Face names and layouts (GPT-2's
+// for the `gpt` family, with its [in, out] matrices; Llama's for `llama`, with q/k/v and
+// gate/up as separate tensors; Dist's own names for other templates), a Hugging Face-style
+// `config.json`, and, for resuming, `optimizer.safetensors` (AdamW moments) and `state.json`
+// (the step; the batch of a step is a function of (seed, step), so the step is the data
+// position). Every file is written atomically, `state.json` last; loading checks that the files
+// belong to the same step, so an interrupted save is refused rather than half-used.
+#pragma once
+
+#include "models/model.hpp"
+
+#include <string>
+
+namespace dist::models {
+
+/// Writes the model (and, when `step` > 0, the optimizer state and step) into `dir`, creating
+/// it. "" on success.
+std::string save_checkpoint(const std::string& dir, Model& model, int64_t step, uint64_t seed);
+
+/// Loads weights from `dir`: a Dist checkpoint or a Hugging Face model folder
+/// (model.safetensors; names with or without the `transformer.` / `model.` prefix). A missing
+/// tensor, or a shape that does not match the script's model, is an error that names the
+/// tensor and both shapes.
+std::string load_weights(const std::string& dir, Model& model);
+
+/// Loads weights and optimizer state and returns the step to continue from in `step`.
+std::string load_training_state(const std::string& dir, Model& model, int64_t& step);
+
+/// The name a parameter has in checkpoints (for messages and tests).
+std::string external_name(const ModelSpec& spec, const std::string& internal);
+
+} // namespace dist::models
