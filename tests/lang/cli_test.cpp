@@ -116,3 +116,54 @@ TEST(Cli, FmtWriteReplacesTheFileWholeOrNotAtAll) {
     EXPECT_EQ(entries, 1u);
     fs::remove_all(dir);
 }
+
+TEST(Cli, RunTrainsSavesAndEvalReadsTheCheckpoint) {
+    fs::path dir = fs::temp_directory_path() / ("dist-run-" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    std::string ck = (dir / "ck").string(), metrics = (dir / "m.jsonl").string();
+    fs::create_directories(dir);
+    Result r = run("run examples/gpt_tiny.dist --set train.stop_after=3 --set model.layers=1 "
+                   "--quiet --save " +
+                   ck + " --metrics " + metrics);
+    ASSERT_EQ(r.status, 0) << r.err;
+    std::ifstream in(metrics);
+    std::string line;
+    int lines = 0;
+    while (std::getline(in, line)) {
+        nlohmann::json j = nlohmann::json::parse(line);
+        for (const char* k :
+             {"step", "loss", "lr", "grad_norm", "tokens", "step_time_s", "tokens_per_s"})
+            EXPECT_TRUE(j.contains(k)) << k;
+        EXPECT_EQ(j["step"], ++lines);
+    }
+    EXPECT_EQ(lines, 3);
+    for (const char* f :
+         {"model.safetensors", "config.json", "optimizer.safetensors", "state.json"})
+        EXPECT_TRUE(fs::exists(fs::path(ck) / f)) << f;
+    Result e = run("eval examples/gpt_tiny.dist --set model.layers=1 --json --load " + ck +
+                   " --data /usr/share/games/fortunes/riddles");
+    ASSERT_EQ(e.status, 0) << e.err;
+    nlohmann::json j = nlohmann::json::parse(e.out);
+    EXPECT_GT(j["tokens"].get<int64_t>(), 1000);
+    EXPECT_LT(j["loss"].get<double>(), 5.6);
+    // The checkpoint is for one block: a two-block model refuses it and names the tensor.
+    Result bad = run("eval examples/gpt_tiny.dist --set model.layers=2 --load " + ck +
+                     " --data /usr/share/games/fortunes/riddles");
+    EXPECT_EQ(bad.status, 1);
+    EXPECT_NE(bad.err.find("has no tensor `h.1.ln_1.weight`"), std::string::npos) << bad.err;
+    fs::remove_all(dir);
+}
+
+TEST(Cli, RunRefusesWhatItCannotDoWithAMessage) {
+    Result mesh = run("run examples/data_parallel.dist");
+    EXPECT_EQ(mesh.status, 1);
+    EXPECT_NE(mesh.err.find("this build computes on one device"), std::string::npos) << mesh.err;
+    Result nodata = run("run examples/gpt_tiny.dist --set 'train.data=text(\"/no/such/file\")'");
+    EXPECT_EQ(nodata.status, 1);
+    EXPECT_NE(nodata.err.find("cannot find data file"), std::string::npos) << nodata.err;
+    Result resume = run("run examples/gpt_tiny.dist --resume /no/such/dir");
+    EXPECT_EQ(resume.status, 1);
+    EXPECT_NE(resume.err.find("state.json"), std::string::npos) << resume.err;
+    Result both = run("run examples/gpt_tiny.dist --resume a --load b");
+    EXPECT_EQ(both.status, 2);
+}
