@@ -256,7 +256,9 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
         std::string text(tokens.begin() + 1, tokens.end());
         for (char& c : text)
             if ((c < 32 && c != '\n' && c != '\t') || c == 127) c = '?';
-        out << "sample:" << text << "\n";
+        out << "sample (" << r.sample_tokens << " tokens, temperature " << gen.temperature
+            << ", top-k " << gen.top_k << "):\n"
+            << text << "\n";
     }
     return 0;
 }

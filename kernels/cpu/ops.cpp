@@ -101,9 +101,11 @@ void layernorm_forward(const T* inp, const T* weight, const T* bias, int64_t N, 
     for (int64_t n = 0; n < N; ++n) {
         const T* x = inp + n * C;
         double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
         for (int64_t i = 0; i < C; ++i) sum += x[i];
         double m = sum / static_cast<double>(C);
         double var = 0.0;
+#pragma omp simd reduction(+ : var)
         for (int64_t i = 0; i < C; ++i) var += (x[i] - m) * (x[i] - m);
         double s = 1.0 / std::sqrt(var / static_cast<double>(C) + eps);
         T* y = out + n * C;
@@ -125,6 +127,7 @@ void layernorm_backward_input(const T* dout, const T* inp, const T* weight, cons
         T m = mean[n], s = rstd[n];
         // dx = s * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight
         double sum_g = 0.0, sum_gx = 0.0;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
         for (int64_t i = 0; i < C; ++i) {
             T g = dy[i] * weight[i];
             sum_g += g;
@@ -168,6 +171,7 @@ void rmsnorm_forward(const T* inp, const T* weight, int64_t N, int64_t C, double
     for (int64_t n = 0; n < N; ++n) {
         const T* x = inp + n * C;
         double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
         for (int64_t i = 0; i < C; ++i) ss += static_cast<double>(x[i]) * x[i];
         T s = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(C) + eps));
         T* y = out + n * C;
@@ -186,6 +190,7 @@ void rmsnorm_backward_input(const T* dout, const T* inp, const T* weight, const 
         T s = rstd[n];
         // dx = s * (g - xhat * mean(g * xhat)), g = dy * weight, xhat = x * s
         double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
         for (int64_t i = 0; i < C; ++i) sum += dy[i] * weight[i] * x[i] * s;
         T mgx = static_cast<T>(sum / static_cast<double>(C));
         T* dx = dinp + n * C;
@@ -362,6 +367,13 @@ void positions_backward(const T* dout, int64_t B, int64_t T_, int64_t C, T* dwpe
 
 // ----- attention ----------------------------------------------------------------------------
 
+// Attention in blocks of query rows: for each (batch, head) and each block of `block` rows, the
+// scores against the keys up to the block's last row (causal) are one BLAS call, the softmax
+// runs over those rows, and the weighted values another BLAS call. Scores live only for one
+// block: O(T) memory per row, never (T,T). Rows of q, k and v are strided views into the
+// (B,T,heads,D) tensors.
+constexpr int64_t attention_block = 64;
+
 template <typename T>
 void attention_forward(const T* q, const T* k, const T* v, int64_t B, int64_t T_, int64_t H,
                        int64_t KV, int64_t D, T* out, T* lse) {
@@ -370,33 +382,34 @@ void attention_forward(const T* q, const T* k, const T* v, int64_t B, int64_t T_
 #pragma omp parallel for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < B; ++b) {
         for (int64_t h = 0; h < H; ++h) {
-            std::vector<T> acc(static_cast<size_t>(D));
-            int64_t kvh = h / group;
-            for (int64_t t = 0; t < T_; ++t) {
-                const T* qr = q + ((b * T_ + t) * H + h) * D;
-                T running_max = -std::numeric_limits<T>::infinity();
-                T denom = 0;
-                std::fill(acc.begin(), acc.end(), T(0));
-                for (int64_t t2 = 0; t2 <= t; ++t2) {
-                    const T* kr = k + ((b * T_ + t2) * KV + kvh) * D;
-                    T s = 0;
-                    for (int64_t i = 0; i < D; ++i) s += qr[i] * kr[i];
-                    s *= scale;
-                    // Online softmax: rescale what was summed so far when the max moves.
-                    if (s > running_max) {
-                        T r = std::exp(running_max - s);
-                        denom *= r;
-                        for (int64_t i = 0; i < D; ++i) acc[static_cast<size_t>(i)] *= r;
-                        running_max = s;
+            const int64_t kvh = h / group;
+            const T* kb = k + (b * T_ * KV + kvh) * D;
+            const T* vb = v + (b * T_ * KV + kvh) * D;
+            std::vector<T> scores(static_cast<size_t>(attention_block * T_));
+            for (int64_t t0 = 0; t0 < T_; t0 += attention_block) {
+                const int64_t rows = std::min(attention_block, T_ - t0), keys = t0 + rows;
+                const T* qb = q + ((b * T_ + t0) * H + h) * D;
+                T* ob = out + ((b * T_ + t0) * H + h) * D;
+                // scores (rows, keys) = q_block k^T
+                gemm(CblasNoTrans, CblasTrans, rows, keys, D, scale, qb, H * D, kb, KV * D, T(0),
+                     scores.data(), keys);
+                for (int64_t r = 0; r < rows; ++r) {
+                    T* row = scores.data() + r * keys;
+                    const int64_t visible = t0 + r + 1; // causal: keys 0..t0+r
+                    T mx = *std::max_element(row, row + visible);
+                    double sum = 0.0;
+                    for (int64_t j = 0; j < visible; ++j) {
+                        row[j] = std::exp(row[j] - mx);
+                        sum += row[j];
                     }
-                    T p = std::exp(s - running_max);
-                    denom += p;
-                    const T* vr = v + ((b * T_ + t2) * KV + kvh) * D;
-                    for (int64_t i = 0; i < D; ++i) acc[static_cast<size_t>(i)] += p * vr[i];
+                    T inv = static_cast<T>(1.0 / sum);
+                    for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
+                    std::fill(row + visible, row + keys, T(0));
+                    lse[(b * H + h) * T_ + t0 + r] = mx + static_cast<T>(std::log(sum));
                 }
-                T* o = out + ((b * T_ + t) * H + h) * D;
-                for (int64_t i = 0; i < D; ++i) o[i] = acc[static_cast<size_t>(i)] / denom;
-                lse[(b * H + h) * T_ + t] = running_max + std::log(denom);
+                // out_block (rows, D) = p (rows, keys) v (keys, D)
+                gemm(CblasNoTrans, CblasNoTrans, rows, D, keys, T(1), scores.data(), keys, vb,
+                     KV * D, T(0), ob, H * D);
             }
         }
     }
@@ -412,33 +425,46 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
 #pragma omp parallel for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < B; ++b) {
         for (int64_t kvh = 0; kvh < KV; ++kvh) {
+            const T* kb = k + (b * T_ * KV + kvh) * D;
+            const T* vb = v + (b * T_ * KV + kvh) * D;
+            T* dkb = dk + (b * T_ * KV + kvh) * D;
+            T* dvb = dv + (b * T_ * KV + kvh) * D;
+            std::vector<T> p(static_cast<size_t>(attention_block * T_));
+            std::vector<T> dp(static_cast<size_t>(attention_block * T_));
             for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-                for (int64_t t = 0; t < T_; ++t) {
-                    const T* qr = q + ((b * T_ + t) * H + h) * D;
-                    const T* go = dout + ((b * T_ + t) * H + h) * D;
-                    const T* o = out + ((b * T_ + t) * H + h) * D;
-                    T* gq = dq + ((b * T_ + t) * H + h) * D;
-                    T row_lse = lse[(b * H + h) * T_ + t];
-                    T delta = 0; // sum_i dout_i * out_i = sum_t2 p * (dout . v)
-                    for (int64_t i = 0; i < D; ++i) delta += go[i] * o[i];
-                    for (int64_t t2 = 0; t2 <= t; ++t2) {
-                        const T* kr = k + ((b * T_ + t2) * KV + kvh) * D;
-                        const T* vr = v + ((b * T_ + t2) * KV + kvh) * D;
-                        T s = 0, dp = 0;
-                        for (int64_t i = 0; i < D; ++i) {
-                            s += qr[i] * kr[i];
-                            dp += go[i] * vr[i];
+                for (int64_t t0 = 0; t0 < T_; t0 += attention_block) {
+                    const int64_t rows = std::min(attention_block, T_ - t0), keys = t0 + rows;
+                    const int64_t at = ((b * T_ + t0) * H + h) * D;
+                    // p: the block's probabilities again, from the saved log-sum-exp.
+                    gemm(CblasNoTrans, CblasTrans, rows, keys, D, scale, q + at, H * D, kb, KV * D,
+                         T(0), p.data(), keys);
+                    // dp (rows, keys) = dout_block v^T
+                    gemm(CblasNoTrans, CblasTrans, rows, keys, D, T(1), dout + at, H * D, vb,
+                         KV * D, T(0), dp.data(), keys);
+                    for (int64_t r = 0; r < rows; ++r) {
+                        T* pr = p.data() + r * keys;
+                        T* dr = dp.data() + r * keys;
+                        const int64_t visible = t0 + r + 1;
+                        const T row_lse = lse[(b * H + h) * T_ + t0 + r];
+                        const T* go = dout + at + r * H * D;
+                        const T* o = out + at + r * H * D;
+                        T delta = 0; // sum_j p_j dp_j = dout . out
+#pragma omp simd reduction(+ : delta)
+                        for (int64_t i = 0; i < D; ++i) delta += go[i] * o[i];
+                        for (int64_t j = 0; j < visible; ++j) {
+                            pr[j] = std::exp(pr[j] - row_lse);
+                            dr[j] = pr[j] * (dr[j] - delta) * scale; // the score gradient
                         }
-                        T p = std::exp(s * scale - row_lse);
-                        T ds = p * (dp - delta) * scale;
-                        T* gk = dk + ((b * T_ + t2) * KV + kvh) * D;
-                        T* gv = dv + ((b * T_ + t2) * KV + kvh) * D;
-                        for (int64_t i = 0; i < D; ++i) {
-                            gv[i] += p * go[i];
-                            gq[i] += ds * kr[i];
-                            gk[i] += ds * qr[i];
-                        }
+                        std::fill(pr + visible, pr + keys, T(0));
+                        std::fill(dr + visible, dr + keys, T(0));
                     }
+                    // dv (keys, D) += p^T dout_block; dq_block += ds k; dk (keys, D) += ds^T q
+                    gemm(CblasTrans, CblasNoTrans, keys, D, rows, T(1), p.data(), keys, dout + at,
+                         H * D, T(1), dvb, KV * D);
+                    gemm(CblasNoTrans, CblasNoTrans, rows, D, keys, T(1), dp.data(), keys, kb,
+                         KV * D, T(1), dq + at, H * D);
+                    gemm(CblasTrans, CblasNoTrans, keys, D, rows, T(1), dp.data(), keys, q + at,
+                         H * D, T(1), dkb, KV * D);
                 }
             }
         }
@@ -455,7 +481,9 @@ void cross_entropy_forward(const T* logits, const int32_t* targets, int64_t N, i
         const T* z = logits + n * V;
         T mx = *std::max_element(z, z + V);
         double sum = 0.0;
-        for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(z[i] - mx));
+        // The exponentials in float (vectorised), their sum in double.
+#pragma omp simd reduction(+ : sum)
+        for (int64_t i = 0; i < V; ++i) sum += std::exp(z[i] - mx);
         T l = static_cast<T>(static_cast<double>(mx) + std::log(sum));
         lse[n] = l;
         losses[n] = l - z[targets[n]];

@@ -388,3 +388,37 @@ TEST(GradNorm, SumOfSquaresAndScale) {
     std::vector<float> big(1 << 20, 1.0f);
     EXPECT_DOUBLE_EQ(sum_squares(big.data(), static_cast<int64_t>(big.size())), 1048576.0);
 }
+
+TEST(Attention, LongSequencesSpanSeveralBlocks) {
+    // Rows are processed in blocks of 64: 130 positions take three, the last one partial.
+    const int64_t B = 1, T = 130, H = 2, KV = 1, D = 3;
+    Vec q = random_vec(B * T * H * D, 34), k = random_vec(B * T * KV * D, 35),
+        v = random_vec(B * T * KV * D, 36), r = random_vec(B * T * H * D, 37);
+    Vec out(B * T * H * D), lse(B * H * T);
+    attention_forward(q.data(), k.data(), v.data(), B, T, H, KV, D, out.data(), lse.data());
+    Vec ref = naive_attention(q, k, v, B, T, H, KV, D);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 1e-12) << i;
+    Vec dq(q.size(), 0.0), dk(k.size(), 0.0), dv(v.size(), 0.0);
+    attention_backward(r.data(), q.data(), k.data(), v.data(), out.data(), lse.data(), B, T, H, KV,
+                       D, dq.data(), dk.data(), dv.data());
+    auto fwd = [&](const Vec& qq, const Vec& kk, const Vec& vv) {
+        Vec o(B * T * H * D), l(B * H * T);
+        attention_forward(qq.data(), kk.data(), vv.data(), B, T, H, KV, D, o.data(), l.data());
+        return o;
+    };
+    expect_gradient(
+        k, [&](const Vec& x) { return fwd(q, x, v); }, r, dk, 1e-6, "k");
+    expect_gradient(
+        v, [&](const Vec& x) { return fwd(q, k, x); }, r, dv, 1e-6, "v");
+    // q: a sample of coordinates from every block.
+    for (int64_t t : {0, 63, 64, 100, 129}) {
+        for (int64_t i = 0; i < H * D; ++i) {
+            size_t at = static_cast<size_t>(t * H * D + i);
+            Vec up = q, down = q;
+            up[at] += 1e-5;
+            down[at] -= 1e-5;
+            double numeric = (dot(fwd(up, k, v), r) - dot(fwd(down, k, v), r)) / 2e-5;
+            EXPECT_NEAR(dq[at], numeric, 1e-6 * (1 + std::abs(numeric))) << "q " << at;
+        }
+    }
+}

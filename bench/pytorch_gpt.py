@@ -1,0 +1,84 @@
+"""pytorch_gpt.py: the reference for bench/compare.sh: the same GPT-2 trained by PyTorch.
+
+Usage: pytorch_gpt.py VOCAB CONTEXT LAYERS HEADS WIDTH BATCH STEPS
+Prints one line of JSON: tokens per second over the steps after the first two, and the model's
+parameter count. Same architecture as std/gpt.dist (pre-norm, tanh GELU, 4x MLP, biases, tied
+head), same optimizer (AdamW), fp32, random tokens.
+"""
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln_1 = nn.LayerNorm(width, eps=1e-5)
+        self.c_attn = nn.Linear(width, 3 * width)
+        self.c_proj = nn.Linear(width, width)
+        self.ln_2 = nn.LayerNorm(width, eps=1e-5)
+        self.c_fc = nn.Linear(width, 4 * width)
+        self.mlp_proj = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True) \
+            if hasattr(F, "scaled_dot_product_attention") else self.attend(q, k, v)
+        x = x + self.c_proj(a.transpose(1, 2).contiguous().view(B, T, C))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+    @staticmethod
+    def attend(q, k, v):
+        T = q.shape[2]
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        return s.masked_fill(mask, float("-inf")).softmax(-1) @ v
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, context, layers, heads, width):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, width)
+        self.wpe = nn.Embedding(context, width)
+        self.h = nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(width, eps=1e-5)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for b in self.h:
+            x = b(x)
+        logits = self.ln_f(x) @ self.wte.weight.t()
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def main():
+    vocab, context, layers, heads, width, batch, steps = map(int, sys.argv[1:8])
+    torch.manual_seed(0)
+    model = GPT(vocab, context, layers, heads, width)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    times = []
+    for _ in range(steps):
+        idx = torch.randint(0, vocab, (batch, context + 1))
+        start = time.perf_counter()
+        loss = model(idx[:, :-1], idx[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    measured = times[2:]
+    tokens = batch * context * len(measured)
+    print(json.dumps({"tokens_per_s": tokens / sum(measured),
+                      "parameters": sum(p.numel() for p in model.parameters()),
+                      "torch": torch.__version__, "threads": torch.get_num_threads()}))
+
+
+if __name__ == "__main__":
+    main()
