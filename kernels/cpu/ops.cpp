@@ -3,6 +3,8 @@
 // OpenMP. Reductions accumulate in double where rows are long (norm statistics, losses).
 #include "kernels/cpu/ops.hpp"
 
+#include "kernels/cpu/math.hpp"
+
 #include <cblas.h>
 #include <omp.h>
 
@@ -219,7 +221,7 @@ template <typename T> void gelu_forward(const T* inp, int64_t n, T* out) {
     for (int64_t i = 0; i < n; ++i) {
         T x = inp[i];
         T cube = T(0.044715) * x * x * x;
-        out[i] = T(0.5) * x * (T(1) + std::tanh(T(gelu_scale) * (x + cube)));
+        out[i] = T(0.5) * x * (T(1) + vtanh(T(gelu_scale) * (x + cube)));
     }
 }
 
@@ -228,7 +230,7 @@ template <typename T> void gelu_backward(const T* inp, const T* dout, int64_t n,
     for (int64_t i = 0; i < n; ++i) {
         T x = inp[i];
         T u = T(gelu_scale) * (x + T(0.044715) * x * x * x);
-        T th = std::tanh(u);
+        T th = vtanh(u);
         T sech2 = T(1) - th * th;
         T du = T(gelu_scale) * (T(1) + T(3 * 0.044715) * x * x);
         dinp[i] += dout[i] * (T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du);
@@ -243,7 +245,7 @@ template <typename T> void swiglu_forward(const T* inp, int64_t N, int64_t H, T*
         T* y = out + n * H;
         for (int64_t i = 0; i < H; ++i) {
             T g = gate[i];
-            y[i] = g / (T(1) + std::exp(-g)) * up[i];
+            y[i] = g / (T(1) + vexp(-g)) * up[i];
         }
     }
 }
@@ -259,7 +261,7 @@ void swiglu_backward(const T* inp, const T* dout, int64_t N, int64_t H, T* dinp)
         T* dup = dgate + H;
         for (int64_t i = 0; i < H; ++i) {
             T g = gate[i];
-            T sig = T(1) / (T(1) + std::exp(-g));
+            T sig = T(1) / (T(1) + vexp(-g));
             T silu = g * sig;
             dup[i] += dy[i] * silu;
             dgate[i] += dy[i] * up[i] * sig * (T(1) + g * (T(1) - sig));
@@ -399,7 +401,7 @@ void attention_forward(const T* q, const T* k, const T* v, int64_t B, int64_t T_
                     T mx = *std::max_element(row, row + visible);
                     double sum = 0.0;
                     for (int64_t j = 0; j < visible; ++j) {
-                        row[j] = std::exp(row[j] - mx);
+                        row[j] = vexp(row[j] - mx);
                         sum += row[j];
                     }
                     T inv = static_cast<T>(1.0 / sum);
@@ -452,7 +454,7 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
 #pragma omp simd reduction(+ : delta)
                         for (int64_t i = 0; i < D; ++i) delta += go[i] * o[i];
                         for (int64_t j = 0; j < visible; ++j) {
-                            pr[j] = std::exp(pr[j] - row_lse);
+                            pr[j] = vexp(pr[j] - row_lse);
                             dr[j] = pr[j] * (dr[j] - delta) * scale; // the score gradient
                         }
                         std::fill(pr + visible, pr + keys, T(0));
@@ -483,7 +485,7 @@ void cross_entropy_forward(const T* logits, const int32_t* targets, int64_t N, i
         double sum = 0.0;
         // The exponentials in float (vectorised), their sum in double.
 #pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < V; ++i) sum += std::exp(z[i] - mx);
+        for (int64_t i = 0; i < V; ++i) sum += vexp(z[i] - mx);
         T l = static_cast<T>(static_cast<double>(mx) + std::log(sum));
         lse[n] = l;
         losses[n] = l - z[targets[n]];
@@ -498,7 +500,7 @@ void cross_entropy_backward(const T* logits, const int32_t* targets, const T* ls
         const T* z = logits + n * V;
         T* dz = dlogits + n * V;
         T g = dlosses[n], l = lse[n];
-        for (int64_t i = 0; i < V; ++i) dz[i] = std::exp(z[i] - l) * g;
+        for (int64_t i = 0; i < V; ++i) dz[i] = vexp(z[i] - l) * g;
         dz[targets[n]] -= g;
     }
 }

@@ -1,6 +1,7 @@
 // ops_test.cpp: every CPU op against a naive reference and every backward against central
 // finite differences. The finite-difference checks run the double instantiation of the kernels,
 // so they can be tight; float runs are compared with double ones.
+#include "kernels/cpu/math.hpp"
 #include "kernels/cpu/ops.hpp"
 
 #include <gtest/gtest.h>
@@ -421,4 +422,20 @@ TEST(Attention, LongSequencesSpanSeveralBlocks) {
             EXPECT_NEAR(dq[at], numeric, 1e-6 * (1 + std::abs(numeric))) << "q " << at;
         }
     }
+}
+
+TEST(VectorMath, ExpAndTanhAreAccurateInFloat) {
+    double worst_exp = 0, worst_tanh = 0;
+    for (float x = -80.0f; x <= 80.0f; x += 0.0137f) {
+        double e = std::exp(static_cast<double>(x));
+        worst_exp = std::max(worst_exp, std::abs(vexp(x) - e) / e);
+    }
+    for (float x = -12.0f; x <= 12.0f; x += 0.0011f)
+        worst_tanh = std::max(worst_tanh, std::abs(vtanh(x) - std::tanh(static_cast<double>(x))));
+    EXPECT_LT(worst_exp, 5e-7);
+    EXPECT_LT(worst_tanh, 1e-6);
+    EXPECT_EQ(vtanh(50.0f), 1.0f);
+    EXPECT_EQ(vtanh(-50.0f), -1.0f);
+    EXPECT_GT(vexp(-1000.0f), 0.0f); // clamped: tiny, never a denormal trap or NaN
+    EXPECT_TRUE(std::isfinite(vexp(1000.0f)));
 }
