@@ -6,6 +6,7 @@
 #include "lang/loader.hpp"
 #include "lang/parse.hpp"
 #include "lang/program_json.hpp"
+#include "models/atomic_file.hpp"
 #include "models/checkpoint.hpp"
 #include "models/trainer.hpp"
 
@@ -94,59 +95,11 @@ int run_fmt(const CommonOptions& o, bool write, bool check_only, std::ostream& o
         return 0;
     }
     if (formatted == text) return 0;
-    if (!write_file_atomically(o.file, formatted, error)) {
-        err << "error: cannot write `" << o.file << "`: " << error << "\n";
+    if (std::string e = models::write_file_atomically(o.file, {formatted}); !e.empty()) {
+        err << "error: " << e << "\n";
         return 1;
     }
     return 0;
-}
-
-bool write_file_atomically(const std::string& path, const std::string& text, std::string& error) {
-    fs::path target(path);
-    fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-    std::string tmpl = (dir / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
-    std::vector<char> name(tmpl.begin(), tmpl.end());
-    name.push_back('\0');
-    int fd = ::mkstemp(name.data());
-    if (fd < 0) {
-        error = std::strerror(errno);
-        return false;
-    }
-    auto fail = [&](const char* what) {
-        error = std::string(what) + ": " + std::strerror(errno);
-        ::close(fd);
-        ::unlink(name.data());
-        return false;
-    };
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0 && ::fchmod(fd, st.st_mode & 07777) != 0)
-        return fail("chmod");
-    size_t done = 0;
-    while (done < text.size()) {
-        ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return fail("write");
-        }
-        done += static_cast<size_t>(n);
-    }
-    if (::fsync(fd) != 0) return fail("fsync");
-    if (::close(fd) != 0) {
-        error = std::strerror(errno);
-        ::unlink(name.data());
-        return false;
-    }
-    if (::rename(name.data(), path.c_str()) != 0) {
-        error = std::strerror(errno);
-        ::unlink(name.data());
-        return false;
-    }
-    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-        ::fsync(dfd);
-        ::close(dfd);
-    }
-    return true;
 }
 
 namespace {

@@ -34,8 +34,4 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
 int run_eval(const CommonOptions& o, const std::string& load, const std::string& data, bool json,
              std::ostream& out, std::ostream& err);
 
-/// Replaces `path` with `text` atomically: a temporary file beside it, fsync, rename, fsync of
-/// the folder. The original keeps its permissions; on failure it is untouched.
-bool write_file_atomically(const std::string& path, const std::string& text, std::string& error);
-
 } // namespace dist::cli

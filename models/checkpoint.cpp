@@ -3,6 +3,7 @@
 #include "models/checkpoint.hpp"
 
 #include "kernels/tensor.hpp"
+#include "models/atomic_file.hpp"
 #include "models/safetensors.hpp"
 
 #include <cstring>
@@ -260,24 +261,8 @@ std::string read_text(const fs::path& p, std::string& out) {
     return {};
 }
 
-// Writes `text` to `path` through a temporary file and rename.
 std::string write_text_atomically(const fs::path& path, const std::string& text) {
-    fs::path tmp = path;
-    tmp += ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        if (!out) return "cannot write `" + tmp.string() + "`";
-        out << text;
-        out.flush();
-        if (!out) return "cannot write `" + tmp.string() + "`";
-    }
-    std::error_code ec;
-    fs::rename(tmp, path, ec);
-    if (ec) {
-        fs::remove(tmp, ec);
-        return "cannot replace `" + path.string() + "`";
-    }
-    return {};
+    return write_file_atomically(path.string(), {text});
 }
 
 } // namespace

@@ -5,6 +5,8 @@
 // on any host. Loaders fill a local TokenData and move it into `out` only on success.
 #include "models/data.hpp"
 
+#include "models/atomic_file.hpp"
+
 #include <algorithm>
 #include <cassert>
 #include <cerrno>
@@ -14,9 +16,7 @@
 #include <fstream>
 #include <limits>
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 namespace fs = std::filesystem;
 
@@ -217,39 +217,9 @@ std::string TokenData::write_bin(const std::string& path, const std::vector<uint
         data[header_bytes + 2 * i + 1] = static_cast<unsigned char>(tokens[i] >> 8);
     }
 
-    // A reader never sees a half-written file: the bytes go to a temp file in the same folder
-    // (so the rename cannot cross file systems), are synced, then renamed over the target.
-    fs::path target(path);
-    fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-    std::string tmpl = (dir / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
-    std::vector<char> name(tmpl.begin(), tmpl.end());
-    name.push_back('\0');
-    int fd = ::mkstemp(name.data());
-    if (fd < 0) return quoted(path) + "cannot create a temp file: " + std::strerror(errno);
-    auto fail = [&](const char* what, bool close_fd) {
-        std::string err = quoted(path) + what + ": " + std::strerror(errno);
-        if (close_fd) ::close(fd);
-        ::unlink(name.data());
-        return err;
-    };
-    size_t done = 0;
-    while (done < data.size()) {
-        ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return fail("write", true);
-        }
-        done += static_cast<size_t>(n);
-    }
-    if (::fsync(fd) != 0) return fail("fsync", true);
-    if (::close(fd) != 0) return fail("close", false);
-    if (::rename(name.data(), path.c_str()) != 0) return fail("rename", false);
-    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-        ::fsync(dfd);
-        ::close(dfd);
-    }
-    return "";
+    std::string e = write_file_atomically(
+        path, {std::string_view(reinterpret_cast<const char*>(data.data()), data.size())});
+    return e;
 }
 
 void TokenData::batch(uint64_t seed, int64_t step, int64_t B, int64_t T, int64_t dp_rank,

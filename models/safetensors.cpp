@@ -7,13 +7,11 @@
 // anything is allocated, and all JSON exceptions are caught here and turned into messages.
 #include "models/safetensors.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
+#include "models/atomic_file.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
@@ -69,19 +67,6 @@ std::string byte_count(const std::vector<int64_t>& shape, TensorDType t, uint64_
     if (numel > max / size) return "byte count of shape " + shape_str(shape) + " overflows";
     bytes_out = static_cast<uint64_t>(numel * size);
     return "";
-}
-
-// Writes all of `data`, retrying short writes and EINTR; returns 0 or the errno.
-int write_all(int fd, const uint8_t* data, size_t n) {
-    constexpr size_t chunk = size_t{1} << 30;
-    while (n > 0) {
-        const ssize_t w = ::write(fd, data, std::min(n, chunk));
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return errno;
-        data += w;
-        n -= static_cast<size_t>(w);
-    }
-    return 0;
 }
 
 // The header JSON, space-padded to a multiple of 8 bytes, after checking every tensor.
@@ -316,55 +301,13 @@ std::string write_safetensors(const std::string& path, const SafetensorsFile& fi
     } catch (const std::exception& e) {
         return path + ": cannot build the header: " + e.what();
     }
-    fs::path dir = fs::path(path).parent_path();
-    if (dir.empty()) dir = ".";
-
-    // A unique name next to the target, so the final rename stays within one file system.
-    static std::atomic<unsigned> counter{0};
-    std::string tmp;
-    int fd = -1;
-    for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-        tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-        fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        if (fd < 0 && errno != EEXIST) break;
-    }
-    if (fd < 0) {
-        return path + ": cannot create a temporary file in '" + dir.string() +
-               "': " + errno_str(errno);
-    }
-    const auto fail = [&](const std::string& what, int err) {
-        if (fd >= 0) ::close(fd);
-        ::unlink(tmp.c_str());
-        return path + ": " + what + ": " + errno_str(err);
-    };
-
-    uint8_t prefix[8];
+    char prefix[8];
     for (int i = 0; i < 8; ++i)
-        prefix[i] = static_cast<uint8_t>(uint64_t{header.size()} >> (8 * i));
-    int err = write_all(fd, prefix, 8);
-    if (!err) err = write_all(fd, reinterpret_cast<const uint8_t*>(header.data()), header.size());
-    for (const TensorRecord& t : file.tensors) {
-        if (!err) err = write_all(fd, t.bytes.data(), t.bytes.size());
-    }
-    if (err) return fail("cannot write '" + tmp + "'", err);
-    if (::fsync(fd) != 0) return fail("cannot fsync '" + tmp + "'", errno);
-    const int closed = ::close(fd);
-    fd = -1;
-    if (closed != 0) return fail("cannot close '" + tmp + "'", errno);
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-        return fail("cannot rename '" + tmp + "' over the target", errno);
-    }
-
-    // Without this the rename itself may not survive a crash.
-    const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir_fd < 0 || ::fsync(dir_fd) != 0) {
-        const int e = errno;
-        if (dir_fd >= 0) ::close(dir_fd);
-        return path + ": file replaced, but cannot fsync the folder '" + dir.string() +
-               "': " + errno_str(e);
-    }
-    ::close(dir_fd);
-    return "";
+        prefix[i] = static_cast<char>(static_cast<uint8_t>(uint64_t{header.size()} >> (8 * i)));
+    std::vector<std::string_view> parts = {std::string_view(prefix, 8), header};
+    for (const TensorRecord& t : file.tensors)
+        parts.emplace_back(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
+    return write_file_atomically(path, parts);
 }
 
 std::string read_safetensors(const std::string& path, SafetensorsFile& out) {
