@@ -142,7 +142,7 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
         err << "error: " << error << "\n";
         return 1;
     }
-    models::Model model(p.model, static_cast<uint64_t>(p.train.seed));
+    models::Model model(p.model, static_cast<uint64_t>(p.train.seed), p.schedule.recompute);
     int64_t first = 0;
     if (!r.resume.empty()) error = models::load_training_state(r.resume, model, first);
     if (!r.load.empty()) error = models::load_weights(r.load, model);

@@ -7,7 +7,7 @@ namespace dist::models {
 
 namespace {
 
-void add_items(const std::vector<ModelItemSpec>& items, UnitContext& ctx,
+void add_items(const std::vector<ModelItemSpec>& items, UnitContext& ctx, bool recompute,
                std::vector<std::unique_ptr<Unit>>& out) {
     for (const auto& item : items) {
         std::vector<std::unique_ptr<Unit>> body;
@@ -15,7 +15,7 @@ void add_items(const std::vector<ModelItemSpec>& items, UnitContext& ctx,
             if (auto u = make_unit(layer, ctx)) body.push_back(std::move(u));
         if (item.residual) {
             std::string name = item.name.empty() ? body.front()->name() + "+" : item.name;
-            out.push_back(make_residual(std::move(name), std::move(body)));
+            out.push_back(make_residual(std::move(name), std::move(body), recompute));
         } else {
             for (auto& u : body) out.push_back(std::move(u));
         }
@@ -24,14 +24,15 @@ void add_items(const std::vector<ModelItemSpec>& items, UnitContext& ctx,
 
 } // namespace
 
-Model::Model(const ModelSpec& spec, uint64_t seed) : spec_(spec) {
+Model::Model(const ModelSpec& spec, uint64_t seed, Recompute recompute) : spec_(spec) {
     UnitContext ctx{params_, seed, static_cast<int64_t>(spec.blocks.size())};
     for (const auto& item : spec.pre)
         for (const auto& l : item.layers)
             if (l.kind == LayerKind::rotary_embedding) ctx.rotary_theta = l.theta;
-    add_items(spec.pre, ctx, units_);
-    for (const auto& block : spec.blocks) add_items(block.items, ctx, units_);
-    add_items(spec.post, ctx, units_);
+    add_items(spec.pre, ctx, false, units_);
+    for (const auto& block : spec.blocks)
+        add_items(block.items, ctx, recompute == Recompute::full, units_);
+    add_items(spec.post, ctx, false, units_);
 }
 
 double Model::forward(int64_t mb, const Tensor& tokens, const Tensor& targets) {

@@ -17,8 +17,12 @@ namespace dist::models {
 
 class Model {
   public:
-    /// Builds the units and initialises their parameters from `seed`.
-    Model(const ModelSpec& spec, uint64_t seed);
+    /// Builds the units and initialises their parameters from `seed`. With
+    /// Recompute::full, every residual group of a block keeps only its input after forward and
+    /// recomputes the rest during backward. Recompute::selective needs nothing more here:
+    /// attention never keeps its (T,T) scores (its backward recomputes them from the saved
+    /// log-sum-exp), which is what selective recomputation saves in Megatron-LM.
+    Model(const ModelSpec& spec, uint64_t seed, Recompute recompute = Recompute::none);
 
     /// tokens, targets (B,T) i32 -> the mean of the B*T token losses.
     double forward(int64_t mb, const Tensor& tokens, const Tensor& targets);

@@ -482,11 +482,16 @@ class LossUnit : public Named {
 
 class ResidualUnit : public Named {
   public:
-    ResidualUnit(std::string name, std::vector<std::unique_ptr<Unit>> body)
-        : Named(std::move(name)), body_(std::move(body)) {}
+    ResidualUnit(std::string name, std::vector<std::unique_ptr<Unit>> body, bool recompute)
+        : Named(std::move(name)), body_(std::move(body)), recompute_(recompute) {}
+
     Tensor forward(int64_t mb, const Tensor& x, const Batch& batch) override {
-        Tensor h = x;
-        for (auto& u : body_) h = u->forward(mb, h, batch);
+        Tensor h = body_forward(mb, x, batch);
+        if (recompute_) {
+            // Keep only the group's input; backward runs the body again.
+            for (auto& u : body_) u->discard(mb);
+            inputs_[mb] = {x, batch};
+        }
         Tensor y(x.shape());
         const float* a = x.data<float>();
         float* out = y.data<float>();
@@ -495,6 +500,10 @@ class ResidualUnit : public Named {
         return y;
     }
     Tensor backward_input(int64_t mb, const Tensor& dy) override {
+        if (recompute_) {
+            Input in = take(inputs_, mb, "recomputed residual");
+            body_forward(mb, in.x, in.batch);
+        }
         Tensor g = dy;
         for (auto it = body_.rbegin(); it != body_.rend(); ++it) g = (*it)->backward_input(mb, g);
         Tensor dx(dy.shape());
@@ -509,11 +518,24 @@ class ResidualUnit : public Named {
     }
 
     void discard(int64_t mb) override {
+        inputs_.erase(mb);
         for (auto& u : body_) u->discard(mb);
     }
 
   private:
+    Tensor body_forward(int64_t mb, const Tensor& x, const Batch& batch) {
+        Tensor h = x;
+        for (auto& u : body_) h = u->forward(mb, h, batch);
+        return h;
+    }
+
+    struct Input {
+        Tensor x;
+        Batch batch;
+    };
     std::vector<std::unique_ptr<Unit>> body_;
+    bool recompute_;
+    std::map<int64_t, Input> inputs_;
 };
 
 } // namespace
@@ -533,8 +555,9 @@ std::unique_ptr<Unit> make_unit(const LayerSpec& l, UnitContext& ctx) {
     return nullptr;
 }
 
-std::unique_ptr<Unit> make_residual(std::string name, std::vector<std::unique_ptr<Unit>> body) {
-    return std::make_unique<ResidualUnit>(std::move(name), std::move(body));
+std::unique_ptr<Unit> make_residual(std::string name, std::vector<std::unique_ptr<Unit>> body,
+                                    bool recompute) {
+    return std::make_unique<ResidualUnit>(std::move(name), std::move(body), recompute);
 }
 
 } // namespace dist::models

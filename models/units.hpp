@@ -59,7 +59,9 @@ struct UnitContext {
 /// positions, which attention applies).
 std::unique_ptr<Unit> make_unit(const LayerSpec& layer, UnitContext& ctx);
 
-/// y = x + f(x) over a group of units.
-std::unique_ptr<Unit> make_residual(std::string name, std::vector<std::unique_ptr<Unit>> body);
+/// y = x + f(x) over a group of units. With `recompute`, the group keeps only its input after
+/// forward and runs the body again at backward (full activation recomputation).
+std::unique_ptr<Unit> make_residual(std::string name, std::vector<std::unique_ptr<Unit>> body,
+                                    bool recompute = false);
 
 } // namespace dist::models

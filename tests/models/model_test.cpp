@@ -160,3 +160,27 @@ TEST(Model, BadTokensAreErrorsNotCrashes) {
     Data long_seq = data(1, 7, 11, 1); // context is 6
     EXPECT_THROW(m.forward(1, long_seq.tokens, long_seq.targets), std::out_of_range);
 }
+
+TEST(Model, FullRecomputationGivesTheSameGradientsWithLessSavedState) {
+    ModelSpec spec = spec_of("gpt(vocab: 64, context: 16, layers: 3, heads: 2, width: 32)");
+    Data d = data(4, 16, 64, 5);
+    Model plain(spec, 2), recomputed(spec, 2, Recompute::full);
+    auto& alloc = kernels::Allocator::cpu();
+    plain.params().zero_grads();
+    recomputed.params().zero_grads();
+    size_t base = alloc.bytes_in_use();
+    double a = plain.forward(0, d.tokens, d.targets);
+    size_t kept_plain = alloc.bytes_in_use() - base;
+    base = alloc.bytes_in_use();
+    double b = recomputed.forward(0, d.tokens, d.targets);
+    size_t kept_recomputed = alloc.bytes_in_use() - base;
+    EXPECT_EQ(a, b);
+    EXPECT_LT(kept_recomputed * 2, kept_plain) << kept_recomputed << " vs " << kept_plain;
+    plain.backward(0, 1.0);
+    recomputed.backward(0, 1.0);
+    for (size_t i = 0; i < plain.params().all().size(); ++i) {
+        const auto& p = plain.params().all()[i];
+        const auto& q = recomputed.params().all()[i];
+        EXPECT_EQ(0, std::memcmp(p.grad.raw(), q.grad.raw(), p.grad.bytes())) << p.name;
+    }
+}
