@@ -1,0 +1,378 @@
+// ops.cu: CUDA versions of the CPU ops. One thread block per row for the row-wise ops (norms,
+// cross-entropy), a grid-stride loop for element-wise ones, cuBLAS for matmuls.
+#include "kernels/cuda/ops.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <mutex>
+#include <string>
+
+namespace dist::kernels::cuda {
+
+namespace {
+
+std::string where(const char* file, int line) {
+    return std::string(file) + ":" + std::to_string(line) + ": ";
+}
+
+#define DIST_CUDA(call)                                                                           \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess)                                                                    \
+            return where(__FILE__, __LINE__) + #call + ": " + cudaGetErrorString(e_);             \
+    } while (0)
+
+#define DIST_CUBLAS(call)                                                                         \
+    do {                                                                                          \
+        cublasStatus_t s_ = (call);                                                               \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                          \
+            return where(__FILE__, __LINE__) + #call + ": cuBLAS status " +                       \
+                   std::to_string(static_cast<int>(s_));                                          \
+    } while (0)
+
+#define DIST_LAUNCHED() DIST_CUDA(cudaGetLastError())
+
+std::string handle(cublasHandle_t* out) {
+    static cublasHandle_t h = nullptr;
+    static std::string error;
+    static std::once_flag once;
+    std::call_once(once, [] {
+        if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) error = "cannot create a cuBLAS handle";
+        else cublasSetMathMode(h, CUBLAS_DEFAULT_MATH); // no TF32: float results
+    });
+    *out = h;
+    return error;
+}
+
+int blocks_for(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    return static_cast<int>(b < 65535 * 8 ? b : 65535 * 8);
+}
+
+__device__ float block_sum(float v) {
+    __shared__ float shared[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    int warps = (blockDim.x + 31) / 32;
+    v = threadIdx.x < warps ? shared[threadIdx.x] : 0.0f;
+    if (warp == 0)
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    __syncthreads();
+    if (threadIdx.x == 0) shared[0] = v;
+    __syncthreads();
+    float r = shared[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ float block_max(float v) {
+    __shared__ float shared[32];
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    int warps = (blockDim.x + 31) / 32;
+    v = threadIdx.x < warps ? shared[threadIdx.x] : -INFINITY;
+    if (warp == 0)
+        for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    __syncthreads();
+    if (threadIdx.x == 0) shared[0] = v;
+    __syncthreads();
+    float r = shared[0];
+    __syncthreads();
+    return r;
+}
+
+__global__ void add_bias(float* out, const float* bias, int64_t N, int64_t OC) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N * OC;
+         i += int64_t(gridDim.x) * blockDim.x)
+        out[i] += bias[i % OC];
+}
+
+__global__ void bias_grad(const float* dout, int64_t N, int64_t OC, float* dbias) {
+    for (int64_t o = blockIdx.x; o < OC; o += gridDim.x) {
+        float s = 0.0f;
+        for (int64_t n = threadIdx.x; n < N; n += blockDim.x) s += dout[n * OC + o];
+        s = block_sum(s);
+        if (threadIdx.x == 0) dbias[o] += s;
+    }
+}
+
+__global__ void layernorm_forward_kernel(const float* inp, const float* w, const float* b,
+                                         int64_t C, float eps, float* out, float* mean,
+                                         float* rstd) {
+    const float* x = inp + blockIdx.x * C;
+    float s = 0.0f;
+    for (int64_t i = threadIdx.x; i < C; i += blockDim.x) s += x[i];
+    float m = block_sum(s) / C;
+    float v = 0.0f;
+    for (int64_t i = threadIdx.x; i < C; i += blockDim.x) v += (x[i] - m) * (x[i] - m);
+    float r = rsqrtf(block_sum(v) / C + eps);
+    float* y = out + blockIdx.x * C;
+    for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
+        y[i] = (x[i] - m) * r * w[i] + (b ? b[i] : 0.0f);
+    if (threadIdx.x == 0) {
+        mean[blockIdx.x] = m;
+        rstd[blockIdx.x] = r;
+    }
+}
+
+__global__ void layernorm_backward_input_kernel(const float* dout, const float* inp,
+                                                const float* w, const float* mean,
+                                                const float* rstd, int64_t C, float* dinp) {
+    const float* dy = dout + blockIdx.x * C;
+    const float* x = inp + blockIdx.x * C;
+    float m = mean[blockIdx.x], r = rstd[blockIdx.x];
+    float sg = 0.0f, sgx = 0.0f;
+    for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
+        float g = dy[i] * w[i];
+        sg += g;
+        sgx += g * (x[i] - m) * r;
+    }
+    float mg = block_sum(sg) / C, mgx = block_sum(sgx) / C;
+    float* dx = dinp + blockIdx.x * C;
+    for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
+        dx[i] += r * (dy[i] * w[i] - mg - (x[i] - m) * r * mgx);
+}
+
+__global__ void layernorm_backward_weight_kernel(const float* dout, const float* inp,
+                                                 const float* mean, const float* rstd, int64_t N,
+                                                 int64_t C, float* dw, float* db) {
+    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < C;
+         c += int64_t(gridDim.x) * blockDim.x) {
+        float sw = 0.0f, sb = 0.0f;
+        for (int64_t n = 0; n < N; ++n) {
+            float g = dout[n * C + c];
+            sw += g * (inp[n * C + c] - mean[n]) * rstd[n];
+            sb += g;
+        }
+        dw[c] += sw;
+        if (db) db[c] += sb;
+    }
+}
+
+constexpr float gelu_scale = 0.7978845608028654f;
+
+__global__ void gelu_forward_kernel(const float* x, int64_t n, float* y) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + tanhf(gelu_scale * (v + 0.044715f * v * v * v)));
+    }
+}
+
+__global__ void gelu_backward_kernel(const float* x, const float* dy, int64_t n, float* dx) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        float v = x[i];
+        float th = tanhf(gelu_scale * (v + 0.044715f * v * v * v));
+        float du = gelu_scale * (1.0f + 3.0f * 0.044715f * v * v);
+        dx[i] += dy[i] * (0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du);
+    }
+}
+
+__global__ void embedding_forward_kernel(const int32_t* tok, const float* table, int64_t N,
+                                         int64_t C, float* out) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N * C;
+         i += int64_t(gridDim.x) * blockDim.x)
+        out[i] = table[tok[i / C] * C + i % C];
+}
+
+__global__ void embedding_backward_kernel(const int32_t* tok, const float* dout, int64_t N,
+                                          int64_t C, float* dtable) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N * C;
+         i += int64_t(gridDim.x) * blockDim.x)
+        atomicAdd(dtable + tok[i / C] * C + i % C, dout[i]);
+}
+
+__global__ void cross_entropy_forward_kernel(const float* logits, const int32_t* targets,
+                                             int64_t V, float* losses, float* lse) {
+    const float* z = logits + blockIdx.x * V;
+    float mx = -INFINITY;
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, z[i]);
+    mx = block_max(mx);
+    float s = 0.0f;
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) s += expf(z[i] - mx);
+    s = block_sum(s);
+    if (threadIdx.x == 0) {
+        float l = mx + logf(s);
+        lse[blockIdx.x] = l;
+        losses[blockIdx.x] = l - z[targets[blockIdx.x]];
+    }
+}
+
+__global__ void cross_entropy_backward_kernel(const float* logits, const int32_t* targets,
+                                              const float* lse, const float* dlosses, int64_t V,
+                                              float* dlogits) {
+    const float* z = logits + blockIdx.x * V;
+    float* dz = dlogits + blockIdx.x * V;
+    float g = dlosses[blockIdx.x], l = lse[blockIdx.x];
+    int32_t t = targets[blockIdx.x];
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x)
+        dz[i] = (expf(z[i] - l) - (i == t ? 1.0f : 0.0f)) * g;
+}
+
+__global__ void adamw_kernel(const float* g, int64_t n, float lr, float b1, float b2, float eps,
+                             float wd, float corr1, float corr2, float* p, float* m, float* v) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        float mi = b1 * m[i] + (1.0f - b1) * g[i];
+        float vi = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+        m[i] = mi;
+        v[i] = vi;
+        p[i] -= lr * ((mi / corr1) / (sqrtf(vi / corr2) + eps) + wd * p[i]);
+    }
+}
+
+} // namespace
+
+int device_count() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); // clear the sticky "no device" error
+        return 0;
+    }
+    return n;
+}
+
+std::string malloc_device(size_t bytes, void** ptr) {
+    DIST_CUDA(cudaMalloc(ptr, bytes));
+    return {};
+}
+void free_device(void* ptr) { cudaFree(ptr); }
+std::string copy_to_device(const void* host, size_t bytes, void* device) {
+    DIST_CUDA(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
+    return {};
+}
+std::string copy_to_host(const void* device, size_t bytes, void* host) {
+    DIST_CUDA(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
+    return {};
+}
+std::string synchronize() {
+    DIST_CUDA(cudaDeviceSynchronize());
+    return {};
+}
+
+// cuBLAS is column-major: a row-major (r, c) matrix is a column-major (c, r) one, so each
+// row-major product below is computed as its transpose.
+std::string matmul_forward(const float* inp, const float* weight, const float* bias, int64_t N,
+                           int64_t C, int64_t OC, float* out) {
+    cublasHandle_t h;
+    if (std::string e = handle(&h); !e.empty()) return e;
+    const float one = 1.0f, zero = 0.0f;
+    // out^T (OC,N) = weight (OC,C) . inp^T (C,N)
+    DIST_CUBLAS(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, int(OC), int(N), int(C), &one, weight,
+                            int(C), inp, int(C), &zero, out, int(OC)));
+    if (bias) {
+        add_bias<<<blocks_for(N * OC, 256), 256>>>(out, bias, N, OC);
+        DIST_LAUNCHED();
+    }
+    return {};
+}
+
+std::string matmul_backward_input(const float* dout, const float* weight, int64_t N, int64_t C,
+                                  int64_t OC, float* dinp) {
+    cublasHandle_t h;
+    if (std::string e = handle(&h); !e.empty()) return e;
+    const float one = 1.0f;
+    // dinp^T (C,N) += weight^T (C,OC) . dout^T (OC,N)
+    DIST_CUBLAS(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, int(C), int(N), int(OC), &one, weight,
+                            int(C), dout, int(OC), &one, dinp, int(C)));
+    return {};
+}
+
+std::string matmul_backward_weight(const float* dout, const float* inp, int64_t N, int64_t C,
+                                   int64_t OC, float* dweight, float* dbias) {
+    cublasHandle_t h;
+    if (std::string e = handle(&h); !e.empty()) return e;
+    const float one = 1.0f;
+    // dweight^T (C,OC) += inp^T (C,N) . dout (N,OC)
+    DIST_CUBLAS(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, int(C), int(OC), int(N), &one, inp,
+                            int(C), dout, int(OC), &one, dweight, int(C)));
+    if (dbias) {
+        bias_grad<<<static_cast<int>(OC < 4096 ? OC : 4096), 256>>>(dout, N, OC, dbias);
+        DIST_LAUNCHED();
+    }
+    return {};
+}
+
+std::string layernorm_forward(const float* inp, const float* weight, const float* bias,
+                              int64_t N, int64_t C, float eps, float* out, float* mean,
+                              float* rstd) {
+    layernorm_forward_kernel<<<int(N), 256>>>(inp, weight, bias, C, eps, out, mean, rstd);
+    DIST_LAUNCHED();
+    return {};
+}
+
+std::string layernorm_backward_input(const float* dout, const float* inp, const float* weight,
+                                     const float* mean, const float* rstd, int64_t N, int64_t C,
+                                     float* dinp) {
+    layernorm_backward_input_kernel<<<int(N), 256>>>(dout, inp, weight, mean, rstd, C, dinp);
+    DIST_LAUNCHED();
+    return {};
+}
+
+std::string layernorm_backward_weight(const float* dout, const float* inp, const float* mean,
+                                      const float* rstd, int64_t N, int64_t C, float* dweight,
+                                      float* dbias) {
+    layernorm_backward_weight_kernel<<<blocks_for(C, 256), 256>>>(dout, inp, mean, rstd, N, C,
+                                                                 dweight, dbias);
+    DIST_LAUNCHED();
+    return {};
+}
+
+std::string gelu_forward(const float* inp, int64_t n, float* out) {
+    gelu_forward_kernel<<<blocks_for(n, 256), 256>>>(inp, n, out);
+    DIST_LAUNCHED();
+    return {};
+}
+
+std::string gelu_backward(const float* inp, const float* dout, int64_t n, float* dinp) {
+    gelu_backward_kernel<<<blocks_for(n, 256), 256>>>(inp, dout, n, dinp);
+    DIST_LAUNCHED();
+    return {};
+}
+
+std::string embedding_forward(const int32_t* tokens, const float* table, int64_t N, int64_t C,
+                              float* out) {
+    embedding_forward_kernel<<<blocks_for(N * C, 256), 256>>>(tokens, table, N, C, out);
+    DIST_LAUNCHED();
+    return {};
+}
+
+std::string embedding_backward(const int32_t* tokens, const float* dout, int64_t N, int64_t C,
+                               float* dtable) {
+    embedding_backward_kernel<<<blocks_for(N * C, 256), 256>>>(tokens, dout, N, C, dtable);
+    DIST_LAUNCHED();
+    return {};
+}
+
+std::string cross_entropy_forward(const float* logits, const int32_t* targets, int64_t N,
+                                  int64_t V, float* losses, float* lse) {
+    cross_entropy_forward_kernel<<<int(N), 256>>>(logits, targets, V, losses, lse);
+    DIST_LAUNCHED();
+    return {};
+}
+
+std::string cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse,
+                                   const float* dlosses, int64_t N, int64_t V, float* dlogits) {
+    cross_entropy_backward_kernel<<<int(N), 256>>>(logits, targets, lse, dlosses, V, dlogits);
+    DIST_LAUNCHED();
+    return {};
+}
+
+std::string adamw_step(const float* grads, int64_t n, float lr, float beta1, float beta2,
+                       float eps, float weight_decay, int64_t step, float* params, float* m,
+                       float* v) {
+    float corr1 = 1.0f - std::pow(beta1, float(step)), corr2 = 1.0f - std::pow(beta2, float(step));
+    adamw_kernel<<<blocks_for(n, 256), 256>>>(grads, n, lr, beta1, beta2, eps, weight_decay,
+                                              corr1, corr2, params, m, v);
+    DIST_LAUNCHED();
+    return {};
+}
+
+} // namespace dist::kernels::cuda
