@@ -17,19 +17,19 @@ std::string where(const char* file, int line) {
     return std::string(file) + ":" + std::to_string(line) + ": ";
 }
 
-#define DIST_CUDA(call)                                                                           \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        if (e_ != cudaSuccess)                                                                    \
-            return where(__FILE__, __LINE__) + #call + ": " + cudaGetErrorString(e_);             \
+#define DIST_CUDA(call)                                                                            \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return where(__FILE__, __LINE__) + #call + ": " + cudaGetErrorString(e_);              \
     } while (0)
 
-#define DIST_CUBLAS(call)                                                                         \
-    do {                                                                                          \
-        cublasStatus_t s_ = (call);                                                               \
-        if (s_ != CUBLAS_STATUS_SUCCESS)                                                          \
-            return where(__FILE__, __LINE__) + #call + ": cuBLAS status " +                       \
-                   std::to_string(static_cast<int>(s_));                                          \
+#define DIST_CUBLAS(call)                                                                          \
+    do {                                                                                           \
+        cublasStatus_t s_ = (call);                                                                \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                           \
+            return where(__FILE__, __LINE__) + #call + ": cuBLAS status " +                        \
+                   std::to_string(static_cast<int>(s_));                                           \
     } while (0)
 
 #define DIST_LAUNCHED() DIST_CUDA(cudaGetLastError())
@@ -39,8 +39,10 @@ std::string handle(cublasHandle_t* out) {
     static std::string error;
     static std::once_flag once;
     std::call_once(once, [] {
-        if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) error = "cannot create a cuBLAS handle";
-        else cublasSetMathMode(h, CUBLAS_DEFAULT_MATH); // no TF32: float results
+        if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+            error = "cannot create a cuBLAS handle";
+        else
+            cublasSetMathMode(h, CUBLAS_DEFAULT_MATH); // no TF32: float results
     });
     *out = h;
     return error;
@@ -121,9 +123,9 @@ __global__ void layernorm_forward_kernel(const float* inp, const float* w, const
     }
 }
 
-__global__ void layernorm_backward_input_kernel(const float* dout, const float* inp,
-                                                const float* w, const float* mean,
-                                                const float* rstd, int64_t C, float* dinp) {
+__global__ void layernorm_backward_input_kernel(const float* dout, const float* inp, const float* w,
+                                                const float* mean, const float* rstd, int64_t C,
+                                                float* dinp) {
     const float* dy = dout + blockIdx.x * C;
     const float* x = inp + blockIdx.x * C;
     float m = mean[blockIdx.x], r = rstd[blockIdx.x];
@@ -189,8 +191,8 @@ __global__ void embedding_backward_kernel(const int32_t* tok, const float* dout,
         atomicAdd(dtable + tok[i / C] * C + i % C, dout[i]);
 }
 
-__global__ void cross_entropy_forward_kernel(const float* logits, const int32_t* targets,
-                                             int64_t V, float* losses, float* lse) {
+__global__ void cross_entropy_forward_kernel(const float* logits, const int32_t* targets, int64_t V,
+                                             float* losses, float* lse) {
     const float* z = logits + blockIdx.x * V;
     float mx = -INFINITY;
     for (int64_t i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, z[i]);
@@ -243,7 +245,9 @@ std::string malloc_device(size_t bytes, void** ptr) {
     DIST_CUDA(cudaMalloc(ptr, bytes));
     return {};
 }
-void free_device(void* ptr) { cudaFree(ptr); }
+void free_device(void* ptr) {
+    cudaFree(ptr);
+}
 std::string copy_to_device(const void* host, size_t bytes, void* device) {
     DIST_CUDA(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
     return {};
@@ -291,8 +295,8 @@ std::string matmul_backward_weight(const float* dout, const float* inp, int64_t 
     if (std::string e = handle(&h); !e.empty()) return e;
     const float one = 1.0f;
     // dweight^T (C,OC) += inp^T (C,N) . dout (N,OC)
-    DIST_CUBLAS(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, int(C), int(OC), int(N), &one, inp,
-                            int(C), dout, int(OC), &one, dweight, int(C)));
+    DIST_CUBLAS(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, int(C), int(OC), int(N), &one, inp, int(C),
+                            dout, int(OC), &one, dweight, int(C)));
     if (dbias) {
         bias_grad<<<static_cast<int>(OC < 4096 ? OC : 4096), 256>>>(dout, N, OC, dbias);
         DIST_LAUNCHED();
@@ -300,9 +304,8 @@ std::string matmul_backward_weight(const float* dout, const float* inp, int64_t 
     return {};
 }
 
-std::string layernorm_forward(const float* inp, const float* weight, const float* bias,
-                              int64_t N, int64_t C, float eps, float* out, float* mean,
-                              float* rstd) {
+std::string layernorm_forward(const float* inp, const float* weight, const float* bias, int64_t N,
+                              int64_t C, float eps, float* out, float* mean, float* rstd) {
     layernorm_forward_kernel<<<int(N), 256>>>(inp, weight, bias, C, eps, out, mean, rstd);
     DIST_LAUNCHED();
     return {};
@@ -320,7 +323,7 @@ std::string layernorm_backward_weight(const float* dout, const float* inp, const
                                       const float* rstd, int64_t N, int64_t C, float* dweight,
                                       float* dbias) {
     layernorm_backward_weight_kernel<<<blocks_for(C, 256), 256>>>(dout, inp, mean, rstd, N, C,
-                                                                 dweight, dbias);
+                                                                  dweight, dbias);
     DIST_LAUNCHED();
     return {};
 }
@@ -351,8 +354,8 @@ std::string embedding_backward(const int32_t* tokens, const float* dout, int64_t
     return {};
 }
 
-std::string cross_entropy_forward(const float* logits, const int32_t* targets, int64_t N,
-                                  int64_t V, float* losses, float* lse) {
+std::string cross_entropy_forward(const float* logits, const int32_t* targets, int64_t N, int64_t V,
+                                  float* losses, float* lse) {
     cross_entropy_forward_kernel<<<int(N), 256>>>(logits, targets, V, losses, lse);
     DIST_LAUNCHED();
     return {};
@@ -365,12 +368,11 @@ std::string cross_entropy_backward(const float* logits, const int32_t* targets, 
     return {};
 }
 
-std::string adamw_step(const float* grads, int64_t n, float lr, float beta1, float beta2,
-                       float eps, float weight_decay, int64_t step, float* params, float* m,
-                       float* v) {
+std::string adamw_step(const float* grads, int64_t n, float lr, float beta1, float beta2, float eps,
+                       float weight_decay, int64_t step, float* params, float* m, float* v) {
     float corr1 = 1.0f - std::pow(beta1, float(step)), corr2 = 1.0f - std::pow(beta2, float(step));
-    adamw_kernel<<<blocks_for(n, 256), 256>>>(grads, n, lr, beta1, beta2, eps, weight_decay,
-                                              corr1, corr2, params, m, v);
+    adamw_kernel<<<blocks_for(n, 256), 256>>>(grads, n, lr, beta1, beta2, eps, weight_decay, corr1,
+                                              corr2, params, m, v);
     DIST_LAUNCHED();
     return {};
 }
