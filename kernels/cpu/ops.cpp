@@ -86,11 +86,14 @@ void matmul_backward_weight(const T* dout, const T* inp, int64_t N, int64_t C, i
     // dweight (OC,C) += dout^T (OC,N) @ inp (N,C)
     gemm(CblasTrans, CblasNoTrans, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
     if (!dbias) return;
+        // Column sums, walking dout row by row (contiguous) over blocks of columns.
 #pragma omp parallel for schedule(static)
-    for (int64_t o = 0; o < OC; ++o) {
-        T sum = 0;
-        for (int64_t n = 0; n < N; ++n) sum += dout[n * OC + o];
-        dbias[o] += sum;
+    for (int64_t o0 = 0; o0 < OC; o0 += 256) {
+        int64_t o1 = std::min(OC, o0 + 256);
+        for (int64_t n = 0; n < N; ++n) {
+            const T* row = dout + n * OC;
+            for (int64_t o = o0; o < o1; ++o) dbias[o] += row[o];
+        }
     }
 }
 
