@@ -165,6 +165,16 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
         }
     }
     const std::string save_dir = !r.save.empty() ? r.save : p.train.checkpoint.dir;
+    if (!save_dir.empty()) {
+        // Find out now, not after hours of training, that the folder cannot be written.
+        std::error_code ec;
+        fs::create_directories(save_dir, ec);
+        if (ec || ::access(save_dir.c_str(), W_OK) != 0) {
+            err << "error: cannot save checkpoints into `" << save_dir
+                << "`: " << (ec ? ec.message() : std::strerror(errno)) << "\n";
+            return 1;
+        }
+    }
     const uint64_t seed = static_cast<uint64_t>(p.train.seed);
     bool tty = r.progress && ::isatty(STDERR_FILENO);
     double elapsed = 0.0;
