@@ -166,4 +166,11 @@ TEST(Cli, RunRefusesWhatItCannotDoWithAMessage) {
     EXPECT_NE(resume.err.find("state.json"), std::string::npos) << resume.err;
     Result both = run("run examples/gpt_tiny.dist --resume a --load b");
     EXPECT_EQ(both.status, 2);
+    // An unwritable checkpoint folder is found before training, not after it.
+    Result save = run("run examples/gpt_tiny.dist --save /proc/no/such/folder");
+    EXPECT_EQ(save.status, 1);
+    EXPECT_NE(save.err.find("cannot save checkpoints into `/proc/no/such/folder`"),
+              std::string::npos)
+        << save.err;
+    EXPECT_EQ(save.out.find("training"), std::string::npos) << save.out;
 }
