@@ -3,14 +3,13 @@
 #include "models/checkpoint.hpp"
 
 #include "kernels/tensor.hpp"
+#include "lang/loader.hpp"
 #include "models/atomic_file.hpp"
 #include "models/safetensors.hpp"
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 namespace fs = std::filesystem;
 
@@ -252,19 +251,6 @@ nlohmann::json config_of(const ModelSpec& spec) {
             {"dist_template", args}};
 }
 
-std::string read_text(const fs::path& p, std::string& out) {
-    std::ifstream in(p, std::ios::binary);
-    if (!in) return "cannot read `" + p.string() + "`";
-    std::stringstream ss;
-    ss << in.rdbuf();
-    out = ss.str();
-    return {};
-}
-
-std::string write_text_atomically(const fs::path& path, const std::string& text) {
-    return write_file_atomically(path.string(), {text});
-}
-
 } // namespace
 
 std::string external_name(const ModelSpec& spec, const std::string& internal) {
@@ -296,15 +282,15 @@ std::string save_checkpoint(const std::string& dir, Model& model, int64_t step, 
     fs::path d(dir);
     if (std::string e = write_safetensors((d / "model.safetensors").string(), weights); !e.empty())
         return e;
-    if (std::string e =
-            write_text_atomically(d / "config.json", config_of(model.spec()).dump(2) + "\n");
-        !e.empty())
+    std::string config = config_of(model.spec()).dump(2) + "\n";
+    if (std::string e = write_file_atomically((d / "config.json").string(), {config}); !e.empty())
         return e;
     if (std::string e = write_safetensors((d / "optimizer.safetensors").string(), optimizer);
         !e.empty())
         return e;
     nlohmann::json state = {{"format", "dist-checkpoint-1"}, {"step", step}, {"seed", seed}};
-    return write_text_atomically(d / "state.json", state.dump(2) + "\n");
+    std::string state_text = state.dump(2) + "\n";
+    return write_file_atomically((d / "state.json").string(), {state_text});
 }
 
 namespace {
@@ -344,9 +330,10 @@ std::string load_weights(const std::string& dir, Model& model) {
 
 std::string load_training_state(const std::string& dir, Model& model, int64_t& step) {
     fs::path d(dir);
-    std::string text;
-    if (std::string e = read_text(d / "state.json", text); !e.empty())
-        return e + ": a folder to resume from is one that `dist run --save` wrote";
+    std::string text, error;
+    if (!lang::read_source_file(d / "state.json", text, error))
+        return "cannot read `" + (d / "state.json").string() + "`: " + error +
+               "; a folder to resume from is one that `dist run --save` wrote";
     nlohmann::json state = nlohmann::json::parse(text, nullptr, false);
     if (state.is_discarded() || !state.is_object() || !state.contains("step") ||
         !state["step"].is_number_integer() || state["step"].get<int64_t>() < 0)
