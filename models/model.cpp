@@ -24,8 +24,10 @@ void add_items(const std::vector<ModelItemSpec>& items, UnitContext& ctx, bool r
 
 } // namespace
 
-Model::Model(const ModelSpec& spec, uint64_t seed, Recompute recompute) : spec_(spec) {
+Model::Model(const ModelSpec& spec, uint64_t seed, Recompute recompute, transport::Collectives* tp)
+    : spec_(spec) {
     UnitContext ctx{params_, seed, static_cast<int64_t>(spec.blocks.size())};
+    ctx.tp = tp;
     for (const auto& item : spec.pre)
         for (const auto& l : item.layers)
             if (l.kind == LayerKind::rotary_embedding) ctx.rotary_theta = l.theta;

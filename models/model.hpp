@@ -22,7 +22,13 @@ class Model {
     /// recomputes the rest during backward. Recompute::selective needs nothing more here:
     /// attention never keeps its (T,T) scores (its backward recomputes them from the saved
     /// log-sum-exp), which is what selective recomputation saves in Megatron-LM.
-    Model(const ModelSpec& spec, uint64_t seed, Recompute recompute = Recompute::none);
+    ///
+    /// With a tensor-parallel group `tp` of more than one rank, this is the model of rank
+    /// tp->rank(): the layers the script shards hold their part of the split parameters and
+    /// reduce through `tp`, whose members must run the same calls in the same order. Losses and
+    /// the gradients of replicated parameters are then the same on every member.
+    Model(const ModelSpec& spec, uint64_t seed, Recompute recompute = Recompute::none,
+          transport::Collectives* tp = nullptr);
 
     /// tokens, targets (B,T) i32 -> the mean of the B*T token losses.
     double forward(int64_t mb, const Tensor& tokens, const Tensor& targets);

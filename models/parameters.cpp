@@ -38,18 +38,49 @@ float initial_value(uint64_t seed, const std::string& name, int64_t index, const
     return 0.0f;
 }
 
+std::vector<int64_t> Shard::local_shape(const std::vector<int64_t>& full) const {
+    if (whole()) return full;
+    std::vector<int64_t> shape = full;
+    int64_t n = 0;
+    for (auto [b, e] : ranges) n += e - b;
+    shape.at(static_cast<size_t>(dim)) = n;
+    return shape;
+}
+
+int64_t Shard::global_index(const std::vector<int64_t>& full, int64_t local) const {
+    if (whole()) return local;
+    // local = (outer * L + k) * inner + in, with L the shard's extent along `dim`.
+    int64_t inner = 1;
+    for (size_t d = static_cast<size_t>(dim) + 1; d < full.size(); ++d) inner *= full[d];
+    int64_t extent = local_shape(full)[static_cast<size_t>(dim)];
+    int64_t in = local % inner, k = (local / inner) % extent, outer = local / (inner * extent);
+    int64_t global_k = 0;
+    for (auto [b, e] : ranges) {
+        if (k < e - b) {
+            global_k = b + k;
+            break;
+        }
+        k -= e - b;
+    }
+    return (outer * full[static_cast<size_t>(dim)] + global_k) * inner + in;
+}
+
 Parameter& ParameterStore::add(std::string name, std::vector<int64_t> shape, Init init, bool decay,
-                               uint64_t seed) {
+                               uint64_t seed, const Shard& shard) {
     Parameter& p = params_.emplace_back();
     p.name = std::move(name);
     p.init = init;
     p.decay = decay;
-    p.value = kernels::Tensor(shape);
-    p.grad = kernels::Tensor::zeros(shape);
-    p.m = kernels::Tensor::zeros(shape);
-    p.v = kernels::Tensor::zeros(shape);
+    p.full_shape = shape;
+    p.shard = shard;
+    std::vector<int64_t> local = shard.local_shape(shape);
+    p.value = kernels::Tensor(local);
+    p.grad = kernels::Tensor::zeros(local);
+    p.m = kernels::Tensor::zeros(local);
+    p.v = kernels::Tensor::zeros(local);
     float* x = p.value.data<float>();
-    for (int64_t i = 0; i < p.value.numel(); ++i) x[i] = initial_value(seed, p.name, i, init);
+    for (int64_t i = 0; i < p.value.numel(); ++i)
+        x[i] = initial_value(seed, p.name, shard.global_index(shape, i), init);
     return p;
 }
 

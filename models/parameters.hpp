@@ -9,6 +9,7 @@
 
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dist::models {
@@ -22,9 +23,27 @@ struct Init {
     static Init ones() { return {Kind::ones, 0.0}; }
 };
 
+/// The part of a full parameter one tensor-parallel rank holds: along dimension `dim`, the
+/// concatenation of the global index ranges [begin, end) in `ranges` (a fused q/k/v weight is
+/// split in three places). An empty shard is the whole parameter.
+struct Shard {
+    int dim = -1;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+
+    bool whole() const { return dim < 0; }
+    /// Rows [begin, end) of a parameter split along dimension 0 (or columns for dim 1).
+    static Shard range(int dim, int64_t begin, int64_t end) { return {dim, {{begin, end}}}; }
+    /// The local shape of a parameter of shape `full`.
+    std::vector<int64_t> local_shape(const std::vector<int64_t>& full) const;
+    /// The index in the full parameter of the element at `local` in the shard.
+    int64_t global_index(const std::vector<int64_t>& full, int64_t local) const;
+};
+
 /// One parameter with its gradient and AdamW moments (all f32, same shape).
 struct Parameter {
-    std::string name; // e.g. "h.0.attn.qkv.weight"
+    std::string name;                // e.g. "h.0.attn.qkv.weight"
+    std::vector<int64_t> full_shape; // unsharded
+    Shard shard;                     // what this rank holds of it
     kernels::Tensor value;
     kernels::Tensor grad;
     kernels::Tensor m;
@@ -36,9 +55,10 @@ struct Parameter {
 /// The parameters of a model, in creation order. References stay valid as more are added.
 class ParameterStore {
   public:
-    /// Adds and initialises a parameter.
+    /// Adds a parameter of full shape `shape` and initialises the part `shard` of it, each
+    /// element from its index in the full parameter.
     Parameter& add(std::string name, std::vector<int64_t> shape, Init init, bool decay,
-                   uint64_t seed);
+                   uint64_t seed, const Shard& shard = {});
     Parameter* find(const std::string& name);
     std::deque<Parameter>& all() { return params_; }
     const std::deque<Parameter>& all() const { return params_; }

@@ -4,12 +4,19 @@
 // A unit keeps what its backward needs per microbatch (keyed by microbatch id) and frees it when
 // the backward that needs it has run. backward_input returns the gradient of the unit's input
 // and keeps what backward_weight needs, so a zero-bubble schedule can run the two apart;
-// backward() runs both. Units are written for one device; tensor-parallel variants wrap them.
+// backward() runs both.
+//
+// Tensor parallelism (Megatron-LM's layout) lives inside the units the script shards: attention
+// by heads and the MLP by its hidden size (column-parallel first linear, row-parallel second,
+// one all-reduce in forward and one in backward), the token embedding, head and loss by
+// vocabulary. Each rank materialises only its part of a split parameter. With no group, or a
+// group of one, the units compute exactly what they compute on one device.
 #pragma once
 
 #include "kernels/tensor.hpp"
 #include "lang/program.hpp"
 #include "models/parameters.hpp"
+#include "transport/collectives.hpp"
 
 #include <map>
 #include <memory>
@@ -50,9 +57,15 @@ class Unit {
 struct UnitContext {
     ParameterStore& params;
     uint64_t seed;
-    int64_t layers;                 // blocks in the model (GPT-2 scales residual projections)
-    double rotary_theta = 0.0;      // > 0 when the model has rotary positions
+    int64_t layers;            // blocks in the model (GPT-2 scales residual projections)
+    double rotary_theta = 0.0; // > 0 when the model has rotary positions
+    /// The tensor-parallel group: layers the script shards hold their part of every split
+    /// parameter and reduce through it. Null, or a group of one: every layer whole.
+    transport::Collectives* tp = nullptr;
     Parameter* embedding = nullptr; // the token embedding, for a tied head
+    /// Set by the head for the loss: the vocabulary slice [begin, begin + size) this rank's
+    /// logits cover, of `vocab` in all (size == vocab when they are whole).
+    int64_t logits_begin = 0, logits_size = 0, logits_vocab = 0;
 };
 
 /// The unit for one layer; null for layers with no computation of their own (rotary

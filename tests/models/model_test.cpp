@@ -1,46 +1,21 @@
 // model_test.cpp: models built from checked programs: gradients against finite differences,
 // split backward against full backward, deterministic initialisation, parameter counts.
-#include "lang/check.hpp"
-#include "models/model.hpp"
+#include "model_fixtures.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 
-namespace fs = std::filesystem;
 using namespace dist;
 using namespace dist::models;
+using namespace dist::models::fixtures;
 
 namespace {
-
-ModelSpec spec_of(const std::string& model_line) {
-    lang::FrontendOptions o;
-    o.search_roots = {fs::path(DIST_SOURCE_DIR) / "stdlib"};
-    std::string text = "import \"std/gpt.dist\"\nimport \"std/llama.dist\"\nmodel = " + model_line +
-                       "\nmesh {\n devices: cpu\n}\ntrain {\n batch: 2\n steps: 1\n}\n";
-    lang::CheckResult r = lang::check_text("t.dist", text, o);
-    EXPECT_TRUE(r.ok()) << r.report();
-    return r.program->model;
-}
 
 const char* tiny_gpt = "gpt(vocab: 11, context: 6, layers: 2, heads: 2, width: 8)";
 const char* tiny_llama =
     "llama(vocab: 13, context: 6, layers: 2, heads: 4, kv_heads: 2, width: 8, hidden: 12)";
-
-struct Data {
-    Tensor tokens, targets;
-};
-
-Data data(int64_t B, int64_t T, int32_t vocab, uint32_t seed) {
-    Data d{Tensor({B, T}, kernels::DType::i32), Tensor({B, T}, kernels::DType::i32)};
-    for (int64_t i = 0; i < B * T; ++i) {
-        d.tokens.data<int32_t>()[i] = static_cast<int32_t>((seed * 7 + i * 5) % vocab);
-        d.targets.data<int32_t>()[i] = static_cast<int32_t>((seed * 3 + i * 11 + 1) % vocab);
-    }
-    return d;
-}
 
 // Central differences of the loss against the backward pass, on the coordinates with the
 // largest gradients of every parameter (float arithmetic: a loose but telling tolerance).

@@ -1,0 +1,106 @@
+// unit_common.hpp: what the unit implementations share (internal to models/): shape helpers,
+// per-microbatch state, the linear layer, the tensor-parallel view of a unit, and the
+// factories behind make_unit.
+#pragma once
+
+#include "kernels/cpu/ops.hpp"
+#include "models/units.hpp"
+#include "transport/collectives.hpp"
+
+#include <map>
+#include <stdexcept>
+#include <string>
+
+namespace dist::models::detail {
+
+namespace ops = kernels::cpu;
+
+/// Rows of an activation: everything but the last dimension.
+inline int64_t rows(const Tensor& t) {
+    return t.numel() / t.shape().back();
+}
+
+inline std::vector<int64_t> with_last(const Tensor& t, int64_t last) {
+    std::vector<int64_t> s = t.shape();
+    s.back() = last;
+    return s;
+}
+
+/// Removes and returns the state saved for `mb`.
+template <typename Saved> Saved take(std::map<int64_t, Saved>& m, int64_t mb, const char* what) {
+    auto it = m.find(mb);
+    if (it == m.end())
+        throw std::logic_error(std::string(what) + ": no saved state for this microbatch");
+    Saved s = std::move(it->second);
+    m.erase(it);
+    return s;
+}
+
+class Named : public Unit {
+  public:
+    explicit Named(std::string name) : name_(std::move(name)) {}
+    const std::string& name() const override { return name_; }
+
+  protected:
+    std::string name_;
+};
+
+/// This rank's place in the tensor-parallel group. `split` is whether the layer at hand is
+/// sharded: a layer the script does not shard, or a group of one, runs exactly as on one
+/// device (no reduction is called).
+struct TensorParallel {
+    transport::Collectives* group = nullptr;
+    int rank = 0;
+    int size = 1;
+    bool split = false;
+
+    TensorParallel(const UnitContext& ctx, bool shard)
+        : group(ctx.tp), rank(ctx.tp ? ctx.tp->rank() : 0), size(ctx.tp ? ctx.tp->size() : 1),
+          split(shard && size > 1) {}
+    /// [begin, end) of this rank's equal part of n.
+    std::pair<int64_t, int64_t> part(int64_t n) const {
+        if (!split) return {0, n};
+        if (n % size != 0)
+            throw std::invalid_argument(std::to_string(n) + " does not split over " +
+                                        std::to_string(size) + " tensor-parallel ranks");
+        return {n / size * rank, n / size * (rank + 1)};
+    }
+    /// Sums partial results over the group (Megatron-LM's g in forward, f in backward).
+    void all_reduce(Tensor& t, transport::ReduceOp op = transport::ReduceOp::sum) const {
+        if (split) group->all_reduce(t.data<float>(), t.numel(), op);
+    }
+};
+
+/// y = x W^T (+ b): W (OC, C), b (OC) or null. Column- and row-parallel variants are the same
+/// matmul on a shard of W; the owning unit does the reduction.
+struct Linear {
+    Parameter* weight = nullptr;
+    Parameter* bias = nullptr;
+
+    int64_t out_features() const { return weight->value.dim(0); }
+    int64_t in_features() const { return weight->value.dim(1); }
+
+    /// With `add_bias` false the bias is left for after a reduction (row-parallel).
+    Tensor forward(const Tensor& x, bool add_bias = true) const;
+    void add_bias_to(Tensor& y) const;
+    Tensor backward_input(const Tensor& dy) const;
+    void backward_weight(const Tensor& dy, const Tensor& x) const;
+};
+
+/// A linear layer's parameters (and its bias's, sharded along the output dimension the same
+/// way when the weight is split by rows; whole when split by columns).
+Linear make_linear(UnitContext& ctx, const std::string& name, int64_t in, int64_t out, bool bias,
+                   double std, const Shard& shard = {});
+
+/// GPT-2 scales the projections that write into the residual stream by 1/sqrt(2 x layers).
+double residual_std(const UnitContext& ctx);
+
+std::unique_ptr<Unit> make_embedding(const LayerSpec& l, UnitContext& ctx);
+std::unique_ptr<Unit> make_position(const LayerSpec& l, UnitContext& ctx);
+std::unique_ptr<Unit> make_head(const LayerSpec& l, UnitContext& ctx);
+std::unique_ptr<Unit> make_loss(const LayerSpec& l, UnitContext& ctx);
+std::unique_ptr<Unit> make_norm(const LayerSpec& l, UnitContext& ctx);
+std::unique_ptr<Unit> make_attention(const LayerSpec& l, UnitContext& ctx);
+std::unique_ptr<Unit> make_mlp(const LayerSpec& l, UnitContext& ctx);
+
+} // namespace dist::models::detail

@@ -1,0 +1,362 @@
+// units_block.cpp: the units inside a transformer block, norms, attention and the MLP, with
+// the tensor-parallel split of Megatron-LM.
+//
+// Split over tp ranks, attention keeps heads [r H/tp, (r+1) H/tp) and the matching key/value
+// heads (rows of the fused q/k/v weight in three places, columns of the output projection);
+// the MLP keeps hidden units [r h/tp, (r+1) h/tp) (for SwiGLU, of the gate and of the up
+// projection). Each rank computes a partial output projection and one all-reduce sums them
+// (the bias is added once, after it); in backward the partial input gradients are summed the
+// same way. Norms are replicated.
+#include "models/unit_common.hpp"
+
+#include <cmath>
+#include <cstring>
+
+namespace dist::models::detail {
+
+// ----- linear -------------------------------------------------------------------------------
+
+Tensor Linear::forward(const Tensor& x, bool add_bias) const {
+    Tensor y(with_last(x, out_features()));
+    ops::matmul_forward(x.data<float>(), weight->value.data<float>(),
+                        bias && add_bias ? bias->value.data<float>() : nullptr, rows(x),
+                        in_features(), out_features(), y.data<float>());
+    return y;
+}
+
+void Linear::add_bias_to(Tensor& y) const {
+    if (!bias) return;
+    int64_t OC = out_features(), N = rows(y);
+    const float* b = bias->value.data<float>();
+    float* out = y.data<float>();
+    for (int64_t n = 0; n < N; ++n)
+        for (int64_t o = 0; o < OC; ++o) out[n * OC + o] += b[o];
+}
+
+Tensor Linear::backward_input(const Tensor& dy) const {
+    Tensor dx = Tensor::zeros(with_last(dy, in_features()));
+    ops::matmul_backward_input(dy.data<float>(), weight->value.data<float>(), rows(dy),
+                               in_features(), out_features(), dx.data<float>());
+    return dx;
+}
+
+void Linear::backward_weight(const Tensor& dy, const Tensor& x) const {
+    ops::matmul_backward_weight(dy.data<float>(), x.data<float>(), rows(x), in_features(),
+                                out_features(), weight->grad.data<float>(),
+                                bias ? bias->grad.data<float>() : nullptr);
+}
+
+Linear make_linear(UnitContext& ctx, const std::string& name, int64_t in, int64_t out, bool bias,
+                   double std, const Shard& shard) {
+    Linear l;
+    l.weight =
+        &ctx.params.add(name + ".weight", {out, in}, Init::normal(std), true, ctx.seed, shard);
+    if (bias)
+        l.bias = &ctx.params.add(name + ".bias", {out}, Init::zeros(), false, ctx.seed,
+                                 shard.dim == 0 ? shard : Shard{});
+    return l;
+}
+
+double residual_std(const UnitContext& ctx) {
+    return 0.02 / std::sqrt(2.0 * static_cast<double>(ctx.layers));
+}
+
+namespace {
+
+// ----- norms --------------------------------------------------------------------------------
+
+class NormUnit : public Named {
+  public:
+    NormUnit(const LayerSpec& l, UnitContext& ctx)
+        : Named(l.name), rms_(l.kind == LayerKind::rms_norm), eps_(l.eps) {
+        weight_ = &ctx.params.add(l.name + ".weight", {l.width}, Init::ones(), false, ctx.seed);
+        if (!rms_ && l.bias)
+            bias_ = &ctx.params.add(l.name + ".bias", {l.width}, Init::zeros(), false, ctx.seed);
+    }
+    Tensor forward(int64_t mb, const Tensor& x, const Batch&) override {
+        int64_t N = rows(x), C = x.shape().back();
+        Tensor y(x.shape()), mean({N}), rstd({N});
+        if (rms_)
+            ops::rmsnorm_forward(x.data<float>(), weight_->value.data<float>(), N, C, eps_,
+                                 y.data<float>(), rstd.data<float>());
+        else
+            ops::layernorm_forward(x.data<float>(), weight_->value.data<float>(),
+                                   bias_ ? bias_->value.data<float>() : nullptr, N, C, eps_,
+                                   y.data<float>(), mean.data<float>(), rstd.data<float>());
+        saved_[mb] = {x, mean, rstd, {}};
+        return y;
+    }
+    Tensor backward_input(int64_t mb, const Tensor& dy) override {
+        Saved& s = saved_.at(mb);
+        int64_t N = rows(s.x), C = s.x.shape().back();
+        Tensor dx = Tensor::zeros(s.x.shape());
+        if (rms_)
+            ops::rmsnorm_backward_input(dy.data<float>(), s.x.data<float>(),
+                                        weight_->value.data<float>(), s.rstd.data<float>(), N, C,
+                                        dx.data<float>());
+        else
+            ops::layernorm_backward_input(dy.data<float>(), s.x.data<float>(),
+                                          weight_->value.data<float>(), s.mean.data<float>(),
+                                          s.rstd.data<float>(), N, C, dx.data<float>());
+        s.dy = dy;
+        return dx;
+    }
+    void backward_weight(int64_t mb) override {
+        Saved s = take(saved_, mb, "norm");
+        int64_t N = rows(s.x), C = s.x.shape().back();
+        if (rms_)
+            ops::rmsnorm_backward_weight(s.dy.data<float>(), s.x.data<float>(),
+                                         s.rstd.data<float>(), N, C, weight_->grad.data<float>());
+        else
+            ops::layernorm_backward_weight(
+                s.dy.data<float>(), s.x.data<float>(), s.mean.data<float>(), s.rstd.data<float>(),
+                N, C, weight_->grad.data<float>(), bias_ ? bias_->grad.data<float>() : nullptr);
+    }
+
+    void discard(int64_t mb) override { saved_.erase(mb); }
+
+  private:
+    struct Saved {
+        Tensor x, mean, rstd, dy;
+    };
+    bool rms_;
+    double eps_;
+    Parameter* weight_ = nullptr;
+    Parameter* bias_ = nullptr;
+    std::map<int64_t, Saved> saved_;
+};
+
+// ----- attention ----------------------------------------------------------------------------
+
+class AttentionUnit : public Named {
+  public:
+    AttentionUnit(const LayerSpec& l, UnitContext& ctx)
+        : Named(l.name), tp_(ctx, l.shard == ShardDim::heads), D_(l.head_dim),
+          theta_(ctx.rotary_theta) {
+        auto [h0, h1] = tp_.part(l.heads);
+        auto [k0, k1] = tp_.part(l.kv_heads);
+        H_ = h1 - h0;
+        KV_ = k1 - k0;
+        int64_t D = D_, H = l.heads, KV = l.kv_heads;
+        Shard rows, cols;
+        if (tp_.split) {
+            // The fused weight stacks all q heads, then all k heads, then all v heads.
+            rows = {0,
+                    {{h0 * D, h1 * D},
+                     {(H + k0) * D, (H + k1) * D},
+                     {(H + KV + k0) * D, (H + KV + k1) * D}}};
+            cols = Shard::range(1, h0 * D, h1 * D);
+        }
+        qkv_ = make_linear(ctx, l.name + ".qkv", l.width, (H + 2 * KV) * D, l.bias, 0.02, rows);
+        out_ = make_linear(ctx, l.name + ".out", H * D, l.width, l.bias, residual_std(ctx), cols);
+    }
+
+    Tensor forward(int64_t mb, const Tensor& x, const Batch&) override {
+        int64_t B = x.dim(0), T = x.dim(1);
+        Tensor qkv = qkv_.forward(x);
+        Tensor q({B, T, H_, D_}), k({B, T, KV_, D_}), v({B, T, KV_, D_});
+        split(qkv, q, k, v);
+        if (theta_ > 0) {
+            ops::rope_forward(q.data<float>(), B, T, H_, D_, theta_, 0, q.data<float>());
+            ops::rope_forward(k.data<float>(), B, T, KV_, D_, theta_, 0, k.data<float>());
+        }
+        Tensor a({B, T, H_ * D_}), lse({B, H_, T});
+        ops::attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), B, T, H_, KV_, D_,
+                               a.data<float>(), lse.data<float>());
+        saved_[mb] = {x, q, k, v, a, lse, {}, {}};
+        Tensor y = out_.forward(a, !tp_.split);
+        if (tp_.split) {
+            tp_.all_reduce(y);
+            out_.add_bias_to(y);
+        }
+        return y;
+    }
+
+    Tensor backward_input(int64_t mb, const Tensor& dy) override {
+        Saved& s = saved_.at(mb);
+        int64_t B = s.x.dim(0), T = s.x.dim(1);
+        Tensor da = out_.backward_input(dy);
+        Tensor dq = Tensor::zeros(s.q.shape()), dk = Tensor::zeros(s.k.shape()),
+               dv = Tensor::zeros(s.v.shape());
+        ops::attention_backward(da.data<float>(), s.q.data<float>(), s.k.data<float>(),
+                                s.v.data<float>(), s.a.data<float>(), s.lse.data<float>(), B, T, H_,
+                                KV_, D_, dq.data<float>(), dk.data<float>(), dv.data<float>());
+        Tensor dqkv({B, T, (H_ + 2 * KV_) * D_});
+        if (theta_ > 0) {
+            Tensor rq = Tensor::zeros(dq.shape()), rk = Tensor::zeros(dk.shape());
+            ops::rope_backward(dq.data<float>(), B, T, H_, D_, theta_, 0, rq.data<float>());
+            ops::rope_backward(dk.data<float>(), B, T, KV_, D_, theta_, 0, rk.data<float>());
+            dq = rq;
+            dk = rk;
+        }
+        join(dq, dk, dv, dqkv);
+        s.dy = dy;
+        s.dqkv = dqkv;
+        Tensor dx = qkv_.backward_input(dqkv);
+        tp_.all_reduce(dx);
+        return dx;
+    }
+
+    void backward_weight(int64_t mb) override {
+        Saved s = take(saved_, mb, "attention");
+        out_.backward_weight(s.dy, s.a);
+        qkv_.backward_weight(s.dqkv, s.x);
+    }
+
+    void discard(int64_t mb) override { saved_.erase(mb); }
+
+  private:
+    // (B,T,(H+2KV)D) rows into q (B,T,H,D), k and v (B,T,KV,D).
+    void split(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) const {
+        int64_t n = rows(qkv), row = (H_ + 2 * KV_) * D_;
+        const float* src = qkv.data<float>();
+        for (int64_t i = 0; i < n; ++i) {
+            std::memcpy(q.data<float>() + i * H_ * D_, src + i * row, H_ * D_ * sizeof(float));
+            std::memcpy(k.data<float>() + i * KV_ * D_, src + i * row + H_ * D_,
+                        KV_ * D_ * sizeof(float));
+            std::memcpy(v.data<float>() + i * KV_ * D_, src + i * row + (H_ + KV_) * D_,
+                        KV_ * D_ * sizeof(float));
+        }
+    }
+    void join(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& qkv) const {
+        int64_t n = rows(qkv), row = (H_ + 2 * KV_) * D_;
+        float* dst = qkv.data<float>();
+        for (int64_t i = 0; i < n; ++i) {
+            std::memcpy(dst + i * row, q.data<float>() + i * H_ * D_, H_ * D_ * sizeof(float));
+            std::memcpy(dst + i * row + H_ * D_, k.data<float>() + i * KV_ * D_,
+                        KV_ * D_ * sizeof(float));
+            std::memcpy(dst + i * row + (H_ + KV_) * D_, v.data<float>() + i * KV_ * D_,
+                        KV_ * D_ * sizeof(float));
+        }
+    }
+
+    struct Saved {
+        Tensor x, q, k, v, a, lse, dy, dqkv;
+    };
+    TensorParallel tp_;
+    int64_t H_ = 0, KV_ = 0, D_;
+    double theta_;
+    Linear qkv_, out_;
+    std::map<int64_t, Saved> saved_;
+};
+
+// ----- MLP ----------------------------------------------------------------------------------
+
+class MlpUnit : public Named {
+  public:
+    MlpUnit(const LayerSpec& l, UnitContext& ctx)
+        : Named(l.name), tp_(ctx, l.shard == ShardDim::hidden), act_(l.activation) {
+        auto [h0, h1] = tp_.part(l.hidden);
+        hidden_ = h1 - h0;
+        bool glu = act_ == Activation::swiglu;
+        Shard rows, cols;
+        if (tp_.split) {
+            // SwiGLU's first linear stacks the gate's rows, then the up projection's.
+            rows = glu ? Shard{0, {{h0, h1}, {l.hidden + h0, l.hidden + h1}}}
+                       : Shard::range(0, h0, h1);
+            cols = Shard::range(1, h0, h1);
+        }
+        int64_t fc_out = glu ? 2 * l.hidden : l.hidden;
+        fc_ = make_linear(ctx, l.name + ".fc", l.width, fc_out, l.bias, 0.02, rows);
+        proj_ =
+            make_linear(ctx, l.name + ".proj", l.hidden, l.width, l.bias, residual_std(ctx), cols);
+    }
+
+    Tensor forward(int64_t mb, const Tensor& x, const Batch&) override {
+        Tensor h = fc_.forward(x);
+        Tensor g(with_last(x, hidden_));
+        activate(h, g);
+        saved_[mb] = {x, h, g, {}, {}};
+        Tensor y = proj_.forward(g, !tp_.split);
+        if (tp_.split) {
+            tp_.all_reduce(y);
+            proj_.add_bias_to(y);
+        }
+        return y;
+    }
+
+    Tensor backward_input(int64_t mb, const Tensor& dy) override {
+        Saved& s = saved_.at(mb);
+        Tensor dg = proj_.backward_input(dy);
+        Tensor dh = Tensor::zeros(s.h.shape());
+        int64_t N = rows(s.h);
+        switch (act_) {
+        case Activation::swiglu:
+            ops::swiglu_backward(s.h.data<float>(), dg.data<float>(), N, hidden_, dh.data<float>());
+            break;
+        case Activation::gelu_tanh:
+            ops::gelu_backward(s.h.data<float>(), dg.data<float>(), s.h.numel(), dh.data<float>());
+            break;
+        case Activation::gelu:
+        case Activation::relu: activation_backward(s.h, dg, dh); break;
+        }
+        s.dy = dy;
+        s.dh = dh;
+        Tensor dx = fc_.backward_input(dh);
+        tp_.all_reduce(dx);
+        return dx;
+    }
+
+    void backward_weight(int64_t mb) override {
+        Saved s = take(saved_, mb, "mlp");
+        proj_.backward_weight(s.dy, s.g);
+        fc_.backward_weight(s.dh, s.x);
+    }
+
+    void discard(int64_t mb) override { saved_.erase(mb); }
+
+  private:
+    void activate(const Tensor& h, Tensor& g) const {
+        const float* in = h.data<float>();
+        float* out = g.data<float>();
+        int64_t n = h.numel();
+        switch (act_) {
+        case Activation::swiglu: ops::swiglu_forward(in, rows(h), hidden_, out); break;
+        case Activation::gelu_tanh: ops::gelu_forward(in, n, out); break;
+        case Activation::gelu:
+            for (int64_t i = 0; i < n; ++i)
+                out[i] = 0.5f * in[i] * (1.0f + std::erf(in[i] * 0.70710678f));
+            break;
+        case Activation::relu:
+            for (int64_t i = 0; i < n; ++i) out[i] = in[i] > 0 ? in[i] : 0.0f;
+            break;
+        }
+    }
+    void activation_backward(const Tensor& h, const Tensor& dg, Tensor& dh) const {
+        const float* x = h.data<float>();
+        const float* g = dg.data<float>();
+        float* d = dh.data<float>();
+        for (int64_t i = 0; i < h.numel(); ++i) {
+            if (act_ == Activation::relu) {
+                d[i] += x[i] > 0 ? g[i] : 0.0f;
+            } else {
+                float cdf = 0.5f * (1.0f + std::erf(x[i] * 0.70710678f));
+                float pdf = 0.39894228f * std::exp(-0.5f * x[i] * x[i]);
+                d[i] += g[i] * (cdf + x[i] * pdf);
+            }
+        }
+    }
+
+    struct Saved {
+        Tensor x, h, g, dy, dh;
+    };
+    TensorParallel tp_;
+    Activation act_;
+    int64_t hidden_ = 0;
+    Linear fc_, proj_;
+    std::map<int64_t, Saved> saved_;
+};
+
+} // namespace
+
+std::unique_ptr<Unit> make_norm(const LayerSpec& l, UnitContext& ctx) {
+    return std::make_unique<NormUnit>(l, ctx);
+}
+std::unique_ptr<Unit> make_attention(const LayerSpec& l, UnitContext& ctx) {
+    return std::make_unique<AttentionUnit>(l, ctx);
+}
+std::unique_ptr<Unit> make_mlp(const LayerSpec& l, UnitContext& ctx) {
+    return std::make_unique<MlpUnit>(l, ctx);
+}
+
+} // namespace dist::models::detail

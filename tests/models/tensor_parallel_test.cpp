@@ -1,0 +1,160 @@
+// tensor_parallel_test.cpp: the Megatron-LM split of the model's layers against the model on
+// one device.
+//
+// Every tp rank is a thread with its own Model and a member of one in-process group. The
+// losses must equal the one-device loss, each rank's parameters must be exactly its slice of the
+// one-device parameters (initialisation depends on the global index only), and its gradients
+// that slice of the one-device gradients, up to float reduction order.
+#include "model_fixtures.hpp"
+#include "transport/inprocess.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <future>
+
+using namespace dist;
+using namespace dist::models;
+using namespace dist::models::fixtures;
+
+namespace {
+
+// Two microbatches with split backward in a mixed order: F0 F1 I1 I0 W0 W1.
+template <typename M> std::vector<double> step(M& model, const Data& a, const Data& b) {
+    model.params().zero_grads();
+    std::vector<double> losses{model.forward(0, a.tokens, a.targets),
+                               model.forward(1, b.tokens, b.targets)};
+    model.backward_input(1, 0.5);
+    model.backward_input(0, 0.5);
+    model.backward_weight(0);
+    model.backward_weight(1);
+    return losses;
+}
+
+void expect_tp_matches_one_device(const std::string& model_line, int tp,
+                                  Recompute recompute = Recompute::none) {
+    ModelSpec spec = spec_of(model_line);
+    auto vocab = static_cast<int32_t>(spec.vocab);
+    Data a = data(2, 5, vocab, 1), b = data(2, 5, vocab, 2);
+    Model whole(spec, 42);
+    std::vector<double> expect = step(whole, a, b);
+
+    transport::InProcessGroup group(tp, "tp group");
+    std::vector<std::unique_ptr<Model>> shards(static_cast<size_t>(tp));
+    std::vector<std::future<std::vector<double>>> runs;
+    for (int r = 0; r < tp; ++r)
+        runs.push_back(std::async(std::launch::async, [&, r] {
+            auto member = group.member(r);
+            auto& m = shards[static_cast<size_t>(r)];
+            m = std::make_unique<Model>(spec, 42, recompute, member.get());
+            try {
+                return step(*m, a, b);
+            } catch (...) {
+                group.abort("rank " + std::to_string(r) + " failed");
+                throw;
+            }
+        }));
+    for (int r = 0; r < tp; ++r) {
+        std::vector<double> losses = runs[static_cast<size_t>(r)].get();
+        for (size_t i = 0; i < expect.size(); ++i)
+            EXPECT_NEAR(losses[i], expect[i], 1e-5 * std::abs(expect[i]))
+                << "rank " << r << " microbatch " << i;
+    }
+
+    int64_t split_params = 0, held = 0;
+    for (int r = 0; r < tp; ++r) {
+        Model& m = *shards[static_cast<size_t>(r)];
+        for (const Parameter& p : m.params().all()) {
+            const Parameter* w = whole.params().find(p.name);
+            ASSERT_NE(w, nullptr) << p.name;
+            EXPECT_EQ(p.full_shape, w->value.shape()) << p.name;
+            held += p.value.numel();
+            if (!p.shard.whole()) ++split_params;
+            float scale = 0.0f;
+            for (int64_t i = 0; i < w->grad.numel(); ++i)
+                scale = std::max(scale, std::abs(w->grad.data<float>()[i]));
+            for (int64_t i = 0; i < p.value.numel(); ++i) {
+                int64_t g = p.shard.global_index(p.full_shape, i);
+                ASSERT_EQ(p.value.data<float>()[i], w->value.data<float>()[g])
+                    << p.name << " rank " << r << " element " << i;
+                ASSERT_NEAR(p.grad.data<float>()[i], w->grad.data<float>()[g], 1e-5f * scale)
+                    << p.name << " rank " << r << " element " << i << " (global " << g << ")";
+            }
+        }
+    }
+    // Every rank holds a part of the split parameters: in all, the whole model once, plus the
+    // replicated ones tp times.
+    int64_t replicated = 0;
+    for (const Parameter& p : shards[0]->params().all())
+        if (p.shard.whole()) replicated += p.value.numel();
+    EXPECT_EQ(held, whole.params().count() + (tp - 1) * replicated);
+    EXPECT_GT(split_params, 0);
+}
+
+const char* gpt = "gpt(vocab: 12, context: 6, layers: 2, heads: 4, width: 8)";
+const char* llama =
+    "llama(vocab: 12, context: 6, layers: 2, heads: 4, kv_heads: 2, width: 8, hidden: 12)";
+
+} // namespace
+
+TEST(Shard, MapsLocalElementsToTheirPlaceInTheFullParameter) {
+    // Rows 1 and 3..4 of a (5, 3) matrix: local (3, 3).
+    Shard rows{0, {{1, 2}, {3, 5}}};
+    std::vector<int64_t> full{5, 3};
+    EXPECT_EQ(rows.local_shape(full), (std::vector<int64_t>{3, 3}));
+    std::vector<int64_t> expect{3, 4, 5, 9, 10, 11, 12, 13, 14};
+    for (int64_t i = 0; i < 9; ++i) EXPECT_EQ(rows.global_index(full, i), expect[i]) << i;
+    // Columns 2..3 of a (2, 4) matrix: local (2, 2).
+    Shard cols = Shard::range(1, 2, 4);
+    EXPECT_EQ(cols.local_shape({2, 4}), (std::vector<int64_t>{2, 2}));
+    std::vector<int64_t> expect_cols{2, 3, 6, 7};
+    for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(cols.global_index({2, 4}, i), expect_cols[i]);
+    // The whole parameter maps to itself.
+    EXPECT_EQ(Shard{}.global_index({2, 4}, 5), 5);
+}
+
+TEST(TensorParallel, GroupOfOneIsExactlyTheOneDeviceModel) {
+    ModelSpec spec = spec_of(gpt);
+    Data a = data(2, 5, 12, 1), b = data(2, 5, 12, 2);
+    transport::SoloCollectives solo;
+    Model plain(spec, 3), grouped(spec, 3, Recompute::none, &solo);
+    EXPECT_EQ(step(plain, a, b), step(grouped, a, b));
+    for (size_t i = 0; i < plain.params().all().size(); ++i) {
+        const Parameter& p = plain.params().all()[i];
+        const Parameter& q = grouped.params().all()[i];
+        EXPECT_TRUE(q.shard.whole());
+        EXPECT_EQ(0, std::memcmp(p.grad.raw(), q.grad.raw(), p.grad.bytes())) << p.name;
+    }
+}
+
+TEST(TensorParallel, GptOnTwoRanksMatchesOneDevice) {
+    expect_tp_matches_one_device(gpt, 2);
+}
+
+TEST(TensorParallel, GptOnFourRanksMatchesOneDevice) {
+    expect_tp_matches_one_device(gpt, 4);
+}
+
+TEST(TensorParallel, LlamaWithGroupedQueriesOnTwoRanksMatchesOneDevice) {
+    expect_tp_matches_one_device(llama, 2);
+}
+
+TEST(TensorParallel, FullRecomputationOnTwoRanksMatchesOneDevice) {
+    expect_tp_matches_one_device(gpt, 2, Recompute::full);
+}
+
+TEST(TensorParallel, RanksHoldTheirSliceOfTheVocabulary) {
+    ModelSpec spec = spec_of(gpt);
+    transport::InProcessGroup group(4, "tp");
+    auto member = group.member(2);
+    // Constructing needs no collective: a rank alone can build its shard.
+    Model m(spec, 42, Recompute::none, member.get());
+    const Parameter* wte = m.params().find("wte.weight");
+    ASSERT_NE(wte, nullptr);
+    EXPECT_EQ(wte->value.shape(), (std::vector<int64_t>{3, 8}));
+    EXPECT_EQ(wte->shard.ranges, (std::vector<std::pair<int64_t, int64_t>>{{6, 9}}));
+    // Norms are replicated; the MLP's projection is split by columns.
+    EXPECT_TRUE(m.params().find("h.0.ln_1.weight")->shard.whole());
+    EXPECT_EQ(m.params().find("h.0.mlp.proj.weight")->shard.dim, 1);
+}
