@@ -5,6 +5,7 @@
 #include <cstring>
 #include <new>
 #include <stdexcept>
+#include <vector>
 
 namespace dist::kernels {
 
@@ -19,8 +20,31 @@ std::string Device::str() const {
     return kind == Kind::cpu ? "cpu" : "cuda:" + std::to_string(index);
 }
 
+namespace {
+
+void* host_allocate(size_t bytes, int) {
+    // 64-byte alignment: whole cache lines, and aligned AVX-512 loads.
+    size_t rounded = (bytes + 63) / 64 * 64;
+    return std::aligned_alloc(64, rounded);
+}
+void host_release(void* ptr, int) {
+    std::free(ptr);
+}
+void host_zero(void* ptr, size_t bytes, int) {
+    std::memset(ptr, 0, bytes);
+}
+void host_copy(void* dst, const void* src, size_t bytes, int) {
+    std::memcpy(dst, src, bytes);
+}
+
+} // namespace
+
+MemoryOps MemoryOps::host() {
+    return {host_allocate, host_release, host_zero, host_copy, host_copy, host_copy};
+}
+
 Allocator::~Allocator() {
-    for (auto& [bytes, ptr] : free_) std::free(ptr);
+    for (auto& [bytes, ptr] : free_) ops_.release(ptr, device_.index);
 }
 
 void* Allocator::allocate(size_t bytes) {
@@ -33,9 +57,13 @@ void* Allocator::allocate(size_t bytes) {
         free_.erase(it);
         return p;
     }
-    // 64-byte alignment: whole cache lines, and aligned AVX-512 loads.
-    size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded);
+    void* p = nullptr;
+    try {
+        p = ops_.allocate(bytes, device_.index);
+    } catch (...) {
+        in_use_ -= bytes;
+        throw;
+    }
     if (!p) {
         in_use_ -= bytes;
         throw std::bad_alloc();
@@ -82,16 +110,37 @@ Tensor Tensor::zeros(std::vector<int64_t> shape, DType dtype, Allocator& allocat
 }
 
 void Tensor::fill_zero() {
-    if (raw()) std::memset(raw(), 0, bytes());
+    if (raw()) storage_->allocator->ops().zero(raw(), bytes(), device().index);
 }
 
 Tensor Tensor::clone() const {
     Tensor t(shape_, dtype_, *storage_->allocator);
-    std::memcpy(t.raw(), raw(), bytes());
+    storage_->allocator->ops().copy(t.raw(), raw(), bytes(), device().index);
+    return t;
+}
+
+Tensor Tensor::to(Allocator& target) const {
+    Tensor t(shape_, dtype_, target);
+    Device from = device(), to = target.device();
+    if (from == to) {
+        target.ops().copy(t.raw(), raw(), bytes(), to.index);
+    } else if (from.kind == Device::Kind::cpu) {
+        target.ops().from_host(t.raw(), raw(), bytes(), to.index);
+    } else if (to.kind == Device::Kind::cpu) {
+        storage_->allocator->ops().to_host(t.raw(), raw(), bytes(), from.index);
+    } else {
+        // Between two devices: through the host.
+        std::vector<unsigned char> staging(bytes());
+        storage_->allocator->ops().to_host(staging.data(), raw(), bytes(), from.index);
+        target.ops().from_host(t.raw(), staging.data(), bytes(), to.index);
+    }
     return t;
 }
 
 Tensor Tensor::to(DType dtype) const {
+    if (device().kind != Device::Kind::cpu)
+        throw std::invalid_argument("dtype conversion of a " + device().str() +
+                                    " tensor: copy it to the CPU first");
     if (dtype == dtype_) return clone();
     if (dtype == DType::i32 || dtype_ == DType::i32)
         throw std::invalid_argument("integer tensors do not convert to floating point");

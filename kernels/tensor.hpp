@@ -32,10 +32,27 @@ struct Device {
     std::string str() const;
 };
 
+/// How a device's memory is obtained and moved. Each function throws std::runtime_error with
+/// the exact cause when the device refuses. The CPU's are below; CUDA's come from
+/// kernels/cuda/memory.hpp, so this header names no CUDA type.
+struct MemoryOps {
+    void* (*allocate)(size_t bytes, int device);
+    void (*release)(void* ptr, int device);
+    void (*zero)(void* ptr, size_t bytes, int device);
+    /// Within the device.
+    void (*copy)(void* dst, const void* src, size_t bytes, int device);
+    void (*to_host)(void* host, const void* src, size_t bytes, int device);
+    void (*from_host)(void* dst, const void* host, size_t bytes, int device);
+
+    /// Host memory: 64-byte aligned, memset and memcpy.
+    static MemoryOps host();
+};
+
 /// Reuses buffers across steps: a freed buffer goes to a free list for its exact byte size.
 class Allocator {
   public:
-    explicit Allocator(Device device) : device_(device) {}
+    explicit Allocator(Device device, MemoryOps ops = MemoryOps::host())
+        : device_(device), ops_(ops) {}
     ~Allocator();
     Allocator(const Allocator&) = delete;
     Allocator& operator=(const Allocator&) = delete;
@@ -44,6 +61,7 @@ class Allocator {
     void release(void* ptr, size_t bytes);
 
     Device device() const { return device_; }
+    const MemoryOps& ops() const { return ops_; }
     /// Calls that had to ask the system for memory (not served from a free list).
     size_t fresh_allocations() const { return fresh_; }
     size_t bytes_in_use() const { return in_use_; }
@@ -54,6 +72,7 @@ class Allocator {
 
   private:
     Device device_;
+    MemoryOps ops_;
     std::mutex mutex_;
     std::multimap<size_t, void*> free_;
     size_t fresh_ = 0;
@@ -87,8 +106,10 @@ class Tensor {
 
     void fill_zero();
     Tensor clone() const;
-    /// A copy converted to another dtype (f32 <-> bf16, round to nearest even).
+    /// A copy converted to another dtype (f32 <-> bf16, round to nearest even); CPU tensors.
     Tensor to(DType dtype) const;
+    /// A copy in the memory of `target`'s device (host <-> device, or within one).
+    Tensor to(Allocator& target) const;
     std::string shape_str() const;
 
   private:

@@ -59,3 +59,50 @@ TEST(Bf16, RoundsToNearestEven) {
     Tensor back = t.to(DType::bf16).to(DType::f32);
     EXPECT_EQ(back.data<float>()[1], 3.140625f);
 }
+
+namespace {
+
+// Host memory that counts how a tensor reaches it: every transfer goes through the ops.
+struct Counts {
+    int allocate = 0, zero = 0, copy = 0, to_host = 0, from_host = 0;
+} counts;
+
+MemoryOps counting_ops() {
+    MemoryOps ops = MemoryOps::host();
+    static MemoryOps host = MemoryOps::host();
+    ops.allocate = [](size_t b, int d) { return ++counts.allocate, host.allocate(b, d); };
+    ops.zero = [](void* p, size_t b, int d) { ++counts.zero, host.zero(p, b, d); };
+    ops.copy = [](void* p, const void* s, size_t b, int d) {
+        ++counts.copy, host.copy(p, s, b, d);
+    };
+    ops.to_host = [](void* p, const void* s, size_t b, int d) {
+        ++counts.to_host, host.to_host(p, s, b, d);
+    };
+    ops.from_host = [](void* p, const void* s, size_t b, int d) {
+        ++counts.from_host, host.from_host(p, s, b, d);
+    };
+    return ops;
+}
+
+} // namespace
+
+TEST(Allocator, TensorsMoveBetweenDevicesThroughTheDevicesMemoryOps) {
+    // A stand-in "device" whose memory is host memory, to see which op each move uses.
+    Allocator other(Device{Device::Kind::cuda, 3}, counting_ops());
+    Tensor a({4});
+    for (int i = 0; i < 4; ++i) a.data<float>()[i] = static_cast<float>(i + 1);
+    Tensor b = a.to(other);
+    EXPECT_EQ(b.device().str(), "cuda:3");
+    EXPECT_EQ(counts.from_host, 1);
+    Tensor c = b.clone();
+    EXPECT_EQ(counts.copy, 1);
+    c.fill_zero();
+    EXPECT_EQ(counts.zero, 1);
+    Tensor back = b.to(Allocator::cpu());
+    EXPECT_EQ(counts.to_host, 1);
+    EXPECT_EQ(back.device().str(), "cpu");
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(back.data<float>()[i], static_cast<float>(i + 1));
+    EXPECT_EQ(counts.allocate, 2);
+    // dtype conversion is a CPU operation.
+    EXPECT_THROW(b.to(DType::bf16), std::invalid_argument);
+}
