@@ -3,6 +3,7 @@
 // One suite, parameterised by backend and group size. Each test runs its members on threads
 // under a watchdog: a member that has not returned after a few seconds aborts the group, so a
 // hang fails the test instead of stopping the suite.
+#include "transport/gloo.hpp"
 #include "transport/inprocess.hpp"
 
 #include <gtest/gtest.h>
@@ -25,6 +26,16 @@ class Group {
     explicit Group(const Backend& b) : size_(b.size) {
         if (b.name == "solo") {
             solo_ = std::make_unique<SoloCollectives>();
+        } else if (b.name == "gloo") {
+            // Members join concurrently: each waits in the rendezvous for the others.
+            std::vector<std::future<std::unique_ptr<Collectives>>> joining;
+            for (int r = 0; r < b.size; ++r)
+                joining.push_back(std::async(std::launch::async, [this, r, &b] {
+                    GlooOptions o;
+                    o.timeout = std::chrono::seconds(20);
+                    return make_gloo_collectives(store_, "test", r, b.size, o);
+                }));
+            for (auto& j : joining) members_.push_back(j.get());
         } else {
             group_ = std::make_unique<InProcessGroup>(b.size, "test group",
                                                       std::chrono::milliseconds(20000));
@@ -52,6 +63,7 @@ class Group {
 
   private:
     int size_;
+    MemoryStore store_;
     std::unique_ptr<SoloCollectives> solo_;
     std::unique_ptr<InProcessGroup> group_;
     std::vector<std::unique_ptr<Collectives>> members_;
@@ -162,7 +174,8 @@ std::string backend_name(const ::testing::TestParamInfo<Backend>& info) {
 INSTANTIATE_TEST_SUITE_P(Backends, CollectivesTest,
                          ::testing::Values(Backend{"solo", 1}, Backend{"inprocess", 1},
                                            Backend{"inprocess", 2}, Backend{"inprocess", 3},
-                                           Backend{"inprocess", 4}),
+                                           Backend{"inprocess", 4}, Backend{"gloo", 1},
+                                           Backend{"gloo", 2}, Backend{"gloo", 3}),
                          backend_name);
 
 // ----- failures (in-process only: the solo group cannot fail) --------------------------------
@@ -232,6 +245,26 @@ TEST(InProcessGroup, RefusesRanksOutsideTheGroup) {
     EXPECT_THROW(group.member(2), std::invalid_argument);
     EXPECT_THROW(group.member(-1), std::invalid_argument);
     EXPECT_THROW(InProcessGroup(0, "empty"), std::invalid_argument);
+}
+
+} // namespace
+} // namespace dist::transport
+
+namespace dist::transport {
+namespace {
+
+TEST(GlooGroup, AMemberThatNeverJoinsIsAnErrorNotAHang) {
+    MemoryStore store;
+    GlooOptions o;
+    o.timeout = std::chrono::milliseconds(300);
+    try {
+        make_gloo_collectives(store, "dp group", 0, 2, o);
+        FAIL() << "joined a group of two alone";
+    } catch (const CollectiveError& e) {
+        std::string what = e.what();
+        EXPECT_NE(what.find("dp group: rank 0 of 2 could not join"), std::string::npos) << what;
+    }
+    EXPECT_THROW(make_gloo_collectives(store, "g", 2, 2, o), std::invalid_argument);
 }
 
 } // namespace
