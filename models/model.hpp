@@ -8,6 +8,7 @@
 
 #include "lang/program.hpp"
 #include "models/parameters.hpp"
+#include "models/stage.hpp"
 #include "models/units.hpp"
 
 #include <memory>
@@ -44,14 +45,12 @@ class Model {
     /// tokens, targets (B,T) -> the mean loss, keeping no state (evaluation).
     double loss(const Tensor& tokens, const Tensor& targets);
 
-    ParameterStore& params() { return params_; }
+    ParameterStore& params() { return stage_.params(); }
     const ModelSpec& spec() const { return spec_; }
-    size_t unit_count() const { return units_.size(); }
 
   private:
     ModelSpec spec_;
-    ParameterStore params_;
-    std::vector<std::unique_ptr<Unit>> units_;
+    Stage stage_; // the whole model as one stage
     std::map<int64_t, Batch> batches_;
     std::map<int64_t, std::vector<int64_t>> loss_shape_;
 };

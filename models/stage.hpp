@@ -1,0 +1,69 @@
+// stage.hpp: one pipeline stage of a model, the unit a rank of a pipeline-parallel mesh runs.
+//
+// A stage is a contiguous range of the model's blocks; the first stage also holds the layers
+// before the blocks (embeddings), the last the layers after them (final norm, head, loss). A
+// stage builds and initialises only its own parameters, from the same (seed, name, index)
+// function as the whole model, so that the stages of any partition hold exactly the whole
+// model's weights. When the head is tied to the token embedding and the two sit on different
+// stages, the last stage holds its own copy of the embedding (as Megatron-LM does): the
+// runtime must sum that parameter's gradient over the two stages so the copies stay equal.
+#pragma once
+
+#include "lang/program.hpp"
+#include "models/parameters.hpp"
+#include "models/units.hpp"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dist::models {
+
+/// Blocks [begin_block, end_block) of a model; `first` and `last` add the layers before and
+/// after the blocks.
+struct StageSpan {
+    int64_t begin_block = 0;
+    int64_t end_block = 0;
+    bool first = true;
+    bool last = true;
+
+    /// The whole model as one stage.
+    static StageSpan whole(const ModelSpec& spec) {
+        return {0, static_cast<int64_t>(spec.blocks.size()), true, true};
+    }
+};
+
+class Stage {
+  public:
+    /// Throws std::invalid_argument for a span outside the model.
+    Stage(const ModelSpec& spec, StageSpan span, uint64_t seed,
+          Recompute recompute = Recompute::none, transport::Collectives* tp = nullptr);
+
+    /// The first stage reads tokens (B,T) i32, the others activations (B,T,C). Returns the
+    /// activations for the next stage, or on the last stage the per-token losses (B,T).
+    /// `batch` carries the targets the loss needs.
+    Tensor forward(int64_t mb, const Tensor& input, const Batch& batch);
+    /// Gradient of the stage's output -> gradient of its input (undefined on the first stage).
+    /// Keeps what backward_weight needs.
+    Tensor backward_input(int64_t mb, const Tensor& dy);
+    /// Adds the parameter gradients of microbatch `mb` and frees its state.
+    void backward_weight(int64_t mb);
+    /// Drops the state a forward kept for `mb`.
+    void discard(int64_t mb);
+    /// The forward of every unit but the last (the loss): logits on the last stage.
+    Tensor forward_without_loss(int64_t mb, const Tensor& input, const Batch& batch);
+
+    ParameterStore& params() { return params_; }
+    const StageSpan& span() const { return span_; }
+    /// Names of parameters this stage holds a copy of, whose gradient the runtime must sum with
+    /// the stage that owns them (the tied embedding on the last stage).
+    const std::vector<std::string>& tied_copies() const { return tied_copies_; }
+
+  private:
+    StageSpan span_;
+    ParameterStore params_;
+    std::vector<std::unique_ptr<Unit>> units_;
+    std::vector<std::string> tied_copies_;
+};
+
+} // namespace dist::models
