@@ -116,6 +116,23 @@ std::string print(const Graph& g, int width) {
                       s.index, s.pp, what.c_str(), static_cast<double>(s.parameters) / 1e6,
                       s.flops_forward / 1e9);
         out += buf;
+        if (s.tp_reductions > 0) {
+            std::snprintf(buf, sizeof buf,
+                          "            tp: %d all-reduce%s of %.2f MB inside each F, B and I\n",
+                          s.tp_reductions, s.tp_reductions == 1 ? "" : "s",
+                          static_cast<double>(s.tp_reduction_bytes) / 1e6);
+            out += buf;
+        }
+        if (!s.buckets.empty()) {
+            int64_t total = 0;
+            for (int64_t b : s.buckets) total += b;
+            std::snprintf(buf, sizeof buf,
+                          "            dp: %zu gradient bucket%s (%.2f MB), each all-reduced once "
+                          "final\n",
+                          s.buckets.size(), s.buckets.size() == 1 ? "" : "s",
+                          static_cast<double>(total) / 1e6);
+            out += buf;
+        }
     }
     for (const PlanRank& r : g.ranks) {
         std::snprintf(buf, sizeof buf, "rank %d (dp %d, pp %d, tp %d, host %d):\n", r.rank, r.dp,

@@ -167,7 +167,7 @@ std::vector<PlanAction> zbv(int32_t p, int32_t m, int32_t r) {
     std::deque<std::pair<int32_t, int32_t>> w0, w1;
     for (int32_t k = 0; k < r && o.backwards(s0) < m; ++k) {
         o.i(s0);
-        o.i(s1);
+        if (o.backwards(s1) < m) o.i(s1);
     }
     while (o.backwards(s0) < m) {
         o.i(s0);
@@ -265,10 +265,10 @@ ScheduleOrder compile_schedule(ScheduleKind kind, int32_t p, int32_t m, int32_t 
     if ((kind == ScheduleKind::zb_h1 || kind == ScheduleKind::zb_h2) && m < p)
         return fail("`" + name + "` needs at least pp = " + std::to_string(p) + " microbatches",
                     "use " + std::to_string(p) + " or more microbatches");
-    if (kind == ScheduleKind::zbv && m < 2 * p - 1)
-        return fail("`zbv` needs at least 2 x pp - 1 = " + std::to_string(2 * p - 1) +
-                        " microbatches to fill its V",
-                    "use " + std::to_string(2 * p - 1) + " or more microbatches");
+    if (kind == ScheduleKind::zbv && m < p)
+        return fail("`zbv` needs at least pp = " + std::to_string(p) + " microbatches",
+                    "use " + std::to_string(p) + " or more microbatches (" +
+                        std::to_string(2 * p - 1) + " or more fill the V without a bubble)");
     if (kind == ScheduleKind::dualpipev && m < 2 * p)
         return fail("`dualpipev` needs at least 2 x pp = " + std::to_string(2 * p) +
                         " microbatches",

@@ -17,11 +17,11 @@ std::string bytes(int64_t b) {
     char buf[32];
     double x = static_cast<double>(b);
     if (x >= 1e9)
-        std::snprintf(buf, sizeof buf, "%.2f GB", x / 1e9);
+        std::snprintf(buf, sizeof buf, "%.1fG", x / 1e9);
     else if (x >= 1e6)
-        std::snprintf(buf, sizeof buf, "%.1f MB", x / 1e6);
+        std::snprintf(buf, sizeof buf, "%.1fM", x / 1e6);
     else
-        std::snprintf(buf, sizeof buf, "%.1f kB", x / 1e3);
+        std::snprintf(buf, sizeof buf, "%.1fk", x / 1e3);
     return buf;
 }
 
@@ -68,8 +68,7 @@ std::string text_report(const Timeline& t, int width) {
                       t.step_time_s, t.tokens_per_s, 100 * t.mfu);
         out += buf;
         out += "memory    " + std::string(t.fits ? "fits" : "DOES NOT FIT") + " (" +
-               bytes(t.memory_limit_bytes) +
-               (g.ranks.empty() || t.graph.ranks.size() == 1 ? "" : " per device") + ")\n";
+               bytes(t.memory_limit_bytes) + "B per device)\n";
     }
     // Timeline: one row per rank, slots of equal time.
     const int label = 8;
@@ -95,16 +94,16 @@ std::string text_report(const Timeline& t, int width) {
     }
     out += "        F: 0-9  B: A-J  I: a-j  W: k-t (microbatch mod 10)  .: idle  one column = " +
            time_str(t, per_col) + "\n\n";
-    out += "rank      idle   in-flight   params     grads      optim      activ      comm       "
-           "peak\n";
+    out += "rank      idle  live  params  grads   optim   activ   comm    peak\n";
     for (const RankReport& r : t.ranks) {
-        std::snprintf(buf, sizeof buf, "%-5d %9s %6d      %-10s %-10s %-10s %-10s %-10s %s\n",
-                      r.rank, time_str(t, r.idle).c_str(), r.peak_inflight_microbatches,
+        std::snprintf(buf, sizeof buf, "%-4d %9s %5d  %-7s %-7s %-7s %-7s %-7s %s\n", r.rank,
+                      time_str(t, r.idle).c_str(), r.peak_inflight_microbatches,
                       bytes(r.parameters_bytes).c_str(), bytes(r.gradients_bytes).c_str(),
                       bytes(r.optimizer_bytes).c_str(), bytes(r.activations_bytes).c_str(),
                       bytes(r.communication_bytes).c_str(), bytes(r.peak_memory_bytes).c_str());
         out += buf;
     }
+    out += "(live: peak microbatches in flight; memory at the peak, per rank)\n";
     return out;
 }
 
