@@ -205,8 +205,10 @@ void check_deadlock(const Graph& g, std::vector<PlanError>& errors) {
     for (size_t k = first; k < path.size(); ++k) {
         auto [what, l] = blocked(path[k]);
         if (!loc.valid()) loc = l;
-        msg += (k == first ? "" : ", which ") + where(g.ranks[static_cast<size_t>(path[k])]) + " " +
-               what;
+        if (k == first)
+            msg += where(g.ranks[static_cast<size_t>(path[k])]) + " " + what;
+        else
+            msg += ", which " + what;
         if (k + 1 < path.size())
             msg += " for rank " + std::to_string(path[k + 1]);
         else if (at >= 0)
