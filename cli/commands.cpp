@@ -1,11 +1,11 @@
-// commands.cpp: check, fmt and plan: thin layers over the front end.
+// commands.cpp: check, fmt, run and eval: thin layers over the front end and the models.
+// (plan and sim are in plan_commands.cpp.)
 #include "cli/commands.hpp"
 
 #include "lang/check.hpp"
 #include "lang/format.hpp"
 #include "lang/loader.hpp"
 #include "lang/parse.hpp"
-#include "lang/program_json.hpp"
 #include "models/atomic_file.hpp"
 #include "models/checkpoint.hpp"
 #include "models/trainer.hpp"
@@ -50,19 +50,6 @@ int run_check(const CommonOptions& o, std::ostream& out, std::ostream& err) {
                   static_cast<double>(p.model.parameters) / 1e6,
                   static_cast<long long>(p.mesh.devices), p.mesh.profile.name.c_str());
     out << buf;
-    return 0;
-}
-
-int run_plan(const CommonOptions& o, bool json, std::ostream& out, std::ostream& err) {
-    lang::CheckResult r = check(o);
-    if (!r.ok()) {
-        err << r.report();
-        return 1;
-    }
-    if (json)
-        out << lang::to_json(*r.program).dump(2) << "\n";
-    else
-        out << lang::summary(*r.program);
     return 0;
 }
 

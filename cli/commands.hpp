@@ -20,6 +20,15 @@ int run_check(const CommonOptions& o, std::ostream& out, std::ostream& err);
 int run_fmt(const CommonOptions& o, bool write, bool check, std::ostream& out, std::ostream& err);
 int run_plan(const CommonOptions& o, bool json, std::ostream& out, std::ostream& err);
 
+struct SimOptions {
+    bool json = false;
+    std::string cost = "profile"; // or "unit"
+    std::string svg;              // write a Gantt chart here ("" for none)
+    std::string trace;            // write Chrome trace-event JSON here ("" for none)
+};
+/// Simulates one training step of the script's plan.
+int run_sim(const CommonOptions& o, const SimOptions& s, std::ostream& out, std::ostream& err);
+
 struct RunOptions {
     std::string metrics;       // JSON lines, one per step ("" for none)
     std::string save;          // checkpoint folder, written at the end (and every checkpoint.every)

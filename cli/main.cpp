@@ -29,9 +29,21 @@ int main(int argc, char** argv) {
     fmt->add_flag("--check", check_only, "exit 1 when the file is not formatted");
 
     bool json = false;
-    CLI::App* plan = app.add_subcommand("plan", "show what the script resolves to");
+    CLI::App* plan = app.add_subcommand(
+        "plan", "the actor graph: ranks, stage partition and every rank's actions");
     add_common(plan);
     plan->add_flag("--json", json, "print JSON");
+
+    dist::cli::SimOptions sim_options;
+    CLI::App* sim = app.add_subcommand("sim", "simulate one training step of the plan");
+    add_common(sim);
+    sim->add_flag("--json", sim_options.json, "print JSON");
+    sim->add_option("--cost", sim_options.cost,
+                    "profile (the mesh's hardware) or unit (F=1, B=2, I=W=1, comm 0)")
+        ->check(CLI::IsMember({"unit", "profile"}));
+    sim->add_option("--svg", sim_options.svg, "write a Gantt chart (SVG) to this file");
+    sim->add_option("--trace", sim_options.trace,
+                    "write a Chrome trace (chrome://tracing, Perfetto) to this file");
 
     dist::cli::RunOptions run_options;
     bool quiet = false;
@@ -72,6 +84,7 @@ int main(int argc, char** argv) {
         return dist::cli::run_fmt(common, write, check_only, std::cout, std::cerr);
     }
     if (*plan) return dist::cli::run_plan(common, json, std::cout, std::cerr);
+    if (*sim) return dist::cli::run_sim(common, sim_options, std::cout, std::cerr);
     if (*eval) return dist::cli::run_eval(common, eval_load, eval_data, json, std::cout, std::cerr);
     if (*run) {
         run_options.progress = !quiet;

@@ -86,11 +86,25 @@ TEST(Cli, PlanJsonIsJsonWithTheResolvedValues) {
                    "--set train.batch=32");
     ASSERT_EQ(r.status, 0) << r.err;
     nlohmann::json j = nlohmann::json::parse(r.out);
-    EXPECT_EQ(j["mesh"]["devices"], 4);
-    EXPECT_EQ(j["mesh"]["pp"], 2);
-    EXPECT_EQ(j["schedule"]["partition"], nlohmann::json::array({2, 2}));
-    EXPECT_EQ(j["train"]["microbatch_size"], 8);
-    EXPECT_EQ(j["model"]["arguments"]["layers"], 4);
+    // The checked program, as the checker resolved it (its partition is the even split).
+    const nlohmann::json& p = j["program"];
+    EXPECT_EQ(p["mesh"]["devices"], 4);
+    EXPECT_EQ(p["mesh"]["pp"], 2);
+    EXPECT_EQ(p["schedule"]["partition"], nlohmann::json::array({2, 2}));
+    EXPECT_EQ(p["train"]["microbatch_size"], 8);
+    EXPECT_EQ(p["model"]["arguments"]["layers"], 4);
+    // The plan: 4 ranks in DESIGN.md's order, rank = (dp * PP + pp) * TP + tp.
+    ASSERT_EQ(j["ranks"].size(), 4u);
+    for (int r = 0; r < 4; ++r) {
+        EXPECT_EQ(j["ranks"][r]["rank"], r);
+        EXPECT_EQ(j["ranks"][r]["dp"], r / 2);
+        EXPECT_EQ(j["ranks"][r]["pp"], r % 2);
+        EXPECT_EQ(j["ranks"][r]["tp"], 0);
+    }
+    // 1F1B with p = 2, m = 2 on the first pipeline rank, then the gradient all-reduce.
+    EXPECT_EQ(j["ranks"][0]["actions"],
+              nlohmann::json::array({"0F0", "0SEND_F0>r1", "0F1", "0SEND_F1>r1", "0RECV_B0<r1",
+                                     "0B0", "0RECV_B1<r1", "0B1", "0REDUCE_GRAD0", "STEP"}));
 }
 
 TEST(Cli, FmtWriteReplacesTheFileWholeOrNotAtAll) {

@@ -1,0 +1,159 @@
+// graph.cpp: action names, their text form and the `dist plan` printer.
+#include "actors/plan/graph.hpp"
+
+#include <cctype>
+#include <cstdio>
+
+namespace dist::plan {
+
+namespace {
+
+struct OpText {
+    ActionKind kind;
+    const char* name;
+};
+// Longest names first, so that parsing never takes a prefix ("B" of nothing, "SEND_F" first).
+const OpText op_texts[] = {{ActionKind::reduce_grad, "REDUCE_GRAD"},
+                           {ActionKind::send_forward, "SEND_F"},
+                           {ActionKind::recv_forward, "RECV_F"},
+                           {ActionKind::send_backward, "SEND_B"},
+                           {ActionKind::recv_backward, "RECV_B"},
+                           {ActionKind::forward, "F"},
+                           {ActionKind::backward, "B"},
+                           {ActionKind::backward_input, "I"},
+                           {ActionKind::backward_weight, "W"}};
+
+bool read_int(const std::string& s, size_t& at, int32_t& out) {
+    size_t start = at;
+    int64_t v = 0;
+    while (at < s.size() && std::isdigit(static_cast<unsigned char>(s[at])) && at - start < 9)
+        v = v * 10 + (s[at++] - '0');
+    if (at == start || (at < s.size() && std::isdigit(static_cast<unsigned char>(s[at]))))
+        return false;
+    out = static_cast<int32_t>(v);
+    return true;
+}
+
+} // namespace
+
+bool is_compute(ActionKind k) {
+    return k == ActionKind::forward || k == ActionKind::backward ||
+           k == ActionKind::backward_input || k == ActionKind::backward_weight;
+}
+
+bool is_p2p(ActionKind k) {
+    return k == ActionKind::send_forward || k == ActionKind::recv_forward ||
+           k == ActionKind::send_backward || k == ActionKind::recv_backward;
+}
+
+const char* op_name(ActionKind k) {
+    if (k == ActionKind::step) return "STEP";
+    for (const OpText& t : op_texts)
+        if (t.kind == k) return t.name;
+    return "?";
+}
+
+std::string to_string(const PlanAction& a) {
+    if (a.kind == ActionKind::step) return "STEP";
+    std::string s = std::to_string(a.stage) + op_name(a.kind) + std::to_string(a.microbatch);
+    if (a.kind == ActionKind::send_forward || a.kind == ActionKind::send_backward)
+        s += ">r" + std::to_string(a.peer);
+    if (a.kind == ActionKind::recv_forward || a.kind == ActionKind::recv_backward)
+        s += "<r" + std::to_string(a.peer);
+    return s;
+}
+
+std::optional<PlanAction> parse_action(const std::string& text) {
+    PlanAction a;
+    if (text == "STEP") {
+        a.kind = ActionKind::step;
+        return a;
+    }
+    size_t at = 0;
+    if (!read_int(text, at, a.stage)) return std::nullopt;
+    bool found = false;
+    for (const OpText& t : op_texts) {
+        std::string n = t.name;
+        if (text.compare(at, n.size(), n) == 0) {
+            a.kind = t.kind;
+            at += n.size();
+            found = true;
+            break;
+        }
+    }
+    if (!found || !read_int(text, at, a.microbatch)) return std::nullopt;
+    if (is_p2p(a.kind)) {
+        bool send = a.kind == ActionKind::send_forward || a.kind == ActionKind::send_backward;
+        std::string arrow = send ? ">r" : "<r";
+        if (text.compare(at, 2, arrow) != 0) return std::nullopt;
+        at += 2;
+        if (!read_int(text, at, a.peer)) return std::nullopt;
+    }
+    if (at != text.size()) return std::nullopt;
+    return a;
+}
+
+std::string print(const Graph& g, int width) {
+    std::string out;
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "plan      %s, %d microbatch%s, %d stage%s (%d per pipeline rank), %zu rank%s "
+                  "(dp %d, tp %d, pp %d)\n",
+                  to_string(g.schedule), g.microbatches, g.microbatches == 1 ? "" : "es",
+                  g.num_stages(), g.num_stages() == 1 ? "" : "s", g.virtual_stages, g.ranks.size(),
+                  g.ranks.size() == 1 ? "" : "s", g.dp, g.tp, g.pp);
+    out += buf;
+    out += g.partition_given ? "stages    (partition from the script)\n"
+                             : "stages    (partition balanced by the cost model)\n";
+    for (const PlanStage& s : g.stages) {
+        std::string what;
+        if (s.embedding) what += "embeddings + ";
+        what += s.blocks == 1 ? "block " + std::to_string(s.first_block)
+                              : "blocks " + std::to_string(s.first_block) + "-" +
+                                    std::to_string(s.first_block + s.blocks - 1);
+        if (s.head) what += " + head";
+        std::snprintf(buf, sizeof buf, "  stage %-3d pp %-3d %-34s %8.2fM params  %8.3f GFLOP F\n",
+                      s.index, s.pp, what.c_str(), static_cast<double>(s.parameters) / 1e6,
+                      s.flops_forward / 1e9);
+        out += buf;
+        if (s.tp_reductions > 0) {
+            std::snprintf(buf, sizeof buf,
+                          "            tp: %d all-reduce%s of %.2f MB inside each F, B and I\n",
+                          s.tp_reductions, s.tp_reductions == 1 ? "" : "s",
+                          static_cast<double>(s.tp_reduction_bytes) / 1e6);
+            out += buf;
+        }
+        if (!s.buckets.empty()) {
+            int64_t total = 0;
+            for (int64_t b : s.buckets) total += b;
+            std::snprintf(buf, sizeof buf,
+                          "            dp: %zu gradient bucket%s (%.2f MB), each all-reduced once "
+                          "final\n",
+                          s.buckets.size(), s.buckets.size() == 1 ? "" : "s",
+                          static_cast<double>(total) / 1e6);
+            out += buf;
+        }
+    }
+    for (const PlanRank& r : g.ranks) {
+        std::snprintf(buf, sizeof buf, "rank %d (dp %d, pp %d, tp %d, host %d):\n", r.rank, r.dp,
+                      r.pp, r.tp, r.host);
+        out += buf;
+        std::string line = "   ";
+        for (size_t i = 0; i < r.actions.size(); ++i) {
+            std::string word = to_string(r.actions[i]);
+            while (r.actions[i].overlap_next && i + 1 < r.actions.size()) {
+                word += '+';
+                word += to_string(r.actions[++i]);
+            }
+            if (static_cast<int>(line.size() + 1 + word.size()) > width && line.size() > 3) {
+                out += line + "\n";
+                line = "   ";
+            }
+            line += " " + word;
+        }
+        out += line + "\n";
+    }
+    return out;
+}
+
+} // namespace dist::plan

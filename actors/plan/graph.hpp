@@ -1,0 +1,116 @@
+// graph.hpp: the actor graph, the output type of planning (actors/plan) and the input of the
+// simulator (actors/sim) and the runtime (actors/runtime).
+//
+// Plain data: the mesh's ranks with their coordinates, the pipeline stages with what each one
+// holds and costs, and every rank's ordered action list. Compute actions print as
+// `<stage><op><microbatch>` (`2F0`, `1I3`); communication actions as
+// `<stage>SEND_F<microbatch>>r<peer>`, `<stage>RECV_B<microbatch><r<peer>`; the data-parallel
+// gradient reduction as `<stage>REDUCE_GRAD<bucket>`; the optimizer step as `STEP`. Two compute
+// actions that run overlapped (DualPipeV's forward/backward pairs) print joined: `6F3+1B1`.
+#pragma once
+
+#include "lang/program.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dist::plan {
+
+enum class ActionKind : uint8_t {
+    forward,         // F: a stage's forward of one microbatch
+    backward,        // B: input and weight gradients together
+    backward_input,  // I: the input gradient only (zero-bubble split)
+    backward_weight, // W: the weight gradient only
+    send_forward,    // SEND_F: this stage's output activation to the next stage's rank
+    recv_forward,    // RECV_F: this stage's input activation from the previous stage's rank
+    send_backward,   // SEND_B: the gradient of this stage's input to the previous stage's rank
+    recv_backward,   // RECV_B: the gradient of this stage's output from the next stage's rank
+    reduce_grad,     // REDUCE_GRAD: all-reduce of one gradient bucket over the data-parallel group
+    step             // STEP: the optimizer step (after every bucket is reduced)
+};
+
+bool is_compute(ActionKind k);
+bool is_p2p(ActionKind k);
+/// "F", "B", "I", "W", "SEND_F", ..., "REDUCE_GRAD", "STEP".
+const char* op_name(ActionKind k);
+
+/// One entry of a rank's action list.
+struct PlanAction {
+    ActionKind kind = ActionKind::forward;
+    int32_t stage = -1;        // global virtual-stage index; -1 for STEP
+    int32_t microbatch = -1;   // the bucket index for REDUCE_GRAD; -1 for STEP
+    int32_t peer = -1;         // global rank at the other end of a SEND / RECV
+    bool overlap_next = false; // runs overlapped with the next compute action (DualPipeV)
+    lang::SourceLoc loc;       // the custom table's cell, when the action came from one
+
+    /// Equality ignores `loc`: a graph read back from JSON equals the one written.
+    bool operator==(const PlanAction& o) const {
+        return kind == o.kind && stage == o.stage && microbatch == o.microbatch && peer == o.peer &&
+               overlap_next == o.overlap_next;
+    }
+};
+
+/// `2F0`, `0SEND_F1>r3`, `1RECV_B0<r5`, `1REDUCE_GRAD0`, `STEP`.
+std::string to_string(const PlanAction& a);
+/// The inverse of to_string for one action (an overlapped pair is two strings joined by `+`).
+std::optional<PlanAction> parse_action(const std::string& text);
+
+/// One pipeline stage: a contiguous run of blocks, plus the embeddings on the first stage and
+/// the head and loss on the last. Costs are per microbatch on one tensor-parallel shard.
+struct PlanStage {
+    int32_t index = 0;
+    int32_t pp = 0;          // the pipeline rank that runs it
+    int32_t first_block = 0; // blocks [first_block, first_block + blocks)
+    int32_t blocks = 0;
+    bool embedding = false;
+    bool head = false;
+    int64_t parameters = 0;         // on one tensor-parallel rank
+    double flops_forward = 0;       // per microbatch
+    double flops_input_grad = 0;    // I
+    double flops_weight_grad = 0;   // W (B = I + W)
+    double bytes_elementwise = 0;   // memory traffic of the non-matmul layers in a forward
+    int64_t activation_bytes = 0;   // saved for backward, per microbatch
+    int64_t boundary_bytes = 0;     // the activation (or its gradient) sent to a neighbour stage
+    int32_t tp_reductions = 0;      // tensor-parallel all-reduces in one forward (as many in B/I)
+    int64_t tp_reduction_bytes = 0; // size of each
+    std::vector<int64_t> buckets;   // gradient bucket sizes in bytes, in reduction order
+
+    bool operator==(const PlanStage&) const = default;
+};
+
+/// One device: its coordinates in the mesh and what it executes each step.
+struct PlanRank {
+    int32_t rank = 0; // (dp * PP + pp) * TP + tp
+    int32_t dp = 0, pp = 0, tp = 0;
+    int32_t host = 0;
+    std::vector<PlanAction> actions;
+
+    bool operator==(const PlanRank&) const = default;
+};
+
+struct Graph {
+    std::string file; // the script, for located messages
+    ScheduleKind schedule = ScheduleKind::one_f_one_b;
+    int32_t dp = 1, tp = 1, pp = 1;
+    int32_t virtual_stages = 1;
+    int32_t microbatches = 1;
+    int64_t microbatch_tokens = 0; // tokens of one microbatch on one data-parallel rank
+    int32_t bytes_per_element = 4; // activations and gradients (2 in bf16)
+    std::vector<PlanStage> stages;
+    std::vector<PlanRank> ranks; // indexed by rank
+    bool partition_given = false;
+
+    bool operator==(const Graph&) const = default;
+
+    int32_t num_stages() const { return static_cast<int32_t>(stages.size()); }
+    int32_t rank_of(int32_t dp_, int32_t pp_, int32_t tp_) const {
+        return (dp_ * pp + pp_) * tp + tp_;
+    }
+};
+
+/// `dist plan`: the ranks, the partition and every rank's actions, wrapped at `width` columns.
+std::string print(const Graph& g, int width = 100);
+
+} // namespace dist::plan

@@ -1,0 +1,143 @@
+// graph_json.cpp: Graph <-> JSON with nlohmann-json.
+#include "actors/plan/graph_json.hpp"
+
+#include <sstream>
+
+namespace dist::plan {
+
+using nlohmann::json;
+
+json to_json(const Graph& g) {
+    json stages = json::array();
+    for (const PlanStage& s : g.stages) {
+        stages.push_back(
+            {{"stage", s.index},
+             {"pp", s.pp},
+             {"blocks", {s.first_block, s.blocks}},
+             {"embedding", s.embedding},
+             {"head", s.head},
+             {"parameters", s.parameters},
+             {"flops",
+              {{"F", s.flops_forward}, {"I", s.flops_input_grad}, {"W", s.flops_weight_grad}}},
+             {"bytes_elementwise", s.bytes_elementwise},
+             {"activation_bytes", s.activation_bytes},
+             {"boundary_bytes", s.boundary_bytes},
+             {"tp_reductions", s.tp_reductions},
+             {"tp_reduction_bytes", s.tp_reduction_bytes},
+             {"buckets", s.buckets}});
+    }
+    json ranks = json::array();
+    for (const PlanRank& r : g.ranks) {
+        json actions = json::array();
+        for (size_t i = 0; i < r.actions.size(); ++i) {
+            std::string word = to_string(r.actions[i]);
+            while (r.actions[i].overlap_next && i + 1 < r.actions.size()) {
+                word += '+';
+                word += to_string(r.actions[++i]);
+            }
+            actions.push_back(word);
+        }
+        ranks.push_back({{"rank", r.rank},
+                         {"dp", r.dp},
+                         {"pp", r.pp},
+                         {"tp", r.tp},
+                         {"host", r.host},
+                         {"actions", actions}});
+    }
+    return {{"file", g.file},
+            {"schedule", to_string(g.schedule)},
+            {"dp", g.dp},
+            {"tp", g.tp},
+            {"pp", g.pp},
+            {"virtual_stages", g.virtual_stages},
+            {"microbatches", g.microbatches},
+            {"microbatch_tokens", g.microbatch_tokens},
+            {"bytes_per_element", g.bytes_per_element},
+            {"partition_given", g.partition_given},
+            {"stages", stages},
+            {"ranks", ranks}};
+}
+
+bool from_json(const json& j, Graph& out, std::string& error) {
+    Graph g;
+    try {
+        g.file = j.at("file").get<std::string>();
+        std::string kind = j.at("schedule").get<std::string>();
+        bool known = false;
+        for (int k = 0; k <= static_cast<int>(ScheduleKind::custom); ++k) {
+            if (kind == to_string(static_cast<ScheduleKind>(k))) {
+                g.schedule = static_cast<ScheduleKind>(k);
+                known = true;
+            }
+        }
+        if (!known) {
+            error = "unknown schedule `" + kind + "`";
+            return false;
+        }
+        g.dp = j.at("dp").get<int32_t>();
+        g.tp = j.at("tp").get<int32_t>();
+        g.pp = j.at("pp").get<int32_t>();
+        g.virtual_stages = j.at("virtual_stages").get<int32_t>();
+        g.microbatches = j.at("microbatches").get<int32_t>();
+        g.microbatch_tokens = j.at("microbatch_tokens").get<int64_t>();
+        g.bytes_per_element = j.at("bytes_per_element").get<int32_t>();
+        g.partition_given = j.at("partition_given").get<bool>();
+        for (const json& s : j.at("stages")) {
+            PlanStage st;
+            st.index = s.at("stage").get<int32_t>();
+            st.pp = s.at("pp").get<int32_t>();
+            st.first_block = s.at("blocks").at(0).get<int32_t>();
+            st.blocks = s.at("blocks").at(1).get<int32_t>();
+            st.embedding = s.at("embedding").get<bool>();
+            st.head = s.at("head").get<bool>();
+            st.parameters = s.at("parameters").get<int64_t>();
+            st.flops_forward = s.at("flops").at("F").get<double>();
+            st.flops_input_grad = s.at("flops").at("I").get<double>();
+            st.flops_weight_grad = s.at("flops").at("W").get<double>();
+            st.bytes_elementwise = s.at("bytes_elementwise").get<double>();
+            st.activation_bytes = s.at("activation_bytes").get<int64_t>();
+            st.boundary_bytes = s.at("boundary_bytes").get<int64_t>();
+            st.tp_reductions = s.at("tp_reductions").get<int32_t>();
+            st.tp_reduction_bytes = s.at("tp_reduction_bytes").get<int64_t>();
+            st.buckets = s.at("buckets").get<std::vector<int64_t>>();
+            g.stages.push_back(std::move(st));
+        }
+        for (const json& r : j.at("ranks")) {
+            PlanRank rank;
+            rank.rank = r.at("rank").get<int32_t>();
+            rank.dp = r.at("dp").get<int32_t>();
+            rank.pp = r.at("pp").get<int32_t>();
+            rank.tp = r.at("tp").get<int32_t>();
+            rank.host = r.at("host").get<int32_t>();
+            for (const json& a : r.at("actions")) {
+                std::stringstream words(a.get<std::string>());
+                std::string word;
+                size_t first = rank.actions.size();
+                while (std::getline(words, word, '+')) {
+                    auto parsed = parse_action(word);
+                    if (!parsed) {
+                        error = "rank " + std::to_string(rank.rank) + ": `" + word +
+                                "` is not an action";
+                        return false;
+                    }
+                    rank.actions.push_back(*parsed);
+                }
+                for (size_t k = first; k + 1 < rank.actions.size(); ++k)
+                    rank.actions[k].overlap_next = true;
+            }
+            if (rank.rank != static_cast<int32_t>(g.ranks.size())) {
+                error = "ranks must be listed in order; rank " + std::to_string(rank.rank) +
+                        " is entry " + std::to_string(g.ranks.size());
+                return false;
+            }
+            g.ranks.push_back(std::move(rank));
+        }
+    } catch (const json::exception& e) {
+        error = e.what();
+        return false;
+    }
+    out = std::move(g);
+    return true;
+}
+
+} // namespace dist::plan

@@ -1,0 +1,219 @@
+// stages.cpp: FLOPs, bytes and memory of every layer kind, and the balanced partition.
+//
+// Counts are per microbatch (b sequences of T tokens, N = b T) on one tensor-parallel rank.
+// Matmuls cost 2 FLOPs per multiply-add; an input gradient costs what the forward costs, and a
+// weight gradient what the forward's weight matmuls cost (so B = I + W is about 2 F). Saved
+// activations: each layer keeps its input and the tensors its backward reads (Q, K, V and the
+// attention output; the MLP's hidden activations; the logits), and the T x T attention scores
+// unless recomputation drops them; full recomputation keeps only each block's input.
+#include "actors/plan/stages.hpp"
+
+#include <algorithm>
+#include <limits>
+
+namespace dist::plan {
+
+void PartCost::add(const PartCost& o) {
+    parameters += o.parameters;
+    flops_forward += o.flops_forward;
+    flops_input_grad += o.flops_input_grad;
+    flops_weight_grad += o.flops_weight_grad;
+    bytes_elementwise += o.bytes_elementwise;
+    activation_bytes += o.activation_bytes;
+    tp_reductions += o.tp_reductions;
+}
+
+double PartCost::seconds(double flops_rate, double bytes_rate) const {
+    double f = flops_forward + flops_input_grad + flops_weight_grad;
+    return f / flops_rate + 3.0 * bytes_elementwise / bytes_rate;
+}
+
+namespace {
+
+int64_t bytes_per_element(const Program& p) {
+    return p.train.precision == Precision::bf16 ? 2 : 4;
+}
+
+PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
+    PartCost c;
+    const double tp = static_cast<double>(p.mesh.tp);
+    const double b = static_cast<double>(p.train.microbatch_size);
+    const double T = static_cast<double>(p.model.context);
+    const double N = b * T;
+    const double C = static_cast<double>(l.width ? l.width : p.model.width);
+    const double elt = static_cast<double>(bytes_per_element(p));
+    const double shard = l.shard == ShardDim::none ? 1.0 : tp;
+    c.parameters = static_cast<int64_t>(static_cast<double>(l.parameters) / shard);
+    double saved = 0; // elements
+    switch (l.kind) {
+    case LayerKind::embedding:
+    case LayerKind::position_embedding:
+        c.bytes_elementwise = N * C * elt;
+        if (l.kind == LayerKind::embedding && l.shard == ShardDim::vocab && p.mesh.tp > 1)
+            c.tp_reductions = 1;
+        break;
+    case LayerKind::rotary_embedding: c.bytes_elementwise = 2 * N * C * elt; break;
+    case LayerKind::layer_norm:
+    case LayerKind::rms_norm:
+        c.bytes_elementwise = 2 * N * C * elt;
+        saved = N * C;
+        break;
+    case LayerKind::attention: {
+        double h = static_cast<double>(l.heads) / tp;
+        double kv = std::max(1.0, static_cast<double>(l.kv_heads) / tp);
+        double hd = static_cast<double>(l.head_dim);
+        double weights = 2 * N * C * (h + 2 * kv) * hd + 2 * N * h * hd * C;
+        double scores = 4 * b * T * T * h * hd;
+        c.flops_forward = weights + scores;
+        c.flops_input_grad = weights + 2 * scores;
+        c.flops_weight_grad = weights;
+        c.bytes_elementwise = 3 * b * h * T * T * elt; // softmax read and write, mask
+        saved = N * C + N * (h + 2 * kv) * hd + N * h * hd;
+        if (p.schedule.recompute == Recompute::none) saved += b * h * T * T;
+        c.tp_reductions = p.mesh.tp > 1 ? 1 : 0;
+        break;
+    }
+    case LayerKind::mlp: {
+        double hidden = static_cast<double>(l.hidden) / tp;
+        double mats = l.activation == Activation::swiglu ? 3 : 2;
+        c.flops_forward = 2 * N * C * hidden * mats;
+        c.flops_input_grad = c.flops_forward;
+        c.flops_weight_grad = c.flops_forward;
+        c.bytes_elementwise = 2 * N * hidden * elt;
+        saved = N * C + N * hidden * (mats == 3 ? 3 : 2);
+        c.tp_reductions = p.mesh.tp > 1 ? 1 : 0;
+        break;
+    }
+    case LayerKind::lm_head: {
+        double v = static_cast<double>(l.vocab) / shard;
+        c.flops_forward = 2 * N * C * v;
+        c.flops_input_grad = c.flops_forward;
+        c.flops_weight_grad = c.flops_forward;
+        saved = N * C;
+        break;
+    }
+    case LayerKind::cross_entropy: {
+        double v = static_cast<double>(l.vocab) / shard;
+        c.bytes_elementwise = 3 * N * v * elt;
+        saved = N * v;
+        break;
+    }
+    }
+    c.activation_bytes = static_cast<int64_t>(saved * elt);
+    return c;
+}
+
+PartCost pre_cost(const Program& p) {
+    return cost_of_items(p, p.model.pre);
+}
+PartCost post_cost(const Program& p) {
+    return cost_of_items(p, p.model.post);
+}
+
+PartCost block_cost(const Program& p, size_t i) {
+    PartCost c = cost_of_items(p, p.model.blocks[i].items);
+    if (p.schedule.recompute == Recompute::full) {
+        // Only the block's input stays; the forward runs again inside the backward.
+        c.activation_bytes =
+            p.train.microbatch_size * p.model.context * p.model.width * bytes_per_element(p);
+        c.flops_input_grad += c.flops_forward;
+    }
+    return c;
+}
+
+double flops_rate(const Program& p) {
+    double r = p.train.precision == Precision::bf16 ? p.mesh.profile.peak_flops_bf16
+                                                    : p.mesh.profile.peak_flops_f32;
+    return r > 0 ? r : 1e12;
+}
+
+double bytes_rate(const Program& p) {
+    return p.mesh.profile.memory_bandwidth > 0 ? p.mesh.profile.memory_bandwidth : 1e11;
+}
+
+} // namespace
+
+PartCost cost_of_items(const Program& p, const std::vector<ModelItemSpec>& items) {
+    PartCost c;
+    for (const ModelItemSpec& it : items)
+        for (const LayerSpec& l : it.layers) c.add(cost_of_layer(p, l));
+    return c;
+}
+
+std::vector<int64_t> balanced_partition(const Program& p, int32_t stages) {
+    const size_t n = p.model.blocks.size();
+    const size_t S = static_cast<size_t>(stages);
+    double fr = flops_rate(p), br = bytes_rate(p);
+    std::vector<double> prefix(n + 1, 0.0);
+    for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + block_cost(p, i).seconds(fr, br);
+    double pre = pre_cost(p).seconds(fr, br), post = post_cost(p).seconds(fr, br);
+    const double inf = std::numeric_limits<double>::infinity();
+    // best[s][i]: the slowest stage when stages 0..s-1 hold blocks 0..i-1.
+    std::vector<std::vector<double>> best(S + 1, std::vector<double>(n + 1, inf));
+    std::vector<std::vector<size_t>> cut(S + 1, std::vector<size_t>(n + 1, 0));
+    best[0][0] = 0.0;
+    for (size_t s = 1; s <= S; ++s) {
+        for (size_t i = s; i + (S - s) <= n; ++i) {
+            for (size_t j = s - 1; j < i; ++j) {
+                if (best[s - 1][j] == inf) continue;
+                double c = prefix[i] - prefix[j] + (s == 1 ? pre : 0.0) + (s == S ? post : 0.0);
+                double worst = std::max(best[s - 1][j], c);
+                // Strictly better only: ties keep the earlier cut, so extra blocks go later.
+                if (worst < best[s][i] * (1 - 1e-12)) {
+                    best[s][i] = worst;
+                    cut[s][i] = j;
+                }
+            }
+        }
+    }
+    std::vector<int64_t> out(S, 0);
+    size_t i = n;
+    for (size_t s = S; s >= 1; --s) {
+        out[s - 1] = static_cast<int64_t>(i - cut[s][i]);
+        i = cut[s][i];
+    }
+    return out;
+}
+
+std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>& partition,
+                                    const std::vector<int32_t>& stage_rank) {
+    std::vector<PlanStage> out;
+    const int64_t elt = bytes_per_element(p);
+    const int64_t N = p.train.microbatch_size * p.model.context;
+    const int64_t bucket_cap = 25 << 20; // PyTorch DDP's default bucket_cap_mb
+    int32_t first = 0;
+    for (size_t s = 0; s < partition.size(); ++s) {
+        PlanStage st;
+        st.index = static_cast<int32_t>(s);
+        st.pp = stage_rank[s];
+        st.first_block = first;
+        st.blocks = static_cast<int32_t>(partition[s]);
+        st.embedding = s == 0;
+        st.head = s + 1 == partition.size();
+        PartCost c;
+        if (st.embedding) c.add(pre_cost(p));
+        for (int32_t k = 0; k < st.blocks; ++k)
+            c.add(block_cost(p, static_cast<size_t>(first + k)));
+        if (st.head) c.add(post_cost(p));
+        first += st.blocks;
+        st.parameters = c.parameters;
+        st.flops_forward = c.flops_forward;
+        st.flops_input_grad = c.flops_input_grad;
+        st.flops_weight_grad = c.flops_weight_grad;
+        st.bytes_elementwise = c.bytes_elementwise;
+        st.activation_bytes = c.activation_bytes;
+        st.boundary_bytes = N * p.model.width * elt;
+        st.tp_reductions = c.tp_reductions;
+        st.tp_reduction_bytes = p.mesh.tp > 1 ? N * p.model.width * elt : 0;
+        // Gradients are reduced in the precision they are kept in (that of the weights).
+        int64_t grad_bytes = st.parameters * elt;
+        if (p.mesh.dp > 1) {
+            for (int64_t left = grad_bytes; left > 0; left -= bucket_cap)
+                st.buckets.push_back(std::min(left, bucket_cap));
+        }
+        out.push_back(std::move(st));
+    }
+    return out;
+}
+
+} // namespace dist::plan

@@ -1,0 +1,37 @@
+// stages.hpp: the cost model of layers and the partition of blocks into pipeline stages.
+//
+// Part of lowering: it runs before the schedule's actions are placed, because both the
+// partition and the simulator need every stage's FLOPs, bytes and memory.
+#pragma once
+
+#include "actors/plan/graph.hpp"
+
+#include <vector>
+
+namespace dist::plan {
+
+/// Costs of one model part (a block, or the layers before / after the blocks) for one
+/// microbatch on one tensor-parallel rank.
+struct PartCost {
+    int64_t parameters = 0;
+    double flops_forward = 0, flops_input_grad = 0, flops_weight_grad = 0;
+    double bytes_elementwise = 0;
+    int64_t activation_bytes = 0;
+    int32_t tp_reductions = 0;
+
+    void add(const PartCost& o);
+    /// Seconds of one forward and backward at `flops_rate` and `bytes_rate` (the balancing key).
+    double seconds(double flops_rate, double bytes_rate) const;
+};
+
+PartCost cost_of_items(const Program& p, const std::vector<ModelItemSpec>& items);
+
+/// Blocks per stage minimising the slowest stage, embeddings counted on the first stage and
+/// the head and loss on the last; every stage gets at least one block.
+std::vector<int64_t> balanced_partition(const Program& p, int32_t stages);
+
+/// The stages of the plan with their costs, for the partition in `partition`.
+std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>& partition,
+                                    const std::vector<int32_t>& stage_rank);
+
+} // namespace dist::plan

@@ -1,0 +1,226 @@
+// simulate.cpp: the cost model and the memory account of one simulated step.
+//
+// Timing is the plan's abstract execution (actors/plan/execute.hpp) with real durations.
+// Memory per rank: weights, gradients and AdamW state of its stages (16 bytes per parameter,
+// as the checker's memory floor assumes), the activations alive at the worst moment (saved by
+// an F, freed by its B, or its W when backward is split), and the communication buffers.
+#include "actors/sim/simulate.hpp"
+
+#include "actors/plan/execute.hpp"
+#include "actors/plan/verify.hpp"
+
+#include <algorithm>
+#include <map>
+
+namespace dist::sim {
+
+using plan::ActionKind;
+using plan::Graph;
+using plan::PlanAction;
+using plan::PlanRank;
+using plan::PlanStage;
+
+namespace {
+
+struct Profile {
+    double flops = 1e12, mem_bw = 1e11, efficiency = 0.5;
+    LinkSpec intra{1e10, 1e-6}, inter{1e9, 1e-5};
+};
+
+Profile profile_of(const Graph& g, const Program& p, const SimOptions& o) {
+    Profile pr;
+    const HardwareProfile& h = p.mesh.profile;
+    double peak = g.bytes_per_element == 2 ? h.peak_flops_bf16 : h.peak_flops_f32;
+    if (peak > 0) pr.flops = peak;
+    if (h.memory_bandwidth > 0) pr.mem_bw = h.memory_bandwidth;
+    if (h.intra_host.bandwidth > 0) pr.intra = h.intra_host;
+    if (h.inter_host.bandwidth > 0) pr.inter = h.inter_host;
+    pr.efficiency = o.efficiency;
+    return pr;
+}
+
+/// Ring all-reduce: 2 (n-1) steps, each moving bytes / n over the slowest link.
+double ring_allreduce(double bytes, int32_t n, const LinkSpec& link) {
+    if (n <= 1) return 0.0;
+    double steps = 2.0 * (n - 1);
+    return steps * (link.latency + bytes / n / link.bandwidth);
+}
+
+plan::ExecCosts unit_costs() {
+    plan::ExecCosts c = plan::zero_costs();
+    c.compute = [](const PlanRank&, const PlanAction& a) {
+        switch (a.kind) {
+        case ActionKind::forward: return 1.0;
+        case ActionKind::backward: return 2.0;
+        case ActionKind::backward_input:
+        case ActionKind::backward_weight: return 1.0;
+        default: return 0.0;
+        }
+    };
+    return c;
+}
+
+plan::ExecCosts profile_costs(const Graph& g, const Profile& pr) {
+    plan::ExecCosts c;
+    auto stage = [&g](const PlanAction& a) -> const PlanStage& {
+        return g.stages[static_cast<size_t>(a.stage)];
+    };
+    // The tensor-parallel group shares a host when it can (the fastest axis of the layout).
+    auto tp_link = [&g, &pr](const PlanRank& r) {
+        int32_t first = g.rank_of(r.dp, r.pp, 0), last = g.rank_of(r.dp, r.pp, g.tp - 1);
+        return g.ranks[static_cast<size_t>(first)].host == g.ranks[static_cast<size_t>(last)].host
+                   ? pr.intra
+                   : pr.inter;
+    };
+    c.compute = [&g, pr, stage, tp_link](const PlanRank& r, const PlanAction& a) {
+        double rate = pr.flops * pr.efficiency;
+        if (a.kind == ActionKind::step) {
+            // AdamW reads and writes its 16 bytes of state per parameter about twice.
+            double params = 0;
+            for (const PlanStage& s : g.stages)
+                if (s.pp == r.pp) params += static_cast<double>(s.parameters);
+            return 2.0 * 16.0 * params / pr.mem_bw;
+        }
+        const PlanStage& s = stage(a);
+        double tp = s.tp_reductions *
+                    ring_allreduce(static_cast<double>(s.tp_reduction_bytes), g.tp, tp_link(r));
+        switch (a.kind) {
+        case ActionKind::forward:
+            return s.flops_forward / rate + s.bytes_elementwise / pr.mem_bw + tp;
+        case ActionKind::backward_input:
+            return s.flops_input_grad / rate + 2 * s.bytes_elementwise / pr.mem_bw + tp;
+        case ActionKind::backward_weight: return s.flops_weight_grad / rate;
+        case ActionKind::backward:
+            return (s.flops_input_grad + s.flops_weight_grad) / rate +
+                   2 * s.bytes_elementwise / pr.mem_bw + tp;
+        default: return 0.0;
+        }
+    };
+    c.transfer = [&g, pr, stage](const PlanRank& from, const PlanRank& to, const PlanAction& a) {
+        const LinkSpec& l = from.host == to.host ? pr.intra : pr.inter;
+        return l.latency + static_cast<double>(stage(a).boundary_bytes) / l.bandwidth;
+    };
+    c.reduction = [&g, pr, stage](const PlanRank& r, const PlanAction& a) {
+        bool one_host = true;
+        for (int32_t d = 0; d < g.dp; ++d)
+            one_host =
+                one_host && g.ranks[static_cast<size_t>(g.rank_of(d, r.pp, r.tp))].host == r.host;
+        const PlanStage& s = stage(a);
+        double bytes = static_cast<double>(s.buckets[static_cast<size_t>(a.microbatch)]);
+        return ring_allreduce(bytes, g.dp, one_host ? pr.intra : pr.inter);
+    };
+    return c;
+}
+
+void account_memory(const Graph& g, const PlanRank& r, RankReport& rep) {
+    const int64_t bpe = g.bytes_per_element;
+    int64_t params = 0, boundary = 0, bucket = 0, tp_buf = 0;
+    for (const PlanStage& s : g.stages) {
+        if (s.pp != r.pp) continue;
+        params += s.parameters;
+        boundary = std::max(boundary, s.boundary_bytes);
+        for (int64_t b : s.buckets) bucket = std::max(bucket, b);
+        tp_buf = std::max(tp_buf, s.tp_reduction_bytes);
+    }
+    rep.parameters_bytes = params * bpe;
+    rep.gradients_bytes = params * bpe;
+    rep.optimizer_bytes = params * (16 - 2 * bpe);
+    bool p2p = false;
+    for (const PlanAction& a : r.actions) p2p = p2p || plan::is_p2p(a.kind);
+    // A send and a receive buffer each way, the largest bucket, one tensor-parallel buffer.
+    rep.communication_bytes = (p2p ? 4 * boundary : 0) + bucket + tp_buf;
+    // Activations: walk the compute spans in time order.
+    std::map<std::pair<int32_t, int32_t>, int64_t> live;
+    int64_t now = 0, peak = 0;
+    size_t peak_count = 0;
+    for (const Span& sp : rep.spans) {
+        const PlanAction& a = r.actions[sp.action];
+        if (a.kind == ActionKind::step) continue;
+        auto key = std::make_pair(a.stage, a.microbatch);
+        int64_t bytes = g.stages[static_cast<size_t>(a.stage)].activation_bytes;
+        if (a.kind == ActionKind::forward) {
+            live[key] = bytes;
+            now += bytes;
+            peak = std::max(peak, now);
+            peak_count = std::max(peak_count, live.size());
+        } else if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight) {
+            now -= live[key];
+            live.erase(key);
+        }
+    }
+    rep.peak_inflight_microbatches = static_cast<int32_t>(peak_count);
+    rep.activations_bytes = peak;
+    rep.peak_memory_bytes = rep.parameters_bytes + rep.gradients_bytes + rep.optimizer_bytes +
+                            rep.activations_bytes + rep.communication_bytes;
+}
+
+} // namespace
+
+SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
+    SimResult res;
+    res.errors = plan::verify(g);
+    if (!res.errors.empty()) return res;
+    Profile pr = profile_of(g, p, o);
+    plan::ExecCosts costs = o.cost == CostModel::unit ? unit_costs() : profile_costs(g, pr);
+    plan::ExecTimes times = plan::execute(g, costs);
+    if (!times.complete) {
+        res.errors.push_back({{}, "the simulation stopped before the end of the step", ""});
+        return res;
+    }
+    Timeline t;
+    t.graph = g;
+    t.cost = o.cost;
+    for (const auto& ends : times.end)
+        for (double e : ends) t.makespan = std::max(t.makespan, e);
+    double idle_total = 0;
+    for (size_t r = 0; r < g.ranks.size(); ++r) {
+        const PlanRank& rank = g.ranks[r];
+        RankReport rep;
+        rep.rank = rank.rank;
+        bool first = true;
+        for (size_t i = 0; i < rank.actions.size(); ++i) {
+            const PlanAction& a = rank.actions[i];
+            if (!plan::is_compute(a.kind) && a.kind != ActionKind::step) continue;
+            double s = times.start[r][i], e = times.end[r][i];
+            if (e <= s && a.kind == ActionKind::step) continue;
+            rep.spans.push_back({i, s, e});
+            rep.busy += e - s;
+            if (first) rep.first_start = s;
+            first = false;
+            rep.last_end = std::max(rep.last_end, e);
+        }
+        rep.idle = t.makespan - rep.busy;
+        idle_total += rep.idle;
+        account_memory(g, rank, rep);
+        t.ranks.push_back(std::move(rep));
+    }
+    t.bubble_fraction =
+        t.makespan > 0 ? idle_total / (static_cast<double>(g.ranks.size()) * t.makespan) : 0.0;
+    t.memory_limit_bytes = p.mesh.memory_bytes;
+    if (o.cost == CostModel::profile) {
+        t.step_time_s = t.makespan;
+        double tokens = static_cast<double>(g.microbatch_tokens) * g.microbatches * g.dp;
+        double flops = 0;
+        for (const PlanStage& s : g.stages)
+            flops += (s.flops_forward + s.flops_input_grad + s.flops_weight_grad);
+        flops *= static_cast<double>(g.microbatches) * g.dp * g.tp;
+        if (t.makespan > 0) {
+            t.tokens_per_s = tokens / t.makespan;
+            t.mfu = flops / (t.makespan * pr.flops * static_cast<double>(g.ranks.size()));
+        }
+    }
+    if (t.memory_limit_bytes > 0) {
+        if (p.mesh.profile.devices_per_host == 0) {
+            int64_t total = 0;
+            for (const RankReport& r : t.ranks) total += r.peak_memory_bytes;
+            t.fits = total <= t.memory_limit_bytes;
+        } else {
+            for (const RankReport& r : t.ranks)
+                t.fits = t.fits && r.peak_memory_bytes <= t.memory_limit_bytes;
+        }
+    }
+    res.timeline = std::move(t);
+    return res;
+}
+
+} // namespace dist::sim

@@ -1,0 +1,78 @@
+// simulate.hpp: a Graph executed in virtual time, the output type of actors/sim (Timeline).
+//
+// Costs come from the hardware profile (compute: FLOPs at peak x efficiency plus elementwise
+// bytes at memory bandwidth; point-to-point: latency + bytes / bandwidth of the link between the
+// two ranks' hosts; collectives: ring all-reduce) or are the unit costs of DESIGN.md (F = 1,
+// B = 2, I = W = 1, communication 0). The library call behind `dist sim`, the REPL and the
+// runtime's predicted timeline.
+#pragma once
+
+#include "actors/plan/graph.hpp"
+#include "actors/plan/lower.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dist::sim {
+
+enum class CostModel { profile, unit };
+
+struct SimOptions {
+    CostModel cost = CostModel::profile;
+    double efficiency = 0.5; // fraction of peak FLOPs that matmuls reach
+};
+
+/// One action as it ran.
+struct Span {
+    size_t action = 0; // index into the rank's list
+    double start = 0, end = 0;
+};
+
+struct RankReport {
+    int32_t rank = 0;
+    double busy = 0; // compute time
+    double idle = 0; // makespan - busy
+    double first_start = 0, last_end = 0;
+    int32_t peak_inflight_microbatches = 0;
+    int64_t parameters_bytes = 0, gradients_bytes = 0, optimizer_bytes = 0;
+    int64_t activations_bytes = 0; // peak
+    int64_t communication_bytes = 0;
+    int64_t peak_memory_bytes = 0;
+    std::vector<Span> spans; // compute actions only, in order
+};
+
+struct Timeline {
+    plan::Graph graph;
+    CostModel cost = CostModel::profile;
+    double makespan = 0;        // seconds (unit costs: units)
+    double bubble_fraction = 0; // idle / (ranks x makespan)
+    double step_time_s = 0;
+    double tokens_per_s = 0;
+    double mfu = 0;
+    int64_t memory_limit_bytes = 0;
+    bool fits = true;
+    std::vector<RankReport> ranks;
+};
+
+struct SimResult {
+    std::optional<Timeline> timeline;
+    std::vector<plan::PlanError> errors;
+    bool ok() const { return timeline.has_value(); }
+};
+
+/// Verifies, then simulates one training step. `p` gives the hardware profile and memory
+/// figures; with unit costs it may be a default Program.
+SimResult simulate(const plan::Graph& g, const Program& p, const SimOptions& o = {});
+
+/// `dist sim`: the figures and a timeline of one glyph per time slot, `width` columns wide.
+std::string text_report(const Timeline& t, int width = 80);
+nlohmann::json to_json(const Timeline& t);
+/// A Gantt chart: one row per rank, colours by microbatch, idle time shaded, a legend.
+std::string svg(const Timeline& t);
+/// Chrome's trace-event JSON: one process, one track (thread) per rank.
+nlohmann::json chrome_trace(const Timeline& t);
+
+} // namespace dist::sim

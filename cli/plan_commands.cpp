@@ -1,0 +1,101 @@
+// plan_commands.cpp: `dist plan` and `dist sim`: the checked program lowered to its actor
+// graph (actors/plan), and that graph run in virtual time (actors/sim).
+#include "cli/commands.hpp"
+
+#include "actors/plan/graph_json.hpp"
+#include "actors/plan/lower.hpp"
+#include "actors/sim/simulate.hpp"
+#include "lang/check.hpp"
+#include "lang/program_json.hpp"
+#include "models/atomic_file.hpp"
+
+#include <optional>
+#include <ostream>
+#include <sstream>
+
+namespace dist::cli {
+
+namespace {
+
+struct Planned {
+    Program program;
+    plan::Graph graph;
+};
+
+// Check, then lower; planning errors print like the checker's, with the source line and a
+// caret when they point into a custom table.
+std::optional<Planned> planned(const CommonOptions& o, std::ostream& err) {
+    lang::FrontendOptions fo;
+    fo.search_roots = lang::default_search_roots();
+    fo.overrides = o.overrides;
+    lang::CheckResult r = lang::check_file(o.file, fo);
+    if (!r.ok()) {
+        err << r.report();
+        return std::nullopt;
+    }
+    plan::PlanResult p = plan::lower(*r.program);
+    if (!p.ok()) {
+        for (const plan::PlanError& e : p.errors) {
+            if (e.loc.valid())
+                err << lang::render_diagnostic(*r.sources, {e.loc, e.message, e.hint});
+            else
+                err << o.file << ": error: " << e.message << "\n"
+                    << (e.hint.empty() ? "" : "hint: " + e.hint + "\n");
+        }
+        return std::nullopt;
+    }
+    return Planned{*r.program, *p.graph};
+}
+
+int write(const std::string& path, const std::string& text, std::ostream& err) {
+    if (std::string e = models::write_file_atomically(path, {text}); !e.empty()) {
+        err << "error: " << e << "\n";
+        return 1;
+    }
+    return 0;
+}
+
+} // namespace
+
+int run_plan(const CommonOptions& o, bool json, std::ostream& out, std::ostream& err) {
+    std::optional<Planned> p = planned(o, err);
+    if (!p) return 1;
+    if (json) {
+        nlohmann::json j = plan::to_json(p->graph);
+        j["program"] = lang::to_json(p->program);
+        out << j.dump(2) << "\n";
+        return 0;
+    }
+    // The checker's summary, less its schedule line: the plan below shows the real partition.
+    std::istringstream summary(lang::summary(p->program));
+    for (std::string line; std::getline(summary, line);)
+        if (line.rfind("schedule ", 0) != 0) out << line << "\n";
+    out << plan::print(p->graph);
+    return 0;
+}
+
+int run_sim(const CommonOptions& o, const SimOptions& s, std::ostream& out, std::ostream& err) {
+    if (s.cost != "unit" && s.cost != "profile") {
+        err << "error: --cost is `unit` or `profile`, not `" << s.cost << "`\n";
+        return 2;
+    }
+    std::optional<Planned> p = planned(o, err);
+    if (!p) return 1;
+    sim::SimOptions so;
+    so.cost = s.cost == "unit" ? sim::CostModel::unit : sim::CostModel::profile;
+    sim::SimResult r = sim::simulate(p->graph, p->program, so);
+    if (!r.ok()) {
+        err << plan::render_errors(o.file, r.errors);
+        return 1;
+    }
+    if (!s.svg.empty() && write(s.svg, sim::svg(*r.timeline), err) != 0) return 1;
+    if (!s.trace.empty() && write(s.trace, sim::chrome_trace(*r.timeline).dump() + "\n", err) != 0)
+        return 1;
+    if (s.json)
+        out << sim::to_json(*r.timeline).dump(2) << "\n";
+    else
+        out << sim::text_report(*r.timeline);
+    return 0;
+}
+
+} // namespace dist::cli
