@@ -60,6 +60,23 @@ std::string metrics_json(const StepMetrics& m) {
     return j.dump();
 }
 
+double optimizer_step(const TrainSpec& t, int64_t step, double norm,
+                      const std::vector<Parameter*>& params) {
+    namespace ops = kernels::cpu;
+    if (t.clip > 0 && norm > t.clip)
+        for (Parameter* p : params)
+            ops::scale(p->grad.data<float>(), p->grad.numel(), t.clip / norm);
+    ops::AdamWConfig adam{learning_rate(t, step), t.optimizer.beta1, t.optimizer.beta2,
+                          t.optimizer.eps, t.optimizer.weight_decay};
+    for (Parameter* p : params) {
+        ops::AdamWConfig c = adam;
+        if (!p->decay) c.weight_decay = 0.0;
+        ops::adamw_step(p->grad.data<float>(), p->value.numel(), c, step + 1,
+                        p->value.data<float>(), p->m.data<float>(), p->v.data<float>());
+    }
+    return adam.lr;
+}
+
 std::string train(const Program& program, Model& model, const TokenData& data, int64_t first_step,
                   const std::function<bool(const StepMetrics&)>& on_step) {
     namespace ops = kernels::cpu;
@@ -74,8 +91,8 @@ std::string train(const Program& program, Model& model, const TokenData& data, i
         mb_in.emplace_back(std::vector<int64_t>{mb_rows, T}, kernels::DType::i32);
         mb_tg.emplace_back(std::vector<int64_t>{mb_rows, T}, kernels::DType::i32);
     }
-    ops::AdamWConfig adam{t.optimizer.lr, t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
-                          t.optimizer.weight_decay};
+    std::vector<Parameter*> params;
+    for (auto& p : model.params().all()) params.push_back(&p);
     for (int64_t step = first_step; step < last; ++step) {
         auto start = std::chrono::steady_clock::now();
         data.batch(static_cast<uint64_t>(t.seed), step, B, T, 0, 1, inputs.data<int32_t>(),
@@ -99,21 +116,12 @@ std::string train(const Program& program, Model& model, const TokenData& data, i
         for (auto& p : model.params().all())
             sq += ops::sum_squares(p.grad.data<float>(), p.grad.numel());
         double norm = std::sqrt(sq);
-        if (t.clip > 0 && norm > t.clip)
-            for (auto& p : model.params().all())
-                ops::scale(p.grad.data<float>(), p.grad.numel(), t.clip / norm);
-        adam.lr = learning_rate(t, step);
-        for (auto& p : model.params().all()) {
-            ops::AdamWConfig c = adam;
-            if (!p.decay) c.weight_decay = 0.0;
-            ops::adamw_step(p.grad.data<float>(), p.value.numel(), c, step + 1,
-                            p.value.data<float>(), p.m.data<float>(), p.v.data<float>());
-        }
+        double lr = optimizer_step(t, step, norm, params);
         double secs =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         StepMetrics sm{step + 1,
                        loss,
-                       adam.lr,
+                       lr,
                        norm,
                        B * T,
                        secs,

@@ -1,0 +1,391 @@
+// executor.cpp: running one rank's action list.
+#include "actors/runtime/executor.hpp"
+
+#include "kernels/cpu/ops.hpp"
+#include "models/trainer.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <stdexcept>
+#include <thread>
+
+namespace dist::runtime {
+
+namespace ops = kernels::cpu;
+using kernels::Tensor;
+
+std::string RankFailure::str() const {
+    std::string s = "rank " + std::to_string(rank);
+    if (!action.empty()) s += " in " + action;
+    return s + ": " + cause;
+}
+
+namespace {
+
+Tensor take(std::map<int32_t, Tensor>& m, int32_t mb, const char* what, int32_t stage) {
+    auto it = m.find(mb);
+    if (it == m.end())
+        throw std::logic_error("stage " + std::to_string(stage) + " has no " + what +
+                               " for microbatch " + std::to_string(mb) +
+                               " (the plan runs an action before its input exists)");
+    Tensor t = std::move(it->second);
+    m.erase(it);
+    return t;
+}
+
+// The name of the embedding a tied head shares, or "".
+std::string tied_embedding(const ModelSpec& spec) {
+    bool tied = false;
+    for (const auto& item : spec.post)
+        for (const auto& l : item.layers)
+            if (l.kind == LayerKind::lm_head && l.tied) tied = true;
+    if (!tied) return {};
+    for (const auto& item : spec.pre)
+        for (const auto& l : item.layers)
+            if (l.kind == LayerKind::embedding) return l.name + ".weight";
+    return {};
+}
+
+} // namespace
+
+// ----- per-stage state ------------------------------------------------------------------------
+
+struct RankExecutor::StageState {
+    plan::PlanStage info;
+    models::Stage stage;
+    // Per microbatch, within a step: the input activation (received or handed over by the
+    // previous stage on this rank), the output for the next stage, the gradient of the output
+    // and the gradient of the input for the previous stage.
+    std::map<int32_t, Tensor> inputs, outputs, grad_in, grad_out;
+    std::map<int32_t, std::vector<int64_t>> loss_shape;
+
+    StageState(const plan::PlanStage& s, const Program& p, transport::Collectives* tp)
+        : info(s),
+          stage(p.model,
+                models::StageSpan{s.first_block, s.first_block + s.blocks, s.embedding, s.head},
+                static_cast<uint64_t>(p.train.seed), p.schedule.recompute, tp) {}
+
+    void clear() {
+        inputs.clear();
+        outputs.clear();
+        grad_in.clear();
+        grad_out.clear();
+        loss_shape.clear();
+    }
+};
+
+// ----- the data-parallel gradient reduction, on its own thread --------------------------------
+
+// Reduces gradient buckets in the order they are enqueued (the plan's order, the same on every
+// member of the data-parallel group) and averages them over the group. A bucket is an equal
+// share of a stage's gradients, flattened in parameter order.
+class RankExecutor::Reducer {
+  public:
+    Reducer(transport::Collectives* dp, std::map<int32_t, std::unique_ptr<StageState>>& stages)
+        : dp_(dp), stages_(stages), thread_([this] { loop(); }) {}
+    ~Reducer() {
+        {
+            std::lock_guard lock(mutex_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+
+    void enqueue(int32_t stage, int32_t bucket) {
+        std::lock_guard lock(mutex_);
+        queue_.push_back({stage, bucket});
+        cv_.notify_all();
+    }
+
+    /// Waits until every enqueued bucket is reduced; rethrows a failure of the reduction.
+    void wait() {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return (queue_.empty() && !busy_) || error_; });
+        if (error_) {
+            auto e = error_;
+            error_ = nullptr;
+            std::rethrow_exception(e);
+        }
+    }
+
+  private:
+    void loop() {
+        std::unique_lock lock(mutex_);
+        while (true) {
+            cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !error_); });
+            if (stop_) return;
+            auto [stage, bucket] = queue_.front();
+            queue_.pop_front();
+            busy_ = true;
+            lock.unlock();
+            try {
+                reduce(stage, bucket);
+            } catch (...) {
+                lock.lock();
+                error_ = std::current_exception();
+                queue_.clear();
+                busy_ = false;
+                cv_.notify_all();
+                continue;
+            }
+            lock.lock();
+            busy_ = false;
+            cv_.notify_all();
+        }
+    }
+
+    void reduce(int32_t stage, int32_t bucket) {
+        StageState& s = *stages_.at(stage);
+        auto& params = s.stage.params().all();
+        int64_t total = 0;
+        for (const auto& p : params) total += p.grad.numel();
+        auto k = static_cast<int64_t>(std::max<size_t>(1, s.info.buckets.size()));
+        int64_t begin = total * bucket / k, end = total * (bucket + 1) / k;
+        buffer_.resize(static_cast<size_t>(end - begin));
+        // Pack the bucket's range of the flattened gradients, reduce, unpack averaged.
+        auto walk = [&](auto&& visit) {
+            int64_t offset = 0;
+            for (auto& p : params) {
+                int64_t n = p.grad.numel();
+                int64_t lo = std::max(begin, offset), hi = std::min(end, offset + n);
+                if (lo < hi) visit(p.grad.data<float>() + (lo - offset), lo - begin, hi - lo);
+                offset += n;
+            }
+        };
+        walk([&](float* g, int64_t at, int64_t n) {
+            std::memcpy(buffer_.data() + at, g, static_cast<size_t>(n) * sizeof(float));
+        });
+        dp_->all_reduce(buffer_.data(), static_cast<int64_t>(buffer_.size()),
+                        transport::ReduceOp::sum);
+        float inv = 1.0f / static_cast<float>(dp_->size());
+        walk([&](float* g, int64_t at, int64_t n) {
+            for (int64_t i = 0; i < n; ++i) g[i] = buffer_[static_cast<size_t>(at + i)] * inv;
+        });
+    }
+
+    transport::Collectives* dp_;
+    std::map<int32_t, std::unique_ptr<StageState>>& stages_;
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::deque<std::pair<int32_t, int32_t>> queue_;
+    bool busy_ = false;
+    bool stop_ = false;
+    std::exception_ptr error_;
+    std::vector<float> buffer_;
+    std::thread thread_;
+};
+
+// ----- the executor ---------------------------------------------------------------------------
+
+RankExecutor::RankExecutor(const Program& program, const plan::Graph& graph, int32_t rank,
+                           RankComms comms)
+    : program_(program), graph_(graph), rank_(rank), me_(graph.ranks.at(static_cast<size_t>(rank))),
+      comms_(comms) {
+    for (const auto& a : me_.actions)
+        if (plan::is_compute(a.kind) && !stages_.count(a.stage))
+            stages_.emplace(
+                a.stage, std::make_unique<StageState>(graph.stages.at(static_cast<size_t>(a.stage)),
+                                                      program, comms.tp));
+    if (comms_.dp && comms_.dp->size() > 1)
+        reducer_ = std::make_unique<Reducer>(comms_.dp, stages_);
+    int64_t rows = program.train.batch / graph.dp;
+    microbatch_rows_ = rows / graph.microbatches;
+    if (microbatch_rows_ * graph.microbatches * graph.dp != program.train.batch)
+        throw std::invalid_argument("a batch of " + std::to_string(program.train.batch) +
+                                    " does not split into " + std::to_string(graph.dp) + " x " +
+                                    std::to_string(graph.microbatches) + " microbatches");
+    tokens_ = Tensor({rows, program.model.context}, kernels::DType::i32);
+    targets_ = Tensor({rows, program.model.context}, kernels::DType::i32);
+}
+
+RankExecutor::~RankExecutor() = default;
+
+std::map<int32_t, models::Stage*> RankExecutor::stages() {
+    std::map<int32_t, models::Stage*> out;
+    for (auto& [i, s] : stages_) out[i] = &s->stage;
+    return out;
+}
+
+std::string RankExecutor::current_action() const {
+    std::lock_guard lock(current_mutex_);
+    return current_;
+}
+
+RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& data) {
+    using clock = std::chrono::steady_clock;
+    auto start = clock::now();
+    auto since = [&](clock::time_point t) {
+        return std::chrono::duration<double>(t - start).count();
+    };
+    RankStepResult result;
+    const int64_t T = program_.model.context;
+    data.batch(static_cast<uint64_t>(program_.train.seed), step, program_.train.batch, T, me_.dp,
+               graph_.dp, tokens_.data<int32_t>(), targets_.data<int32_t>());
+    for (auto& [i, s] : stages_) {
+        s->clear();
+        s->stage.params().zero_grads();
+    }
+    for (size_t i = 0; i < me_.actions.size(); ++i) {
+        const plan::PlanAction& a = me_.actions[i];
+        {
+            std::lock_guard lock(current_mutex_);
+            current_ = plan::to_string(a);
+        }
+        auto t0 = clock::now();
+        if (hook_) hook_(step, a);
+        if (a.kind == plan::ActionKind::step)
+            finish_step(step, result);
+        else
+            execute(a, step, result);
+        result.timings.push_back({i, since(t0), since(clock::now())});
+        ++progress_;
+    }
+    {
+        std::lock_guard lock(current_mutex_);
+        current_.clear();
+    }
+    result.step_time_s = since(clock::now());
+    return result;
+}
+
+void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResult& result) {
+    using plan::ActionKind;
+    using transport::Direction;
+    const int32_t s = a.stage, mb = a.microbatch;
+    auto state = [&](int32_t stage) -> StageState& {
+        auto it = stages_.find(stage);
+        if (it == stages_.end())
+            throw std::logic_error("rank " + std::to_string(rank_) + " does not hold stage " +
+                                   std::to_string(stage));
+        return *it->second;
+    };
+    switch (a.kind) {
+    case ActionKind::forward: {
+        StageState& st = state(s);
+        Tensor mb_tokens({microbatch_rows_, program_.model.context}, kernels::DType::i32);
+        Tensor mb_targets(mb_tokens.shape(), kernels::DType::i32);
+        size_t bytes = mb_tokens.bytes();
+        std::memcpy(mb_tokens.raw(), tokens_.data<int32_t>() + mb * mb_tokens.numel(), bytes);
+        std::memcpy(mb_targets.raw(), targets_.data<int32_t>() + mb * mb_targets.numel(), bytes);
+        models::Batch batch{mb_tokens, mb_targets};
+        Tensor input = st.info.embedding          ? mb_tokens
+                       : st.inputs.count(mb) != 0 ? take(st.inputs, mb, "input", s)
+                                                  : take(state(s - 1).outputs, mb, "output", s - 1);
+        Tensor out = st.stage.forward(mb, input, batch);
+        if (st.info.head) {
+            double sum = 0.0;
+            const float* l = out.data<float>();
+            for (int64_t i = 0; i < out.numel(); ++i) sum += l[i];
+            if (me_.tp == 0) {
+                result.loss_sum += sum / static_cast<double>(out.numel());
+                ++result.loss_microbatches;
+            }
+            st.loss_shape[mb] = out.shape();
+        } else {
+            st.outputs[mb] = out;
+        }
+        break;
+    }
+    case ActionKind::backward:
+    case ActionKind::backward_input: {
+        StageState& st = state(s);
+        Tensor dy;
+        if (st.info.head) {
+            auto it = st.loss_shape.find(mb);
+            if (it == st.loss_shape.end())
+                throw std::logic_error("backward of microbatch " + std::to_string(mb) +
+                                       " before its forward");
+            dy = Tensor(it->second);
+            float w = static_cast<float>(1.0 / static_cast<double>(graph_.microbatches) /
+                                         static_cast<double>(dy.numel()));
+            float* d = dy.data<float>();
+            for (int64_t i = 0; i < dy.numel(); ++i) d[i] = w;
+            st.loss_shape.erase(it);
+        } else {
+            dy = st.grad_in.count(mb) != 0
+                     ? take(st.grad_in, mb, "output gradient", s)
+                     : take(state(s + 1).grad_out, mb, "input gradient", s + 1);
+        }
+        Tensor dx = st.stage.backward_input(mb, dy);
+        if (a.kind == ActionKind::backward) st.stage.backward_weight(mb);
+        if (!st.info.embedding) st.grad_out[mb] = dx;
+        break;
+    }
+    case ActionKind::backward_weight: state(s).stage.backward_weight(mb); break;
+    case ActionKind::send_forward:
+        comms_.p2p->send(a.peer, {step, s, mb, Direction::activation},
+                         take(state(s).outputs, mb, "output", s));
+        break;
+    case ActionKind::recv_forward:
+        state(s).inputs[mb] = comms_.p2p->recv(a.peer, {step, s - 1, mb, Direction::activation});
+        break;
+    case ActionKind::send_backward:
+        comms_.p2p->send(a.peer, {step, s, mb, Direction::gradient},
+                         take(state(s).grad_out, mb, "input gradient", s));
+        break;
+    case ActionKind::recv_backward:
+        state(s).grad_in[mb] = comms_.p2p->recv(a.peer, {step, s + 1, mb, Direction::gradient});
+        break;
+    case ActionKind::reduce_grad:
+        if (reducer_) reducer_->enqueue(s, mb);
+        break;
+    case ActionKind::step: break;
+    }
+}
+
+void RankExecutor::sum_tied_gradients() {
+    std::string name = tied_embedding(program_.model);
+    if (name.empty() || graph_.num_stages() < 2) return;
+    std::vector<models::Parameter*> held;
+    for (auto& [i, s] : stages_)
+        if (auto* p = s->stage.params().find(name)) held.push_back(p);
+    if (held.empty()) return;
+    if (held.size() == 2) {
+        // Embedding and head on this rank (a V-shaped schedule): sum the two locally.
+        float* a = held[0]->grad.data<float>();
+        float* b = held[1]->grad.data<float>();
+        for (int64_t i = 0; i < held[0]->grad.numel(); ++i) a[i] = b[i] = a[i] + b[i];
+        return;
+    }
+    if (!comms_.tied) return; // the head is not tied across ranks (one pipeline rank)
+    comms_.tied->all_reduce(held[0]->grad.data<float>(), held[0]->grad.numel(),
+                            transport::ReduceOp::sum);
+}
+
+double RankExecutor::gradient_norm() {
+    std::string tied = tied_embedding(program_.model);
+    double sq = 0.0;
+    for (auto& [i, s] : stages_) {
+        const auto& copies = s->stage.tied_copies();
+        for (auto& p : s->stage.params().all()) {
+            // Count every parameter once per model replica: a tied copy not at all, a parameter
+            // replicated over the tensor-parallel ranks only on the first of them.
+            if (std::find(copies.begin(), copies.end(), p.name) != copies.end()) continue;
+            if (p.shard.whole() && me_.tp != 0) continue;
+            sq += ops::sum_squares(p.grad.data<float>(), p.grad.numel());
+        }
+    }
+    if (comms_.model && comms_.model->size() > 1) {
+        float v = static_cast<float>(sq);
+        // Reduced in float like every collective here: the norm needs no more precision.
+        comms_.model->all_reduce(&v, 1, transport::ReduceOp::sum);
+        sq = v;
+    }
+    return std::sqrt(sq);
+}
+
+void RankExecutor::finish_step(int64_t step, RankStepResult& result) {
+    if (reducer_) reducer_->wait();
+    sum_tied_gradients();
+    result.grad_norm = gradient_norm();
+    std::vector<models::Parameter*> params;
+    for (auto& [i, s] : stages_)
+        for (auto& p : s->stage.params().all()) params.push_back(&p);
+    result.lr = models::optimizer_step(program_.train, step, result.grad_norm, params);
+}
+
+} // namespace dist::runtime

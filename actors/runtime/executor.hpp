@@ -1,0 +1,117 @@
+// executor.hpp: one rank's part of a training step, executed from its action list.
+//
+// The state machine of a worker, kept free of CAF so that a test can drive it: the worker actor
+// (worker.hpp) calls run_step once per step. The executor owns the rank's stages (one per
+// virtual stage it runs, each holding its tensor-parallel shard of the parameters), its
+// optimizer state and its action list, and follows the plan's semantics (actors/plan/
+// execute.hpp): actions in order on one compute thread; sends do not block; a receive waits for
+// its message; gradient reductions run on a communication thread, overlapping the rest of the
+// backward, and the optimizer step waits for them.
+#pragma once
+
+#include "actors/plan/graph.hpp"
+#include "lang/program.hpp"
+#include "models/data.hpp"
+#include "models/stage.hpp"
+#include "transport/collectives.hpp"
+#include "transport/p2p.hpp"
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace dist::runtime {
+
+/// The groups a rank communicates in; a null group has one member.
+struct RankComms {
+    transport::PointToPoint* p2p = nullptr;
+    transport::Collectives* tp = nullptr;    // ranks with the same (dp, pp)
+    transport::Collectives* dp = nullptr;    // ranks with the same (pp, tp)
+    transport::Collectives* model = nullptr; // ranks with the same dp (the gradient norm)
+    /// The two pipeline ranks, with the same (dp, tp), that hold the token embedding and the
+    /// tied head, when they differ.
+    transport::Collectives* tied = nullptr;
+};
+
+/// When one action ran, relative to the start of the step (for the trace and the measured
+/// bubble).
+struct ActionTiming {
+    size_t action = 0;
+    double start_s = 0, end_s = 0;
+};
+
+struct RankStepResult {
+    /// Sum over this rank's microbatches of their mean loss, and how many (last stage, tp 0).
+    double loss_sum = 0;
+    int64_t loss_microbatches = 0;
+    double grad_norm = 0;
+    double lr = 0;
+    double step_time_s = 0;
+    std::vector<ActionTiming> timings;
+};
+
+/// What went wrong on a rank: its number, the action it was running, and the cause.
+struct RankFailure {
+    int32_t rank = -1;
+    std::string action;
+    std::string cause;
+    std::string str() const;
+};
+
+class RankExecutor {
+  public:
+    /// Builds the rank's stages (materialising exactly its parameters) from `program.train.seed`.
+    RankExecutor(const Program& program, const plan::Graph& graph, int32_t rank, RankComms comms);
+    ~RankExecutor();
+    RankExecutor(const RankExecutor&) = delete;
+    RankExecutor& operator=(const RankExecutor&) = delete;
+
+    /// Runs step `step` (0-based) on `data`. Throws the failure's exception after recording it
+    /// in failure(); the rank's other threads are stopped first.
+    RankStepResult run_step(int64_t step, const models::TokenData& data);
+
+    /// The action running now ("1B3"), or "" between steps: what the watchdog reports.
+    std::string current_action() const;
+    /// Actions completed since construction: the watchdog's measure of progress.
+    uint64_t progress() const { return progress_.load(); }
+
+    /// Called before every action with (step, action); what it throws fails the step as the
+    /// action itself would. For tests that plant a fault in the middle of a step.
+    void set_action_hook(std::function<void(int64_t, const plan::PlanAction&)> hook) {
+        hook_ = std::move(hook);
+    }
+
+    int32_t rank() const { return rank_; }
+    const plan::PlanRank& plan_rank() const { return me_; }
+    /// The stages this rank runs, by global stage index.
+    std::map<int32_t, models::Stage*> stages();
+
+  private:
+    struct StageState;
+    class Reducer;
+
+    void execute(const plan::PlanAction& a, int64_t step, RankStepResult& result);
+    void finish_step(int64_t step, RankStepResult& result);
+    void sum_tied_gradients();
+    double gradient_norm();
+
+    const Program& program_;
+    const plan::Graph& graph_;
+    int32_t rank_;
+    plan::PlanRank me_;
+    RankComms comms_;
+    std::map<int32_t, std::unique_ptr<StageState>> stages_;
+    std::unique_ptr<Reducer> reducer_;
+    kernels::Tensor tokens_, targets_; // this dp rank's rows of the step's batch
+    int64_t microbatch_rows_ = 0;
+    std::function<void(int64_t, const plan::PlanAction&)> hook_;
+    std::atomic<uint64_t> progress_{0};
+    mutable std::mutex current_mutex_;
+    std::string current_;
+};
+
+} // namespace dist::runtime
