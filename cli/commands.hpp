@@ -36,8 +36,9 @@ struct RunOptions {
     std::string load;          // start from these weights (Dist or Hugging Face folder)
     bool progress = true;      // a progress line on stderr
     int64_t sample_tokens = 0; // print this many sampled tokens at the end
+    std::string trace;         // the last step as it ran, Chrome trace-event JSON ("" for none)
 };
-/// Trains the script's model for real (one device).
+/// Trains the script's model for real on its mesh (one worker actor per rank, in this process).
 int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, std::ostream& err);
 /// The mean next-token loss of the weights in `load` over a data file.
 int run_eval(const CommonOptions& o, const std::string& load, const std::string& data, bool json,

@@ -59,6 +59,8 @@ int main(int argc, char** argv) {
                     "after training, print this many generated tokens")
         ->check(CLI::Range(0, 1 << 20));
     run->add_flag("--quiet", quiet, "no progress line");
+    run->add_option("--trace", run_options.trace,
+                    "write the last step as it ran, a Chrome trace like `dist sim --trace`");
 
     std::string eval_load, eval_data;
     CLI::App* eval =

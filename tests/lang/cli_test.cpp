@@ -10,6 +10,7 @@
 #include <sstream>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 namespace fs = std::filesystem;
 
@@ -169,9 +170,10 @@ TEST(Cli, RunTrainsSavesAndEvalReadsTheCheckpoint) {
 }
 
 TEST(Cli, RunRefusesWhatItCannotDoWithAMessage) {
-    Result mesh = run("run examples/data_parallel.dist");
-    EXPECT_EQ(mesh.status, 1);
-    EXPECT_NE(mesh.err.find("this build computes on one device"), std::string::npos) << mesh.err;
+    Result plan = run("run examples/gpt_tiny.dist --set mesh.pp=2 --set schedule.kind=zb_h1 "
+                      "--set schedule.microbatches=1");
+    EXPECT_EQ(plan.status, 1);
+    EXPECT_NE(plan.err.find("microbatches"), std::string::npos) << plan.err;
     Result nodata = run("run examples/gpt_tiny.dist --set 'train.data=text(\"/no/such/file\")'");
     EXPECT_EQ(nodata.status, 1);
     EXPECT_NE(nodata.err.find("cannot find data file"), std::string::npos) << nodata.err;
@@ -187,4 +189,63 @@ TEST(Cli, RunRefusesWhatItCannotDoWithAMessage) {
               std::string::npos)
         << save.err;
     EXPECT_EQ(save.out.find("training"), std::string::npos) << save.out;
+}
+
+namespace {
+
+std::vector<double> losses_of(const fs::path& metrics) {
+    std::vector<double> out;
+    std::ifstream in(metrics);
+    std::string line;
+    while (std::getline(in, line)) {
+        auto at = line.find("\"loss\":");
+        if (at != std::string::npos) out.push_back(std::stod(line.substr(at + 7)));
+    }
+    return out;
+}
+
+} // namespace
+
+TEST(Cli, RunSavedOnOneMeshResumesOnAnotherAsIfUninterrupted) {
+    fs::path dir = fs::temp_directory_path() / ("dist_cli_mesh_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const std::string small =
+        "run examples/gpt_tiny.dist --quiet --set model.width=32 --set model.context=16 "
+        "--set train.batch=8 --set 'train.data=synthetic()' --set schedule.microbatches=2 ";
+    Result whole = run(small + "--set train.stop_after=4 --metrics " + (dir / "a.jsonl").string());
+    ASSERT_EQ(whole.status, 0) << whole.err;
+    // Two steps on dp 2 x tp 2 x pp 2, then two more on pp 2 with interleaved virtual stages.
+    Result first = run(small + "--set train.stop_after=2 --set mesh.dp=2 --set mesh.tp=2 " +
+                       "--set mesh.pp=2 --save " + (dir / "ck").string() + " --metrics " +
+                       (dir / "b.jsonl").string());
+    ASSERT_EQ(first.status, 0) << first.err;
+    EXPECT_NE(first.out.find("8 cpu ranks (dp 2, tp 2, pp 2, 1f1b)"), std::string::npos)
+        << first.out;
+    Result second =
+        run(small + "--set train.stop_after=4 --set mesh.pp=2 " +
+            "--set schedule.kind=interleaved_1f1b --set schedule.virtual_stages=2 " + "--resume " +
+            (dir / "ck").string() + " --metrics " + (dir / "b.jsonl").string());
+    ASSERT_EQ(second.status, 0) << second.err;
+    std::vector<double> a = losses_of(dir / "a.jsonl"), b = losses_of(dir / "b.jsonl");
+    ASSERT_EQ(a.size(), 4u);
+    ASSERT_EQ(b.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << "step " << i + 1;
+    fs::remove_all(dir);
+}
+
+TEST(Cli, RunWritesTheTraceOfTheRealStepAndItsBubble) {
+    fs::path trace = fs::temp_directory_path() / ("dist_cli_trace_" + std::to_string(::getpid()));
+    Result r = run("run examples/gpt_tiny.dist --quiet --set model.width=32 --set train.batch=4 "
+                   "--set 'train.data=synthetic()' --set train.stop_after=1 --set mesh.pp=2 "
+                   "--set schedule.microbatches=4 --trace " +
+                   trace.string());
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("pipeline bubble of the last step: measured"), std::string::npos) << r.out;
+    auto j = nlohmann::json::parse(slurp(trace));
+    int spans = 0;
+    for (const auto& e : j["traceEvents"])
+        if (e["ph"] == "X") ++spans;
+    EXPECT_EQ(spans, 2 * 4 * 2); // two ranks, four microbatches, a forward and a backward each
+    fs::remove(trace);
 }

@@ -1,0 +1,40 @@
+// measured.cpp: building the Timeline of a step that ran.
+#include "actors/runtime/measured.hpp"
+
+#include <algorithm>
+
+namespace dist::runtime {
+
+sim::Timeline measured_timeline(const plan::Graph& graph,
+                                const std::vector<std::vector<ActionTiming>>& timings) {
+    sim::Timeline t;
+    t.graph = graph;
+    t.cost = sim::CostModel::profile;
+    for (size_t r = 0; r < timings.size() && r < graph.ranks.size(); ++r) {
+        sim::RankReport rep;
+        rep.rank = static_cast<int32_t>(r);
+        const auto& actions = graph.ranks[r].actions;
+        bool first = true;
+        for (const ActionTiming& a : timings[r]) {
+            if (a.action >= actions.size() || !plan::is_compute(actions[a.action].kind)) continue;
+            rep.spans.push_back({a.action, a.start_s, a.end_s});
+            rep.busy += a.end_s - a.start_s;
+            if (first) rep.first_start = a.start_s;
+            first = false;
+            rep.last_end = a.end_s;
+        }
+        if (!timings[r].empty()) t.makespan = std::max(t.makespan, timings[r].back().end_s);
+        t.ranks.push_back(std::move(rep));
+    }
+    double idle = 0;
+    for (auto& r : t.ranks) {
+        r.idle = t.makespan - r.busy;
+        idle += r.idle;
+    }
+    if (t.makespan > 0 && !t.ranks.empty())
+        t.bubble_fraction = idle / (static_cast<double>(t.ranks.size()) * t.makespan);
+    t.step_time_s = t.makespan;
+    return t;
+}
+
+} // namespace dist::runtime
