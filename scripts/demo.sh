@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# demo.sh DIST: what Dist does so far: check and plan scripts, catch a mistake early, then
-# train the tiny GPT on the fortunes text for real, sample from it and evaluate it.
+# demo.sh DIST: check the example scripts, catch a mistake early, simulate the tiny GPT on a
+# dp 2 x tp 2 x pp 2 mesh with 1F1B, then train it on that mesh for real (eight worker actors on
+# this machine's cores) on the fortunes text, sample from it and evaluate it.
 set -euo pipefail
 dist=${1:-build/bin/dist}
 say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
@@ -10,14 +11,16 @@ for f in examples/*.dist; do
     "$dist" check "$f"
 done
 
-say dist plan examples/llama3_8b_64xh100.dist
-"$dist" plan examples/llama3_8b_64xh100.dist
+mesh=(--set mesh.dp=2 --set mesh.tp=2 --set mesh.pp=2)
 
 say "dist check examples/gpt_tiny.dist --set mesh.tp=3   # a mistake, caught before anything runs"
 "$dist" check examples/gpt_tiny.dist --set mesh.tp=3 || true
 
-say dist run examples/gpt_tiny.dist --save build/demo-checkpoint --sample 300
-"$dist" run examples/gpt_tiny.dist --save build/demo-checkpoint --sample 300
+say dist sim examples/gpt_tiny.dist "${mesh[@]}"
+"$dist" sim examples/gpt_tiny.dist "${mesh[@]}"
+
+say dist run examples/gpt_tiny.dist "${mesh[@]}" --save build/demo-checkpoint --sample 300
+"$dist" run examples/gpt_tiny.dist "${mesh[@]}" --save build/demo-checkpoint --sample 300
 
 say "dist eval examples/gpt_tiny.dist --load build/demo-checkpoint --data /usr/share/games/fortunes/riddles   # text it never trained on"
 "$dist" eval examples/gpt_tiny.dist --load build/demo-checkpoint --data /usr/share/games/fortunes/riddles
