@@ -67,7 +67,11 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
         c.flops_forward = weights + scores;
         c.flops_input_grad = weights + 2 * scores;
         c.flops_weight_grad = weights;
-        c.bytes_elementwise = 3 * b * h * T * T * elt; // softmax read and write, mask
+        // The T x T scores reach memory only when they are kept (no recomputation); with
+        // selective recomputation they stay on chip (flash attention) and are recomputed.
+        c.bytes_elementwise = p.schedule.recompute == Recompute::none
+                                  ? 3 * b * h * T * T * elt
+                                  : 4 * N * (h + 2 * kv) * hd * elt;
         saved = N * C + N * (h + 2 * kv) * hd + N * h * hd;
         if (p.schedule.recompute == Recompute::none) saved += b * h * T * T;
         c.tp_reductions = p.mesh.tp > 1 ? 1 : 0;

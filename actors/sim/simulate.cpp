@@ -210,7 +210,8 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
         }
     }
     if (t.memory_limit_bytes > 0) {
-        if (p.mesh.profile.devices_per_host == 0) {
+        t.shared_memory = p.mesh.profile.devices_per_host == 0;
+        if (t.shared_memory) {
             int64_t total = 0;
             for (const RankReport& r : t.ranks) total += r.peak_memory_bytes;
             t.fits = total <= t.memory_limit_bytes;

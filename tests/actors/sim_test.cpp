@@ -1,0 +1,181 @@
+// sim_test.cpp: the Graph's JSON round trip, the simulator's reports under the hardware
+// profile, and that the SVG and the Chrome trace are well-formed.
+#include "actors/plan/graph_json.hpp"
+#include "actors/plan/lower.hpp"
+#include "actors/sim/simulate.hpp"
+#include "lang/check.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <regex>
+
+using namespace dist;
+using namespace dist::plan;
+
+namespace {
+
+Program checked(const std::string& example, std::vector<std::string> overrides = {}) {
+    lang::FrontendOptions o;
+    o.search_roots = {std::filesystem::path(DIST_SOURCE_DIR) / "stdlib"};
+    o.overrides = std::move(overrides);
+    o.check_files = false;
+    lang::CheckResult r =
+        lang::check_file(std::filesystem::path(DIST_SOURCE_DIR) / "examples" / example, o);
+    EXPECT_TRUE(r.ok()) << r.report();
+    return r.ok() ? *r.program : Program{};
+}
+
+Graph planned(const Program& p) {
+    PlanResult r = lower(p);
+    EXPECT_TRUE(r.ok()) << render_errors(p.file, r.errors);
+    return r.ok() ? *r.graph : Graph{};
+}
+
+// A small XML well-formedness check: every tag closes in order, attributes are quoted.
+bool well_formed(const std::string& xml, std::string& why) {
+    std::vector<std::string> open;
+    std::regex tag(R"(<(/?)([A-Za-z][\w:-]*)((?:\s+[\w:-]+="[^"<]*")*)\s*(/?)>)");
+    size_t at = 0;
+    while ((at = xml.find('<', at)) != std::string::npos) {
+        std::smatch m;
+        std::string rest = xml.substr(at, xml.find('>', at) - at + 1);
+        if (!std::regex_match(rest, m, tag)) {
+            why = "bad tag: " + rest;
+            return false;
+        }
+        if (m[1] == "/") {
+            if (open.empty() || open.back() != m[2]) {
+                why = "unbalanced </" + m[2].str() + ">";
+                return false;
+            }
+            open.pop_back();
+        } else if (m[4] != "/") {
+            open.push_back(m[2]);
+        }
+        at += rest.size();
+    }
+    why = open.empty() ? "" : "unclosed <" + open.back() + ">";
+    return open.empty();
+}
+
+} // namespace
+
+TEST(GraphJson, RoundTripGivesAnEqualGraph) {
+    std::vector<Graph> graphs = {planned(checked("gpt2_124m_8xh200.dist")),
+                                 planned(checked("llama3_8b_64xh100.dist")),
+                                 planned(checked("custom_schedule.dist")),
+                                 *schedule_graph(ScheduleKind::dualpipev, 3, 7, 2).graph};
+    for (const Graph& g : graphs) {
+        std::string text = to_json(g).dump();
+        Graph back;
+        std::string error;
+        ASSERT_TRUE(from_json(nlohmann::json::parse(text), back, error)) << error;
+        EXPECT_TRUE(back == g) << to_string(g.schedule);
+        EXPECT_EQ(to_json(back).dump(), text);
+    }
+    // DualPipeV's overlapped pairs survive as pairs.
+    Graph d = graphs.back();
+    bool pair = false;
+    for (const PlanRank& r : d.ranks)
+        for (const PlanAction& a : r.actions) pair = pair || a.overlap_next;
+    EXPECT_TRUE(pair);
+}
+
+TEST(GraphJson, ReadingRefusesBadActions) {
+    nlohmann::json j = to_json(*schedule_graph(ScheduleKind::gpipe, 2, 2, 1).graph);
+    j["ranks"][1]["actions"][0] = "1X0";
+    Graph g;
+    std::string error;
+    EXPECT_FALSE(from_json(j, g, error));
+    EXPECT_EQ(error, "rank 1: `1X0` is not an action");
+    for (const char* good : {"12F3", "0SEND_F1>r3", "1RECV_B0<r5", "1REDUCE_GRAD2", "STEP"})
+        EXPECT_EQ(to_string(*parse_action(good)), good);
+    for (const char* bad : {"F0", "0F", "0SEND_F1", "0F1>r2", "0Q1", "0F1x"})
+        EXPECT_FALSE(parse_action(bad).has_value()) << bad;
+}
+
+TEST(Simulate, ProfileReportAddsUp) {
+    Program p = checked("gpt2_124m_8xh200.dist");
+    Graph g = planned(p);
+    sim::SimResult r = sim::simulate(g, p);
+    ASSERT_TRUE(r.ok());
+    const sim::Timeline& t = *r.timeline;
+    EXPECT_GT(t.makespan, 0);
+    EXPECT_GT(t.bubble_fraction, 0);
+    EXPECT_LT(t.bubble_fraction, 1);
+    EXPECT_GT(t.mfu, 0);
+    EXPECT_LE(t.mfu, 0.5); // at most the efficiency factor
+    // Tokens: 8 microbatches of 8 sequences of 1024 tokens on each of 2 data-parallel ranks.
+    EXPECT_NEAR(t.tokens_per_s * t.step_time_s, 8.0 * 8 * 1024 * 2, 1e-6);
+    EXPECT_TRUE(t.fits);
+    for (const sim::RankReport& rr : t.ranks) {
+        const PlanRank& rank = g.ranks[static_cast<size_t>(rr.rank)];
+        int64_t params = 0;
+        for (const PlanStage& s : g.stages)
+            if (s.pp == rank.pp) params += s.parameters;
+        // bf16: 2 bytes of weight, 2 of gradient, 12 of AdamW state (fp32 copy, m, v).
+        EXPECT_EQ(rr.parameters_bytes, 2 * params);
+        EXPECT_EQ(rr.gradients_bytes, 2 * params);
+        EXPECT_EQ(rr.optimizer_bytes, 12 * params);
+        EXPECT_EQ(rr.peak_memory_bytes, rr.parameters_bytes + rr.gradients_bytes +
+                                            rr.optimizer_bytes + rr.activations_bytes +
+                                            rr.communication_bytes);
+        EXPECT_NEAR(rr.idle, t.makespan - rr.busy, 1e-12);
+    }
+}
+
+TEST(Simulate, UnitCostsOfAScriptMatchTheFormula) {
+    // gpt_tiny on pp = 4 with 1F1B and 8 microbatches: bubble (p-1)/(m+p-1) = 3/11.
+    Program p =
+        checked("gpt_tiny.dist", {"mesh.pp=4", "schedule.microbatches=8", "train.batch=32"});
+    sim::SimOptions o;
+    o.cost = sim::CostModel::unit;
+    sim::SimResult r = sim::simulate(planned(p), p, o);
+    ASSERT_TRUE(r.ok());
+    EXPECT_NEAR(r.timeline->bubble_fraction, 3.0 / 11.0, 1e-12);
+    EXPECT_DOUBLE_EQ(r.timeline->makespan, 33.0);
+}
+
+TEST(Simulate, DataParallelReductionsOverlapTheRemainingBackward) {
+    // Interleaved on pp = 2: stage 2's buckets are final before stage 0's last backwards, so
+    // its all-reduce runs while rank 0 still computes; the step waits only for the last.
+    Program p = checked("gpt2_124m_8xh200.dist");
+    Graph g = planned(p);
+    const PlanRank& r0 = g.ranks[0];
+    size_t first_reduce = 0, last_backward = 0;
+    for (size_t i = 0; i < r0.actions.size(); ++i) {
+        if (r0.actions[i].kind == ActionKind::reduce_grad && first_reduce == 0) first_reduce = i;
+        if (r0.actions[i].kind == ActionKind::backward) last_backward = i;
+    }
+    EXPECT_LT(first_reduce, last_backward);
+    EXPECT_EQ(r0.actions.back().kind, ActionKind::step);
+}
+
+TEST(Render, SvgAndTraceParse) {
+    Program p = checked("gpt2_124m_8xh200.dist");
+    sim::SimResult r = sim::simulate(planned(p), p);
+    ASSERT_TRUE(r.ok());
+    std::string svg = sim::svg(*r.timeline), why;
+    EXPECT_TRUE(well_formed(svg, why)) << why;
+    EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
+    EXPECT_NE(svg.find("F forward"), std::string::npos);  // the legend
+    EXPECT_NE(svg.find("url(#idle)"), std::string::npos); // the shaded bubble
+    nlohmann::json trace = nlohmann::json::parse(sim::chrome_trace(*r.timeline).dump());
+    size_t spans = 0, tracks = 0;
+    for (const auto& e : trace["traceEvents"]) {
+        if (e["ph"] == "X") {
+            ++spans;
+            EXPECT_GE(e["dur"].get<double>(), 0.0);
+        }
+        if (e["ph"] == "M" && e["name"] == "thread_name") ++tracks;
+    }
+    size_t expected = 0;
+    for (const sim::RankReport& rr : r.timeline->ranks) expected += rr.spans.size();
+    EXPECT_EQ(spans, expected);
+    EXPECT_EQ(tracks, r.timeline->ranks.size());
+    std::string text = sim::text_report(*r.timeline);
+    size_t start = 0;
+    for (size_t end; (end = text.find('\n', start)) != std::string::npos; start = end + 1)
+        EXPECT_LE(end - start, 80u) << text.substr(start, end - start);
+}
