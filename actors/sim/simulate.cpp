@@ -101,6 +101,14 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr) {
         return l.latency + static_cast<double>(stage(a).boundary_bytes) / l.bandwidth;
     };
     c.reduction = [&g, pr, stage](const PlanRank& r, const PlanAction& a) {
+        if (a.kind == ActionKind::reduce_tied) {
+            const PlanRank& first =
+                g.ranks[static_cast<size_t>(g.rank_of(r.dp, g.stages.front().pp, r.tp))];
+            const PlanRank& last =
+                g.ranks[static_cast<size_t>(g.rank_of(r.dp, g.stages.back().pp, r.tp))];
+            return ring_allreduce(static_cast<double>(g.tied_bytes), 2,
+                                  first.host == last.host ? pr.intra : pr.inter);
+        }
         bool one_host = true;
         for (int32_t d = 0; d < g.dp; ++d)
             one_host =

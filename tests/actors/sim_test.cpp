@@ -2,6 +2,7 @@
 // profile, and that the SVG and the Chrome trace are well-formed.
 #include "actors/plan/graph_json.hpp"
 #include "actors/plan/lower.hpp"
+#include "actors/plan/verify.hpp"
 #include "actors/sim/simulate.hpp"
 #include "lang/check.hpp"
 
@@ -178,4 +179,41 @@ TEST(Render, SvgAndTraceParse) {
     size_t start = 0;
     for (size_t end; (end = text.find('\n', start)) != std::string::npos; start = end + 1)
         EXPECT_LE(end - start, 80u) << text.substr(start, end - start);
+}
+
+TEST(Lower, TensorShardsAndTheTiedEmbedding) {
+    Program p = checked("gpt2_124m_8xh200.dist");
+    Graph g = planned(p);
+    // Megatron-LM's split over tp = 2: the vocabulary of the embedding, the heads of every
+    // attention, the hidden size of every MLP.
+    ASSERT_FALSE(g.stages[0].shards.empty());
+    EXPECT_EQ(g.stages[0].shards[0], (PlanShard{"wte", ShardDim::vocab, 50304}));
+    int attention = 0;
+    for (const PlanStage& s : g.stages)
+        for (const PlanShard& sh : s.shards)
+            if (sh.dim == ShardDim::heads) {
+                EXPECT_EQ(sh.size, 12);
+                ++attention;
+            }
+    EXPECT_EQ(attention, 12); // one per block
+    // GPT-2 ties the head to the embedding; they sit on pipeline ranks 0 and 1, so every rank
+    // reduces the tied gradient once, with its partner of the same dp and tp.
+    for (const PlanRank& r : g.ranks) {
+        long n = std::count_if(r.actions.begin(), r.actions.end(), [](const PlanAction& a) {
+            return a.kind == ActionKind::reduce_tied;
+        });
+        EXPECT_EQ(n, 1) << r.rank;
+    }
+    // Dropping one side is caught.
+    auto& acts = g.ranks[3].actions;
+    acts.erase(std::find_if(acts.begin(), acts.end(),
+                            [](const PlanAction& a) { return a.kind == ActionKind::reduce_tied; }));
+    std::vector<PlanError> e = verify(g);
+    ASSERT_FALSE(e.empty());
+    EXPECT_EQ(e[0].message, "ranks 1 and 3 enter different numbers of tied-embedding reductions");
+    // In a V the first and the last stage share rank 0: nothing to reduce.
+    Graph v =
+        planned(checked("gpt2_124m_8xh200.dist", {"schedule.kind=zbv", "schedule.microbatches=4"}));
+    for (const PlanRank& r : v.ranks)
+        for (const PlanAction& a : r.actions) EXPECT_NE(a.kind, ActionKind::reduce_tied);
 }
