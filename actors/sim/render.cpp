@@ -55,9 +55,10 @@ std::string text_report(const Timeline& t, int width) {
     std::string out;
     char buf[256];
     std::snprintf(buf, sizeof buf,
-                  "%s, %d ranks (dp %d, tp %d, pp %d), %d microbatches, %s costs\n",
-                  to_string(g.schedule), static_cast<int>(g.ranks.size()), g.dp, g.tp, g.pp,
-                  g.microbatches, t.cost == CostModel::unit ? "unit" : "profile");
+                  "%s, %d rank%s (dp %d, tp %d, pp %d), %d microbatch%s, %s costs\n",
+                  to_string(g.schedule), static_cast<int>(g.ranks.size()),
+                  g.ranks.size() == 1 ? "" : "s", g.dp, g.tp, g.pp, g.microbatches,
+                  g.microbatches == 1 ? "" : "es", t.cost == CostModel::unit ? "unit" : "profile");
     out += buf;
     out += "makespan  " + time_str(t, t.makespan) + "\n";
     std::snprintf(buf, sizeof buf, "bubble    %.4f (idle / (ranks x makespan))\n",
