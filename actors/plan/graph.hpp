@@ -31,7 +31,8 @@ enum class ActionKind : uint8_t {
     reduce_grad,     // REDUCE_GRAD: all-reduce of one gradient bucket over the data-parallel group
     reduce_tied,     // REDUCE_TIED: all-reduce of a tied embedding's gradient between the ranks of
                      // the first and the last stage when they differ (as Megatron-LM does)
-    step             // STEP: the optimizer step (after every bucket is reduced)
+    step             // STEP: the optimizer step, after this rank's reductions; with clipping it
+                     // includes the all-reduce of the gradient norm over every rank
 };
 
 bool is_compute(ActionKind k);

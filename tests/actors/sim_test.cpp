@@ -217,3 +217,49 @@ TEST(Lower, TensorShardsAndTheTiedEmbedding) {
     for (const PlanRank& r : v.ranks)
         for (const PlanAction& a : r.actions) EXPECT_NE(a.kind, ActionKind::reduce_tied);
 }
+
+TEST(Lower, PartitionFromTheScriptOrBalancedByCost) {
+    // Given in the script: kept as written.
+    Program given = checked("gpt_tiny.dist", {"mesh.pp=2", "schedule.partition=[1, 3]"});
+    Graph g = planned(given);
+    ASSERT_EQ(g.stages.size(), 2u);
+    EXPECT_EQ(g.stages[0].blocks, 1);
+    EXPECT_EQ(g.stages[1].blocks, 3);
+    EXPECT_TRUE(g.partition_given);
+    // Balanced: GPT-2 124M's head (2 N C V FLOPs with V = 50304) outweighs its embedding (a
+    // lookup), so on two stages the head's stage gets fewer of the 12 blocks.
+    Graph b = planned(
+        checked("gpt2_124m_8xh200.dist", {"schedule.kind=1f1b", "schedule.virtual_stages=1"}));
+    ASSERT_EQ(b.stages.size(), 2u);
+    EXPECT_FALSE(b.partition_given);
+    EXPECT_EQ(b.stages[0].blocks + b.stages[1].blocks, 12);
+    EXPECT_LT(b.stages[1].blocks, b.stages[0].blocks);
+}
+
+TEST(Simulate, ProfileCostsOfAHandMadeGraph) {
+    // GPipe, p = 2, m = 1. Each stage: 1e12 FLOPs forward, as many for I and for W; 1 GB sent
+    // across. The device: 1e12 FLOP/s at efficiency 0.5, links of 1 GB/s without latency.
+    // F = 2 s, B = I + W = 4 s, a transfer 1 s: F0 + send + F1 + B1 + send + B0 = 14 s.
+    PlanResult r = schedule_graph(ScheduleKind::gpipe, 2, 1, 1);
+    ASSERT_TRUE(r.ok());
+    Graph g = *r.graph;
+    for (PlanStage& s : g.stages) {
+        s.flops_forward = s.flops_input_grad = s.flops_weight_grad = 1e12;
+        s.boundary_bytes = 1000000000;
+    }
+    Program p;
+    p.mesh.profile.peak_flops_f32 = 1e12;
+    p.mesh.profile.memory_bandwidth = 1e12;
+    p.mesh.profile.intra_host = {1e9, 0.0};
+    p.mesh.profile.inter_host = {1e8, 0.0};
+    sim::SimResult s = sim::simulate(g, p);
+    ASSERT_TRUE(s.ok());
+    EXPECT_NEAR(s.timeline->makespan, 14.0, 1e-9);
+    // Each rank computes 6 s of the 14: the bubble is 8/14.
+    EXPECT_NEAR(s.timeline->bubble_fraction, 8.0 / 14.0, 1e-9);
+    // On two hosts the link is ten times slower: 2 transfers of 10 s instead of 1 s.
+    for (PlanRank& rank : g.ranks) rank.host = rank.rank;
+    s = sim::simulate(g, p);
+    ASSERT_TRUE(s.ok());
+    EXPECT_NEAR(s.timeline->makespan, 32.0, 1e-9);
+}
