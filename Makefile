@@ -66,3 +66,18 @@ sanitize:
 
 clean:
 	rm -rf $(BUILD) build-fuzz build-asan
+
+# The pictures of docs/schedules.md: every schedule on 4 pipeline ranks, 8 microbatches, at the
+# unit costs of the zero-bubble paper.
+SCHEDULES := gpipe 1f1b interleaved_1f1b looped_bfs zb_h1 zb_h2 zbv dualpipev
+.PHONY: schedule-svgs
+schedule-svgs: build
+	@mkdir -p docs/schedules
+	@for k in $(SCHEDULES); do \
+	  case $$k in interleaved_1f1b|looped_bfs|zbv|dualpipev) v=2;; *) v=1;; esac; \
+	  $(DIST) sim examples/gpt_tiny.dist --cost unit --set model.layers=8 --set mesh.pp=4 \
+	    --set schedule.kind=$$k --set schedule.virtual_stages=$$v \
+	    --set schedule.microbatches=8 --set train.batch=32 \
+	    --svg docs/schedules/$$k.svg >/dev/null || exit 1; \
+	done
+	@echo "schedule-svgs: docs/schedules/*.svg"

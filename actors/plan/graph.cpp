@@ -14,6 +14,7 @@ struct OpText {
 };
 // Longest names first, so that parsing never takes a prefix ("B" of nothing, "SEND_F" first).
 const OpText op_texts[] = {{ActionKind::reduce_grad, "REDUCE_GRAD"},
+                           {ActionKind::reduce_tied, "REDUCE_TIED"},
                            {ActionKind::send_forward, "SEND_F"},
                            {ActionKind::recv_forward, "RECV_F"},
                            {ActionKind::send_backward, "SEND_B"},
@@ -122,6 +123,22 @@ std::string print(const Graph& g, int width) {
                           s.tp_reductions, s.tp_reductions == 1 ? "" : "s",
                           static_cast<double>(s.tp_reduction_bytes) / 1e6);
             out += buf;
+        }
+        if (!s.shards.empty()) {
+            // One line per kind of split: which slice tensor-parallel rank t owns.
+            std::string seen;
+            for (const PlanShard& sh : s.shards) {
+                std::string what = std::string(to_string(sh.dim)) + std::to_string(sh.size) + ";";
+                if (seen.find(what) != std::string::npos) continue;
+                seen += what;
+                long long per = static_cast<long long>(sh.size / g.tp);
+                std::snprintf(buf, sizeof buf,
+                              "            tp shard: %s by %s, %lld of %lld: rank t owns "
+                              "[%lld t, %lld (t+1))\n",
+                              sh.layer.c_str(), to_string(sh.dim), per,
+                              static_cast<long long>(sh.size), per, per);
+                out += buf;
+            }
         }
         if (!s.buckets.empty()) {
             int64_t total = 0;

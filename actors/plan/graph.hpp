@@ -5,7 +5,8 @@
 // holds and costs, and every rank's ordered action list. Compute actions print as
 // `<stage><op><microbatch>` (`2F0`, `1I3`); communication actions as
 // `<stage>SEND_F<microbatch>>r<peer>`, `<stage>RECV_B<microbatch><r<peer>`; the data-parallel
-// gradient reduction as `<stage>REDUCE_GRAD<bucket>`; the optimizer step as `STEP`. Two compute
+// gradient reduction as `<stage>REDUCE_GRAD<bucket>`, the tied embedding's as
+// `<stage>REDUCE_TIED0`; the optimizer step as `STEP`.
 // actions that run overlapped (DualPipeV's forward/backward pairs) print joined: `6F3+1B1`.
 #pragma once
 
@@ -28,7 +29,10 @@ enum class ActionKind : uint8_t {
     send_backward,   // SEND_B: the gradient of this stage's input to the previous stage's rank
     recv_backward,   // RECV_B: the gradient of this stage's output from the next stage's rank
     reduce_grad,     // REDUCE_GRAD: all-reduce of one gradient bucket over the data-parallel group
-    step             // STEP: the optimizer step (after every bucket is reduced)
+    reduce_tied,     // REDUCE_TIED: all-reduce of a tied embedding's gradient between the ranks of
+                     // the first and the last stage when they differ (as Megatron-LM does)
+    step             // STEP: the optimizer step, after this rank's reductions; with clipping it
+                     // includes the all-reduce of the gradient norm over every rank
 };
 
 bool is_compute(ActionKind k);
@@ -57,6 +61,17 @@ std::string to_string(const PlanAction& a);
 /// The inverse of to_string for one action (an overlapped pair is two strings joined by `+`).
 std::optional<PlanAction> parse_action(const std::string& text);
 
+/// A tensor split over the tensor-parallel ranks: rank t of T owns
+/// [t * size / T, (t + 1) * size / T) along `dim` (Megatron-LM's split: attention by heads, the
+/// MLP by its hidden size, embedding and head by vocabulary).
+struct PlanShard {
+    std::string layer; // e.g. "h.3.attn"
+    ShardDim dim = ShardDim::none;
+    int64_t size = 0; // of the split dimension, unsharded
+
+    bool operator==(const PlanShard&) const = default;
+};
+
 /// One pipeline stage: a contiguous run of blocks, plus the embeddings on the first stage and
 /// the head and loss on the last. Costs are per microbatch on one tensor-parallel shard.
 struct PlanStage {
@@ -76,6 +91,7 @@ struct PlanStage {
     int32_t tp_reductions = 0;      // tensor-parallel all-reduces in one forward (as many in B/I)
     int64_t tp_reduction_bytes = 0; // size of each
     std::vector<int64_t> buckets;   // gradient bucket sizes in bytes, in reduction order
+    std::vector<PlanShard> shards;  // tensors split over tp (empty when tp = 1)
 
     bool operator==(const PlanStage&) const = default;
 };
@@ -101,6 +117,7 @@ struct Graph {
     std::vector<PlanStage> stages;
     std::vector<PlanRank> ranks; // indexed by rank
     bool partition_given = false;
+    int64_t tied_bytes = 0; // gradient of the tied embedding on one tp rank (REDUCE_TIED)
 
     bool operator==(const Graph&) const = default;
 

@@ -10,6 +10,9 @@ using nlohmann::json;
 json to_json(const Graph& g) {
     json stages = json::array();
     for (const PlanStage& s : g.stages) {
+        json shards = json::array();
+        for (const PlanShard& sh : s.shards)
+            shards.push_back({{"layer", sh.layer}, {"dim", to_string(sh.dim)}, {"size", sh.size}});
         stages.push_back(
             {{"stage", s.index},
              {"pp", s.pp},
@@ -24,7 +27,8 @@ json to_json(const Graph& g) {
              {"boundary_bytes", s.boundary_bytes},
              {"tp_reductions", s.tp_reductions},
              {"tp_reduction_bytes", s.tp_reduction_bytes},
-             {"buckets", s.buckets}});
+             {"buckets", s.buckets},
+             {"shards", shards}});
     }
     json ranks = json::array();
     for (const PlanRank& r : g.ranks) {
@@ -54,6 +58,7 @@ json to_json(const Graph& g) {
             {"microbatch_tokens", g.microbatch_tokens},
             {"bytes_per_element", g.bytes_per_element},
             {"partition_given", g.partition_given},
+            {"tied_bytes", g.tied_bytes},
             {"stages", stages},
             {"ranks", ranks}};
 }
@@ -82,6 +87,7 @@ bool from_json(const json& j, Graph& out, std::string& error) {
         g.microbatch_tokens = j.at("microbatch_tokens").get<int64_t>();
         g.bytes_per_element = j.at("bytes_per_element").get<int32_t>();
         g.partition_given = j.at("partition_given").get<bool>();
+        g.tied_bytes = j.at("tied_bytes").get<int64_t>();
         for (const json& s : j.at("stages")) {
             PlanStage st;
             st.index = s.at("stage").get<int32_t>();
@@ -100,6 +106,15 @@ bool from_json(const json& j, Graph& out, std::string& error) {
             st.tp_reductions = s.at("tp_reductions").get<int32_t>();
             st.tp_reduction_bytes = s.at("tp_reduction_bytes").get<int64_t>();
             st.buckets = s.at("buckets").get<std::vector<int64_t>>();
+            for (const json& sh : s.at("shards")) {
+                PlanShard x;
+                x.layer = sh.at("layer").get<std::string>();
+                std::string dim = sh.at("dim").get<std::string>();
+                for (ShardDim d : {ShardDim::heads, ShardDim::hidden, ShardDim::vocab})
+                    if (dim == to_string(d)) x.dim = d;
+                x.size = sh.at("size").get<int64_t>();
+                st.shards.push_back(std::move(x));
+            }
             g.stages.push_back(std::move(st));
         }
         for (const json& r : j.at("ranks")) {

@@ -141,7 +141,10 @@ std::vector<PlanAction> looped_bfs(int32_t p, int32_t m, int32_t v, int32_t r) {
 // chunk, then of both; the steady phase runs F, I, W of each chunk in turn; the cool-down
 // runs the input gradients first and the weight gradients last. PyTorch's ScheduleZBVZeroBubble
 // has the same phases.
-std::vector<PlanAction> zbv(int32_t p, int32_t m, int32_t r) {
+std::vector<PlanAction> zbv(int32_t p, int32_t m_given, int32_t r) {
+    // The V fills with 2p-1 microbatches: with fewer, the order is that of 2p-1 with the
+    // missing microbatches left out (as PyTorch does), which keeps the dependencies acyclic.
+    const int32_t m = std::max(m_given, 2 * p - 1);
     int32_t s0 = r, s1 = 2 * p - 1 - r;
     Order o(2 * p);
     auto f0 = [&] { return o.forwards(s0) < m; };
@@ -183,6 +186,7 @@ std::vector<PlanAction> zbv(int32_t p, int32_t m, int32_t r) {
     std::stable_partition(o.pending.begin(), o.pending.end(),
                           [&](auto& x) { return x.first == s1; });
     while (!o.pending.empty()) o.w();
+    std::erase_if(o.list, [&](const PlanAction& a) { return a.microbatch >= m_given; });
     return o.list;
 }
 

@@ -67,7 +67,11 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
         c.flops_forward = weights + scores;
         c.flops_input_grad = weights + 2 * scores;
         c.flops_weight_grad = weights;
-        c.bytes_elementwise = 3 * b * h * T * T * elt; // softmax read and write, mask
+        // The T x T scores reach memory only when they are kept (no recomputation); with
+        // selective recomputation they stay on chip (flash attention) and are recomputed.
+        c.bytes_elementwise = p.schedule.recompute == Recompute::none
+                                  ? 3 * b * h * T * T * elt
+                                  : 4 * N * (h + 2 * kv) * hd * elt;
         saved = N * C + N * (h + 2 * kv) * hd + N * h * hd;
         if (p.schedule.recompute == Recompute::none) saved += b * h * T * T;
         c.tp_reductions = p.mesh.tp > 1 ? 1 : 0;
@@ -102,6 +106,24 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
     c.activation_bytes = static_cast<int64_t>(saved * elt);
     return c;
 }
+
+} // namespace
+
+bool tied_elsewhere(const Program& p, const std::vector<int32_t>& stage_rank) {
+    if (stage_rank.empty() || stage_rank.front() == stage_rank.back() || p.model.pre.empty())
+        return false;
+    for (const ModelItemSpec& it : p.model.post)
+        for (const LayerSpec& l : it.layers)
+            if (l.kind == LayerKind::lm_head && l.tied) return true;
+    return false;
+}
+
+int64_t tied_gradient_bytes(const Program& p, const std::vector<int32_t>& stage_rank) {
+    if (!tied_elsewhere(p, stage_rank)) return 0;
+    return cost_of_layer(p, p.model.pre.front().layers.front()).parameters * bytes_per_element(p);
+}
+
+namespace {
 
 PartCost pre_cost(const Program& p) {
     return cost_of_items(p, p.model.pre);
@@ -195,6 +217,27 @@ std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>
         for (int32_t k = 0; k < st.blocks; ++k)
             c.add(block_cost(p, static_cast<size_t>(first + k)));
         if (st.head) c.add(post_cost(p));
+        auto shard_items = [&](const std::vector<ModelItemSpec>& items) {
+            if (p.mesh.tp <= 1) return;
+            for (const ModelItemSpec& it : items) {
+                for (const LayerSpec& l : it.layers) {
+                    int64_t size = l.shard == ShardDim::heads    ? l.heads
+                                   : l.shard == ShardDim::hidden ? l.hidden
+                                   : l.shard == ShardDim::vocab  ? l.vocab
+                                                                 : 0;
+                    if (size > 0) st.shards.push_back({l.name, l.shard, size});
+                }
+            }
+        };
+        if (st.embedding) shard_items(p.model.pre);
+        for (int32_t k = 0; k < st.blocks; ++k)
+            shard_items(p.model.blocks[static_cast<size_t>(first + k)].items);
+        if (st.head) {
+            shard_items(p.model.post);
+            // A tied head on another rank than the embedding keeps its own copy of it.
+            if (tied_elsewhere(p, stage_rank))
+                c.parameters += cost_of_layer(p, p.model.pre.front().layers.front()).parameters;
+        }
         first += st.blocks;
         st.parameters = c.parameters;
         st.flops_forward = c.flops_forward;

@@ -30,6 +30,11 @@ PartCost cost_of_items(const Program& p, const std::vector<ModelItemSpec>& items
 /// the head and loss on the last; every stage gets at least one block.
 std::vector<int64_t> balanced_partition(const Program& p, int32_t stages);
 
+/// Whether the head shares the embedding's weights (GPT-2) on another rank than the embedding:
+/// then both ranks hold a copy and all-reduce its gradient (REDUCE_TIED), and its bytes.
+bool tied_elsewhere(const Program& p, const std::vector<int32_t>& stage_rank);
+int64_t tied_gradient_bytes(const Program& p, const std::vector<int32_t>& stage_rank);
+
 /// The stages of the plan with their costs, for the partition in `partition`.
 std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>& partition,
                                     const std::vector<int32_t>& stage_rank);

@@ -55,9 +55,10 @@ std::string text_report(const Timeline& t, int width) {
     std::string out;
     char buf[256];
     std::snprintf(buf, sizeof buf,
-                  "%s, %d ranks (dp %d, tp %d, pp %d), %d microbatches, %s costs\n",
-                  to_string(g.schedule), static_cast<int>(g.ranks.size()), g.dp, g.tp, g.pp,
-                  g.microbatches, t.cost == CostModel::unit ? "unit" : "profile");
+                  "%s, %d rank%s (dp %d, tp %d, pp %d), %d microbatch%s, %s costs\n",
+                  to_string(g.schedule), static_cast<int>(g.ranks.size()),
+                  g.ranks.size() == 1 ? "" : "s", g.dp, g.tp, g.pp, g.microbatches,
+                  g.microbatches == 1 ? "" : "es", t.cost == CostModel::unit ? "unit" : "profile");
     out += buf;
     out += "makespan  " + time_str(t, t.makespan) + "\n";
     std::snprintf(buf, sizeof buf, "bubble    %.4f (idle / (ranks x makespan))\n",
@@ -68,7 +69,8 @@ std::string text_report(const Timeline& t, int width) {
                       t.step_time_s, t.tokens_per_s, 100 * t.mfu);
         out += buf;
         out += "memory    " + std::string(t.fits ? "fits" : "DOES NOT FIT") + " (" +
-               bytes(t.memory_limit_bytes) + "B per device)\n";
+               bytes(t.memory_limit_bytes) +
+               (t.shared_memory ? "B shared by all ranks)\n" : "B per device)\n");
     }
     // Timeline: one row per rank, slots of equal time.
     const int label = 8;
@@ -92,7 +94,7 @@ std::string text_report(const Timeline& t, int width) {
         std::snprintf(buf, sizeof buf, "rank %-3d", r.rank);
         out += buf + row + "\n";
     }
-    out += "        F: 0-9  B: A-J  I: a-j  W: k-t (microbatch mod 10)  .: idle  one column = " +
+    out += "F 0-9, B A-J, I a-j, W k-t (microbatch mod 10), . idle; a column is " +
            time_str(t, per_col) + "\n\n";
     out += "rank      idle  live  params  grads   optim   activ   comm    peak\n";
     for (const RankReport& r : t.ranks) {
@@ -133,6 +135,7 @@ nlohmann::json to_json(const Timeline& t) {
             {"mfu", t.mfu},
             {"memory_limit_bytes", t.memory_limit_bytes},
             {"fits", t.fits},
+            {"shared_memory", t.shared_memory},
             {"ranks", ranks}};
 }
 

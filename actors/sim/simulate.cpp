@@ -101,6 +101,14 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr) {
         return l.latency + static_cast<double>(stage(a).boundary_bytes) / l.bandwidth;
     };
     c.reduction = [&g, pr, stage](const PlanRank& r, const PlanAction& a) {
+        if (a.kind == ActionKind::reduce_tied) {
+            const PlanRank& first =
+                g.ranks[static_cast<size_t>(g.rank_of(r.dp, g.stages.front().pp, r.tp))];
+            const PlanRank& last =
+                g.ranks[static_cast<size_t>(g.rank_of(r.dp, g.stages.back().pp, r.tp))];
+            return ring_allreduce(static_cast<double>(g.tied_bytes), 2,
+                                  first.host == last.host ? pr.intra : pr.inter);
+        }
         bool one_host = true;
         for (int32_t d = 0; d < g.dp; ++d)
             one_host =
@@ -210,7 +218,8 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
         }
     }
     if (t.memory_limit_bytes > 0) {
-        if (p.mesh.profile.devices_per_host == 0) {
+        t.shared_memory = p.mesh.profile.devices_per_host == 0;
+        if (t.shared_memory) {
             int64_t total = 0;
             for (const RankReport& r : t.ranks) total += r.peak_memory_bytes;
             t.fits = total <= t.memory_limit_bytes;

@@ -54,6 +54,7 @@ struct Timeline {
     double mfu = 0;
     int64_t memory_limit_bytes = 0;
     bool fits = true;
+    bool shared_memory = false; // the ranks share one machine's memory (a CPU mesh)
     std::vector<RankReport> ranks;
 };
 

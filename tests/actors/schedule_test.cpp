@@ -119,6 +119,18 @@ TEST(Schedules, PeakInflightMicrobatches) {
     }
 }
 
+// ZB-H1 keeps 1F1B's peak memory (Qi et al. 2024): no rank holds more than the p microbatches
+// that 1F1B's first rank holds; the W passes a later rank holds back make up its shorter warm-up.
+TEST(Schedules, ZbH1PeakMemoryIsThatOf1f1b) {
+    for (int32_t p : {2, 3, 4, 6}) {
+        for (int32_t m : {p, 2 * p, 3 * p}) {
+            sim::Timeline z = unit(ScheduleKind::zb_h1, p, m);
+            for (const sim::RankReport& r : z.ranks)
+                EXPECT_EQ(r.peak_inflight_microbatches, p) << "p=" << p << " m=" << m;
+        }
+    }
+}
+
 // Orders derived by hand from the papers' figures.
 TEST(Schedules, SmallOrdersByHand) {
     EXPECT_EQ(order(ScheduleKind::gpipe, 2, 3, 1), "1F0 1F1 1F2 1B0 1B1 1B2");

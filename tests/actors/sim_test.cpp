@@ -1,0 +1,265 @@
+// sim_test.cpp: the Graph's JSON round trip, the simulator's reports under the hardware
+// profile, and that the SVG and the Chrome trace are well-formed.
+#include "actors/plan/graph_json.hpp"
+#include "actors/plan/lower.hpp"
+#include "actors/plan/verify.hpp"
+#include "actors/sim/simulate.hpp"
+#include "lang/check.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <regex>
+
+using namespace dist;
+using namespace dist::plan;
+
+namespace {
+
+Program checked(const std::string& example, std::vector<std::string> overrides = {}) {
+    lang::FrontendOptions o;
+    o.search_roots = {std::filesystem::path(DIST_SOURCE_DIR) / "stdlib"};
+    o.overrides = std::move(overrides);
+    o.check_files = false;
+    lang::CheckResult r =
+        lang::check_file(std::filesystem::path(DIST_SOURCE_DIR) / "examples" / example, o);
+    EXPECT_TRUE(r.ok()) << r.report();
+    return r.ok() ? *r.program : Program{};
+}
+
+Graph planned(const Program& p) {
+    PlanResult r = lower(p);
+    EXPECT_TRUE(r.ok()) << render_errors(p.file, r.errors);
+    return r.ok() ? *r.graph : Graph{};
+}
+
+// A small XML well-formedness check: every tag closes in order, attributes are quoted.
+bool well_formed(const std::string& xml, std::string& why) {
+    std::vector<std::string> open;
+    std::regex tag(R"(<(/?)([A-Za-z][\w:-]*)((?:\s+[\w:-]+="[^"<]*")*)\s*(/?)>)");
+    size_t at = 0;
+    while ((at = xml.find('<', at)) != std::string::npos) {
+        std::smatch m;
+        std::string rest = xml.substr(at, xml.find('>', at) - at + 1);
+        if (!std::regex_match(rest, m, tag)) {
+            why = "bad tag: " + rest;
+            return false;
+        }
+        if (m[1] == "/") {
+            if (open.empty() || open.back() != m[2]) {
+                why = "unbalanced </" + m[2].str() + ">";
+                return false;
+            }
+            open.pop_back();
+        } else if (m[4] != "/") {
+            open.push_back(m[2]);
+        }
+        at += rest.size();
+    }
+    why = open.empty() ? "" : "unclosed <" + open.back() + ">";
+    return open.empty();
+}
+
+} // namespace
+
+TEST(GraphJson, RoundTripGivesAnEqualGraph) {
+    std::vector<Graph> graphs = {planned(checked("gpt2_124m_8xh200.dist")),
+                                 planned(checked("llama3_8b_64xh100.dist")),
+                                 planned(checked("custom_schedule.dist")),
+                                 *schedule_graph(ScheduleKind::dualpipev, 3, 7, 2).graph};
+    for (const Graph& g : graphs) {
+        std::string text = to_json(g).dump();
+        Graph back;
+        std::string error;
+        ASSERT_TRUE(from_json(nlohmann::json::parse(text), back, error)) << error;
+        EXPECT_TRUE(back == g) << to_string(g.schedule);
+        EXPECT_EQ(to_json(back).dump(), text);
+    }
+    // DualPipeV's overlapped pairs survive as pairs.
+    Graph d = graphs.back();
+    bool pair = false;
+    for (const PlanRank& r : d.ranks)
+        for (const PlanAction& a : r.actions) pair = pair || a.overlap_next;
+    EXPECT_TRUE(pair);
+}
+
+TEST(GraphJson, ReadingRefusesBadActions) {
+    nlohmann::json j = to_json(*schedule_graph(ScheduleKind::gpipe, 2, 2, 1).graph);
+    j["ranks"][1]["actions"][0] = "1X0";
+    Graph g;
+    std::string error;
+    EXPECT_FALSE(from_json(j, g, error));
+    EXPECT_EQ(error, "rank 1: `1X0` is not an action");
+    for (const char* good : {"12F3", "0SEND_F1>r3", "1RECV_B0<r5", "1REDUCE_GRAD2", "STEP"})
+        EXPECT_EQ(to_string(*parse_action(good)), good);
+    for (const char* bad : {"F0", "0F", "0SEND_F1", "0F1>r2", "0Q1", "0F1x"})
+        EXPECT_FALSE(parse_action(bad).has_value()) << bad;
+}
+
+TEST(Simulate, ProfileReportAddsUp) {
+    Program p = checked("gpt2_124m_8xh200.dist");
+    Graph g = planned(p);
+    sim::SimResult r = sim::simulate(g, p);
+    ASSERT_TRUE(r.ok());
+    const sim::Timeline& t = *r.timeline;
+    EXPECT_GT(t.makespan, 0);
+    EXPECT_GT(t.bubble_fraction, 0);
+    EXPECT_LT(t.bubble_fraction, 1);
+    EXPECT_GT(t.mfu, 0);
+    EXPECT_LE(t.mfu, 0.5); // at most the efficiency factor
+    // Tokens: 8 microbatches of 8 sequences of 1024 tokens on each of 2 data-parallel ranks.
+    EXPECT_NEAR(t.tokens_per_s * t.step_time_s, 8.0 * 8 * 1024 * 2, 1e-6);
+    EXPECT_TRUE(t.fits);
+    for (const sim::RankReport& rr : t.ranks) {
+        const PlanRank& rank = g.ranks[static_cast<size_t>(rr.rank)];
+        int64_t params = 0;
+        for (const PlanStage& s : g.stages)
+            if (s.pp == rank.pp) params += s.parameters;
+        // bf16: 2 bytes of weight, 2 of gradient, 12 of AdamW state (fp32 copy, m, v).
+        EXPECT_EQ(rr.parameters_bytes, 2 * params);
+        EXPECT_EQ(rr.gradients_bytes, 2 * params);
+        EXPECT_EQ(rr.optimizer_bytes, 12 * params);
+        EXPECT_EQ(rr.peak_memory_bytes, rr.parameters_bytes + rr.gradients_bytes +
+                                            rr.optimizer_bytes + rr.activations_bytes +
+                                            rr.communication_bytes);
+        EXPECT_NEAR(rr.idle, t.makespan - rr.busy, 1e-12);
+    }
+}
+
+TEST(Simulate, UnitCostsOfAScriptMatchTheFormula) {
+    // gpt_tiny on pp = 4 with 1F1B and 8 microbatches: bubble (p-1)/(m+p-1) = 3/11.
+    Program p =
+        checked("gpt_tiny.dist", {"mesh.pp=4", "schedule.microbatches=8", "train.batch=32"});
+    sim::SimOptions o;
+    o.cost = sim::CostModel::unit;
+    sim::SimResult r = sim::simulate(planned(p), p, o);
+    ASSERT_TRUE(r.ok());
+    EXPECT_NEAR(r.timeline->bubble_fraction, 3.0 / 11.0, 1e-12);
+    EXPECT_DOUBLE_EQ(r.timeline->makespan, 33.0);
+}
+
+TEST(Simulate, DataParallelReductionsOverlapTheRemainingBackward) {
+    // Interleaved on pp = 2: stage 2's buckets are final before stage 0's last backwards, so
+    // its all-reduce runs while rank 0 still computes; the step waits only for the last.
+    Program p = checked("gpt2_124m_8xh200.dist");
+    Graph g = planned(p);
+    const PlanRank& r0 = g.ranks[0];
+    size_t first_reduce = 0, last_backward = 0;
+    for (size_t i = 0; i < r0.actions.size(); ++i) {
+        if (r0.actions[i].kind == ActionKind::reduce_grad && first_reduce == 0) first_reduce = i;
+        if (r0.actions[i].kind == ActionKind::backward) last_backward = i;
+    }
+    EXPECT_LT(first_reduce, last_backward);
+    EXPECT_EQ(r0.actions.back().kind, ActionKind::step);
+}
+
+TEST(Render, SvgAndTraceParse) {
+    Program p = checked("gpt2_124m_8xh200.dist");
+    sim::SimResult r = sim::simulate(planned(p), p);
+    ASSERT_TRUE(r.ok());
+    std::string svg = sim::svg(*r.timeline), why;
+    EXPECT_TRUE(well_formed(svg, why)) << why;
+    EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
+    EXPECT_NE(svg.find("F forward"), std::string::npos);  // the legend
+    EXPECT_NE(svg.find("url(#idle)"), std::string::npos); // the shaded bubble
+    nlohmann::json trace = nlohmann::json::parse(sim::chrome_trace(*r.timeline).dump());
+    size_t spans = 0, tracks = 0;
+    for (const auto& e : trace["traceEvents"]) {
+        if (e["ph"] == "X") {
+            ++spans;
+            EXPECT_GE(e["dur"].get<double>(), 0.0);
+        }
+        if (e["ph"] == "M" && e["name"] == "thread_name") ++tracks;
+    }
+    size_t expected = 0;
+    for (const sim::RankReport& rr : r.timeline->ranks) expected += rr.spans.size();
+    EXPECT_EQ(spans, expected);
+    EXPECT_EQ(tracks, r.timeline->ranks.size());
+    std::string text = sim::text_report(*r.timeline);
+    size_t start = 0;
+    for (size_t end; (end = text.find('\n', start)) != std::string::npos; start = end + 1)
+        EXPECT_LE(end - start, 80u) << text.substr(start, end - start);
+}
+
+TEST(Lower, TensorShardsAndTheTiedEmbedding) {
+    Program p = checked("gpt2_124m_8xh200.dist");
+    Graph g = planned(p);
+    // Megatron-LM's split over tp = 2: the vocabulary of the embedding, the heads of every
+    // attention, the hidden size of every MLP.
+    ASSERT_FALSE(g.stages[0].shards.empty());
+    EXPECT_EQ(g.stages[0].shards[0], (PlanShard{"wte", ShardDim::vocab, 50304}));
+    int attention = 0;
+    for (const PlanStage& s : g.stages)
+        for (const PlanShard& sh : s.shards)
+            if (sh.dim == ShardDim::heads) {
+                EXPECT_EQ(sh.size, 12);
+                ++attention;
+            }
+    EXPECT_EQ(attention, 12); // one per block
+    // GPT-2 ties the head to the embedding; they sit on pipeline ranks 0 and 1, so every rank
+    // reduces the tied gradient once, with its partner of the same dp and tp.
+    for (const PlanRank& r : g.ranks) {
+        long n = std::count_if(r.actions.begin(), r.actions.end(), [](const PlanAction& a) {
+            return a.kind == ActionKind::reduce_tied;
+        });
+        EXPECT_EQ(n, 1) << r.rank;
+    }
+    // Dropping one side is caught.
+    auto& acts = g.ranks[3].actions;
+    acts.erase(std::find_if(acts.begin(), acts.end(),
+                            [](const PlanAction& a) { return a.kind == ActionKind::reduce_tied; }));
+    std::vector<PlanError> e = verify(g);
+    ASSERT_FALSE(e.empty());
+    EXPECT_EQ(e[0].message, "ranks 1 and 3 enter different numbers of tied-embedding reductions");
+    // In a V the first and the last stage share rank 0: nothing to reduce.
+    Graph v =
+        planned(checked("gpt2_124m_8xh200.dist", {"schedule.kind=zbv", "schedule.microbatches=4"}));
+    for (const PlanRank& r : v.ranks)
+        for (const PlanAction& a : r.actions) EXPECT_NE(a.kind, ActionKind::reduce_tied);
+}
+
+TEST(Lower, PartitionFromTheScriptOrBalancedByCost) {
+    // Given in the script: kept as written.
+    Program given = checked("gpt_tiny.dist", {"mesh.pp=2", "schedule.partition=[1, 3]"});
+    Graph g = planned(given);
+    ASSERT_EQ(g.stages.size(), 2u);
+    EXPECT_EQ(g.stages[0].blocks, 1);
+    EXPECT_EQ(g.stages[1].blocks, 3);
+    EXPECT_TRUE(g.partition_given);
+    // Balanced: GPT-2 124M's head (2 N C V FLOPs with V = 50304) outweighs its embedding (a
+    // lookup), so on two stages the head's stage gets fewer of the 12 blocks.
+    Graph b = planned(
+        checked("gpt2_124m_8xh200.dist", {"schedule.kind=1f1b", "schedule.virtual_stages=1"}));
+    ASSERT_EQ(b.stages.size(), 2u);
+    EXPECT_FALSE(b.partition_given);
+    EXPECT_EQ(b.stages[0].blocks + b.stages[1].blocks, 12);
+    EXPECT_LT(b.stages[1].blocks, b.stages[0].blocks);
+}
+
+TEST(Simulate, ProfileCostsOfAHandMadeGraph) {
+    // GPipe, p = 2, m = 1. Each stage: 1e12 FLOPs forward, as many for I and for W; 1 GB sent
+    // across. The device: 1e12 FLOP/s at efficiency 0.5, links of 1 GB/s without latency.
+    // F = 2 s, B = I + W = 4 s, a transfer 1 s: F0 + send + F1 + B1 + send + B0 = 14 s.
+    PlanResult r = schedule_graph(ScheduleKind::gpipe, 2, 1, 1);
+    ASSERT_TRUE(r.ok());
+    Graph g = *r.graph;
+    for (PlanStage& s : g.stages) {
+        s.flops_forward = s.flops_input_grad = s.flops_weight_grad = 1e12;
+        s.boundary_bytes = 1000000000;
+    }
+    Program p;
+    p.mesh.profile.peak_flops_f32 = 1e12;
+    p.mesh.profile.memory_bandwidth = 1e12;
+    p.mesh.profile.intra_host = {1e9, 0.0};
+    p.mesh.profile.inter_host = {1e8, 0.0};
+    sim::SimResult s = sim::simulate(g, p);
+    ASSERT_TRUE(s.ok());
+    EXPECT_NEAR(s.timeline->makespan, 14.0, 1e-9);
+    // Each rank computes 6 s of the 14: the bubble is 8/14.
+    EXPECT_NEAR(s.timeline->bubble_fraction, 8.0 / 14.0, 1e-9);
+    // On two hosts the link is ten times slower: 2 transfers of 10 s instead of 1 s.
+    for (PlanRank& rank : g.ranks) rank.host = rank.rank;
+    s = sim::simulate(g, p);
+    ASSERT_TRUE(s.ok());
+    EXPECT_NEAR(s.timeline->makespan, 32.0, 1e-9);
+}
