@@ -6,7 +6,8 @@
 // and the backward's gradients add into float accumulators across microbatches, which bf16
 // would round away. As in ops.cu, each row-major product is computed as its column-major
 // transpose. One cuBLASLt handle and one 32 MiB workspace for the process, made on first use
-// on the device current then.
+// on the device current then. Where cuBLASLt's heuristic offers no kernel (odd shapes), the
+// product goes through cublasGemmEx with the same types instead.
 #include "kernels/cuda/ops.hpp"
 
 #include "kernels/cuda/common.cuh"
@@ -27,6 +28,7 @@ using detail::blocks_for;
 
 struct LtState {
     cublasLtHandle_t handle = nullptr;
+    cublasHandle_t fallback = nullptr; // cublasGemmEx, for shapes cuBLASLt finds no kernel for
     void* workspace = nullptr;
     size_t workspace_bytes = size_t(32) << 20;
     std::string error;
@@ -38,6 +40,7 @@ std::string lt_state(LtState** out) {
     std::call_once(once, [] {
         state.error = [&]() -> std::string {
             DIST_CUBLAS(cublasLtCreate(&state.handle));
+            DIST_CUBLAS(cublasCreate(&state.fallback));
             DIST_CUDA(cudaMalloc(&state.workspace, state.workspace_bytes));
             return {};
         }();
@@ -115,15 +118,23 @@ std::string lt_gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64
 
     cublasLtMatmulHeuristicResult_t result = {};
     int found = 0;
-    DIST_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt->handle, op.d, la.d, lb.d, ld.d, ld.d, pref.d, 1,
-                                               &result, &found));
-    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
+    const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
+        lt->handle, op.d, la.d, lb.d, ld.d, ld.d, pref.d, 1, &result, &found);
+    if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED)
+        found = 0; // no kernel: the fallback below
+    else if (heuristic != CUBLAS_STATUS_SUCCESS)
         return detail::where(__FILE__, __LINE__) +
-               "cuBLASLt has no bf16 algorithm for m=" + std::to_string(m) +
-               " n=" + std::to_string(n) + " k=" + std::to_string(k) + " (alignments " +
-               std::to_string(align_a) + "/" + std::to_string(align_b) + "/" +
-               std::to_string(align_d) + " bytes)";
+               "cublasLtMatmulAlgoGetHeuristic: " + cublasGetStatusString(heuristic);
     const float alpha = 1.0f;
+    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
+        // No cuBLASLt kernel for these sizes or alignments (odd leading dimensions defeat the
+        // vector loads): cublasGemmEx computes the same product, bf16 in, float accumulation.
+        DIST_CUBLAS(cublasGemmEx(lt->fallback, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                                 static_cast<int>(k), &alpha, a, CUDA_R_16BF, static_cast<int>(lda),
+                                 b, CUDA_R_16BF, static_cast<int>(ldb), &beta, d, CUDA_R_32F,
+                                 static_cast<int>(ldd), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return {};
+    }
     DIST_CUBLAS(cublasLtMatmul(lt->handle, op.d, &alpha, a, la.d, b, lb.d, &beta, d, ld.d, d, ld.d,
                                &result.algo, lt->workspace, lt->workspace_bytes, nullptr));
     return {};
