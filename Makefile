@@ -35,7 +35,7 @@ demo: deps build
 	@scripts/demo.sh $(DIST)
 
 # Canonical formatting of the hand-written C++ and of the shipped .dist scripts.
-CXX_SOURCES = $(shell git ls-files '*.cpp' '*.hpp' '*.cu' 2>/dev/null)
+CXX_SOURCES = $(shell git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' 2>/dev/null)
 DIST_SOURCES = $(shell git ls-files 'examples/*.dist' 'stdlib/*.dist' 2>/dev/null)
 
 format:

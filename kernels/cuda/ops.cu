@@ -1,10 +1,16 @@
-// ops.cu: CUDA versions of the CPU ops. One thread block per row for the row-wise ops (norms,
-// cross-entropy), a grid-stride loop for element-wise ones, cuBLAS for matmuls.
+// ops.cu: CUDA versions of the CPU ops of GPT-2 and of training: matmul in float (cuBLAS),
+// layer norm, GELU, embeddings, cross-entropy, AdamW and the gradient-norm helpers. One thread
+// block per row for the row-wise ops (norms, cross-entropy), a grid-stride loop for element-wise
+// ones. Llama's ops are in ops_llama.cu, attention in attention.cu, bf16 matmul in
+// matmul_bf16.cu.
 #include "kernels/cuda/ops.hpp"
+
+#include "kernels/cuda/common.cuh"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 #include <string>
@@ -13,26 +19,9 @@ namespace dist::kernels::cuda {
 
 namespace {
 
-std::string where(const char* file, int line) {
-    return std::string(file) + ":" + std::to_string(line) + ": ";
-}
-
-#define DIST_CUDA(call)                                                                            \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            return where(__FILE__, __LINE__) + #call + ": " + cudaGetErrorString(e_);              \
-    } while (0)
-
-#define DIST_CUBLAS(call)                                                                          \
-    do {                                                                                           \
-        cublasStatus_t s_ = (call);                                                                \
-        if (s_ != CUBLAS_STATUS_SUCCESS)                                                           \
-            return where(__FILE__, __LINE__) + #call + ": cuBLAS status " +                        \
-                   std::to_string(static_cast<int>(s_));                                           \
-    } while (0)
-
-#define DIST_LAUNCHED() DIST_CUDA(cudaGetLastError())
+using detail::block_max;
+using detail::block_sum;
+using detail::blocks_for;
 
 std::string handle(cublasHandle_t* out) {
     static cublasHandle_t h = nullptr;
@@ -46,47 +35,6 @@ std::string handle(cublasHandle_t* out) {
     });
     *out = h;
     return error;
-}
-
-int blocks_for(int64_t n, int threads) {
-    int64_t b = (n + threads - 1) / threads;
-    return static_cast<int>(b < 65535 * 8 ? b : 65535 * 8);
-}
-
-__device__ float block_sum(float v) {
-    __shared__ float shared[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    int warps = (blockDim.x + 31) / 32;
-    v = threadIdx.x < warps ? shared[threadIdx.x] : 0.0f;
-    if (warp == 0)
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    __syncthreads();
-    if (threadIdx.x == 0) shared[0] = v;
-    __syncthreads();
-    float r = shared[0];
-    __syncthreads();
-    return r;
-}
-
-__device__ float block_max(float v) {
-    __shared__ float shared[32];
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    int warps = (blockDim.x + 31) / 32;
-    v = threadIdx.x < warps ? shared[threadIdx.x] : -INFINITY;
-    if (warp == 0)
-        for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
-    __syncthreads();
-    if (threadIdx.x == 0) shared[0] = v;
-    __syncthreads();
-    float r = shared[0];
-    __syncthreads();
-    return r;
 }
 
 __global__ void add_bias(float* out, const float* bias, int64_t N, int64_t OC) {
@@ -191,6 +139,24 @@ __global__ void embedding_backward_kernel(const int32_t* tok, const float* dout,
         atomicAdd(dtable + tok[i / C] * C + i % C, dout[i]);
 }
 
+__global__ void positions_forward_kernel(const float* wpe, int64_t B, int64_t T, int64_t C,
+                                         float* out) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < B * T * C;
+         i += int64_t(gridDim.x) * blockDim.x)
+        out[i] += wpe[i % (T * C)];
+}
+
+// One thread per (t, c): it sums the B rows itself, so no two threads write one element.
+__global__ void positions_backward_kernel(const float* dout, int64_t B, int64_t T, int64_t C,
+                                          float* dwpe) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * C;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        float s = 0.0f;
+        for (int64_t b = 0; b < B; ++b) s += dout[b * T * C + i];
+        dwpe[i] += s;
+    }
+}
+
 __global__ void cross_entropy_forward_kernel(const float* logits, const int32_t* targets, int64_t V,
                                              float* losses, float* lse) {
     const float* z = logits + blockIdx.x * V;
@@ -228,6 +194,33 @@ __global__ void adamw_kernel(const float* g, int64_t n, float lr, float b1, floa
         v[i] = vi;
         p[i] -= lr * ((mi / corr1) / (sqrtf(vi / corr2) + eps) + wd * p[i]);
     }
+}
+
+// Squares summed in double per thread and per block; one atomic add per block into the
+// caller's accumulator (the order of those adds varies: the last bits of the double may too).
+__global__ void sum_squares_kernel(const float* x, int64_t n, double* sum) {
+    double s = 0.0;
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x)
+        s += static_cast<double>(x[i]) * x[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0) atomicAdd(sum, s);
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float s) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x)
+        x[i] *= s;
+}
+
+// The factor is computed in double and rounded once, as the CPU trainer's max_norm / norm.
+__global__ void clip_kernel(const double* sum_sq, double max_norm, int64_t n, float* x) {
+    double norm = sqrt(*sum_sq);
+    if (!(norm > max_norm)) return;
+    float s = static_cast<float>(max_norm / norm);
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x)
+        x[i] *= s;
 }
 
 } // namespace
@@ -354,6 +347,18 @@ std::string embedding_backward(const int32_t* tokens, const float* dout, int64_t
     return {};
 }
 
+std::string positions_forward(const float* wpe, int64_t B, int64_t T, int64_t C, float* out) {
+    positions_forward_kernel<<<blocks_for(B * T * C, 256), 256>>>(wpe, B, T, C, out);
+    DIST_LAUNCHED();
+    return {};
+}
+
+std::string positions_backward(const float* dout, int64_t B, int64_t T, int64_t C, float* dwpe) {
+    positions_backward_kernel<<<blocks_for(T * C, 256), 256>>>(dout, B, T, C, dwpe);
+    DIST_LAUNCHED();
+    return {};
+}
+
 std::string cross_entropy_forward(const float* logits, const int32_t* targets, int64_t N, int64_t V,
                                   float* losses, float* lse) {
     cross_entropy_forward_kernel<<<int(N), 256>>>(logits, targets, V, losses, lse);
@@ -373,6 +378,25 @@ std::string adamw_step(const float* grads, int64_t n, float lr, float beta1, flo
     float corr1 = 1.0f - std::pow(beta1, float(step)), corr2 = 1.0f - std::pow(beta2, float(step));
     adamw_kernel<<<blocks_for(n, 256), 256>>>(grads, n, lr, beta1, beta2, eps, weight_decay, corr1,
                                               corr2, params, m, v);
+    DIST_LAUNCHED();
+    return {};
+}
+
+std::string sum_squares(const float* x, int64_t n, double* sum) {
+    const int blocks = std::min(blocks_for(n, 256), 1024); // few atomics, enough to fill the GPU
+    sum_squares_kernel<<<blocks, 256>>>(x, n, sum);
+    DIST_LAUNCHED();
+    return {};
+}
+
+std::string scale(float* x, int64_t n, double s) {
+    scale_kernel<<<blocks_for(n, 256), 256>>>(x, n, static_cast<float>(s));
+    DIST_LAUNCHED();
+    return {};
+}
+
+std::string clip_by_norm(const double* sum_sq, double max_norm, int64_t n, float* x) {
+    clip_kernel<<<blocks_for(n, 256), 256>>>(sum_sq, max_norm, n, x);
     DIST_LAUNCHED();
     return {};
 }

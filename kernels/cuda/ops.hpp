@@ -1,9 +1,12 @@
 // ops.hpp: the CUDA kernels, mirroring kernels/cpu/ops.hpp op for op (same shapes, same
 // "backward adds into its outputs" rule), for float tensors in device memory.
 //
-// Host code sees only this header: no CUDA type crosses it. Every function returns "" or the
-// failing CUDA / cuBLAS call with its file, line and error string. Matmuls go through cuBLAS
-// (TF32 off: results compare with the CPU ops at float tolerance); the rest are our kernels.
+// Host code sees only this header: no CUDA type crosses it (bf16 values travel as their raw
+// uint16_t bits). Every function returns "" or the failing CUDA / cuBLAS call with its file,
+// line and error string. Kernels are launched on the default stream, asynchronously: a fault
+// inside one surfaces at the next synchronising call. Float matmuls go through cuBLAS (TF32
+// off: results compare with the CPU ops at float tolerance), bf16 ones through cuBLASLt with
+// float accumulation; the rest are our kernels (ops.cu, ops_llama.cu, attention.cu).
 #pragma once
 
 #include <cstdint>
@@ -37,13 +40,53 @@ std::string layernorm_backward_weight(const float* dout, const float* inp, const
                                       const float* rstd, int64_t N, int64_t C, float* dweight,
                                       float* dbias);
 
+/// inp (N,C), weight (C) -> out (N,C), rstd (N), written.
+std::string rmsnorm_forward(const float* inp, const float* weight, int64_t N, int64_t C, float eps,
+                            float* out, float* rstd);
+/// dout (N,C), inp (N,C), weight (C), rstd (N) -> dinp (N,C) +=.
+std::string rmsnorm_backward_input(const float* dout, const float* inp, const float* weight,
+                                   const float* rstd, int64_t N, int64_t C, float* dinp);
+/// dout (N,C), inp (N,C), rstd (N) -> dweight (C) +=.
+std::string rmsnorm_backward_weight(const float* dout, const float* inp, const float* rstd,
+                                    int64_t N, int64_t C, float* dweight);
+
 std::string gelu_forward(const float* inp, int64_t n, float* out);
 std::string gelu_backward(const float* inp, const float* dout, int64_t n, float* dinp);
+
+/// SwiGLU: inp (N,2H) holds [gate | up] per row -> out (N,H) = silu(gate) * up, written.
+std::string swiglu_forward(const float* inp, int64_t N, int64_t H, float* out);
+/// inp (N,2H), dout (N,H) -> dinp (N,2H) +=.
+std::string swiglu_backward(const float* inp, const float* dout, int64_t N, int64_t H, float* dinp);
+
+/// Rotary embedding, rotate-half convention (dimension i pairs with i + D/2), positions from
+/// pos0. inp (B,T,H,D) -> out (B,T,H,D), written (may alias inp).
+std::string rope_forward(const float* inp, int64_t B, int64_t T, int64_t H, int64_t D, double theta,
+                         int64_t pos0, float* out);
+/// dout (B,T,H,D) -> dinp (B,T,H,D) += (the rotation's transpose).
+std::string rope_backward(const float* dout, int64_t B, int64_t T, int64_t H, int64_t D,
+                          double theta, int64_t pos0, float* dinp);
 
 std::string embedding_forward(const int32_t* tokens, const float* table, int64_t N, int64_t C,
                               float* out);
 std::string embedding_backward(const int32_t* tokens, const float* dout, int64_t N, int64_t C,
                                float* dtable);
+
+/// Learned positions: wpe (T,C) -> out (B,T,C) += wpe[t].
+std::string positions_forward(const float* wpe, int64_t B, int64_t T, int64_t C, float* out);
+/// dout (B,T,C) -> dwpe (T,C) +=.
+std::string positions_backward(const float* dout, int64_t B, int64_t T, int64_t C, float* dwpe);
+
+/// Causal self-attention with grouped-query heads, as the CPU op: softmax(q k^T / sqrt(D)) v.
+/// q (B,T,H,D), k (B,T,KV,D), v (B,T,KV,D), H a multiple of KV, D <= 256 ->
+/// out (B,T,H,D) and lse (B,H,T) (each row's log-sum-exp, kept for backward), written.
+/// No (T,T) matrix: scores live in registers and shared memory one tile of keys at a time.
+std::string attention_forward(const float* q, const float* k, const float* v, int64_t B, int64_t T,
+                              int64_t H, int64_t KV, int64_t D, float* out, float* lse);
+/// dout, q, k, v, out, lse as above -> dq (B,T,H,D), dk, dv (B,T,KV,D) +=.
+/// Recomputes the probabilities from lse; deterministic (no atomics).
+std::string attention_backward(const float* dout, const float* q, const float* k, const float* v,
+                               const float* out, const float* lse, int64_t B, int64_t T, int64_t H,
+                               int64_t KV, int64_t D, float* dq, float* dk, float* dv);
 
 std::string cross_entropy_forward(const float* logits, const int32_t* targets, int64_t N, int64_t V,
                                   float* losses, float* lse);
@@ -52,5 +95,34 @@ std::string cross_entropy_backward(const float* logits, const int32_t* targets, 
 
 std::string adamw_step(const float* grads, int64_t n, float lr, float beta1, float beta2, float eps,
                        float weight_decay, int64_t step, float* params, float* m, float* v);
+
+/// Gradient norm: sum (one double in device memory) += sum of x[i]^2, accumulated in double.
+/// Call it once per tensor into the same accumulator, zeroed first (copy_to_device).
+std::string sum_squares(const float* x, int64_t n, double* sum);
+/// x (n) *= s.
+std::string scale(float* x, int64_t n, double s);
+/// Clipping without a trip to the host: x (n) *= max_norm / sqrt(*sum_sq) when that norm is
+/// above max_norm; sum_sq is the device accumulator of sum_squares.
+std::string clip_by_norm(const double* sum_sq, double max_norm, int64_t n, float* x);
+
+// ----- bf16 matmul (cuBLASLt): bf16 operands, float accumulation, float outputs ------------
+// Same products as the float matmuls above. The outputs stay float because they feed float
+// ops (norms, residual adds, optimizer); only the operands are narrowed, once, by to_bf16.
+
+/// x (n) float -> out (n) bf16 bits, rounded to nearest even.
+std::string to_bf16(const float* x, int64_t n, uint16_t* out);
+/// x (n) bf16 bits -> out (n) float (exact).
+std::string from_bf16(const uint16_t* x, int64_t n, float* out);
+
+/// inp (N,C), weight (OC,C) in bf16, bias (OC) float or null -> out (N,OC) float, written.
+std::string matmul_forward_bf16(const uint16_t* inp, const uint16_t* weight, const float* bias,
+                                int64_t N, int64_t C, int64_t OC, float* out);
+/// dout (N,OC), weight (OC,C) in bf16 -> dinp (N,C) float +=.
+std::string matmul_backward_input_bf16(const uint16_t* dout, const uint16_t* weight, int64_t N,
+                                       int64_t C, int64_t OC, float* dinp);
+/// dout (N,OC), inp (N,C) in bf16 -> dweight (OC,C) float +=, dbias (OC) float += (when not
+/// null; summed from the bf16 dout).
+std::string matmul_backward_weight_bf16(const uint16_t* dout, const uint16_t* inp, int64_t N,
+                                        int64_t C, int64_t OC, float* dweight, float* dbias);
 
 } // namespace dist::kernels::cuda
