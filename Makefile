@@ -14,7 +14,7 @@ PACKAGES := antlr4 libantlr4-runtime-dev libcaf-dev libucx-dev ucx-utils libtoml
 	nlohmann-json3-dev libfmt-dev pkg-config fortunes \
 	cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev clang clang-format
 
-.PHONY: all deps build test demo format format-check fuzz fuzz-build sanitize clean
+.PHONY: all deps build test demo format format-check fuzz fuzz-build sanitize tsan clean
 
 all: build
 
@@ -64,8 +64,17 @@ sanitize:
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ctest --output-on-failure -j $(JOBS)
 
+# The actor runtime and the transports under ThreadSanitizer. OpenMP regions run one thread
+# (libgomp is not instrumented, and its barriers would be reported); the ranks are threads.
+tsan:
+	cmake -S . -B build-tsan $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDIST_SANITIZE=thread \
+	  -DDIST_CUDA=OFF -DDIST_FUZZ=OFF -DDIST_BENCH=OFF
+	cmake --build build-tsan -j $(JOBS) --target transport_tests runtime_tests
+	OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/bin/transport_tests
+	OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/bin/runtime_tests
+
 clean:
-	rm -rf $(BUILD) build-fuzz build-asan
+	rm -rf $(BUILD) build-fuzz build-asan build-tsan
 
 # The pictures of docs/schedules.md: every schedule on 4 pipeline ranks, 8 microbatches, at the
 # unit costs of the zero-bubble paper.

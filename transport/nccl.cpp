@@ -1,0 +1,132 @@
+// nccl.cpp: the Collectives interface on NCCL communicators.
+#include "transport/nccl.hpp"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <vector>
+
+namespace dist::transport {
+
+namespace {
+
+#define DIST_NCCL_CHECK(call)                                                                      \
+    do {                                                                                           \
+        ncclResult_t r_ = (call);                                                                  \
+        if (r_ != ncclSuccess)                                                                     \
+            throw CollectiveError(where(__FILE__, __LINE__) + #call + ": " +                       \
+                                  ncclGetErrorString(r_));                                         \
+    } while (0)
+
+#define DIST_CUDA_CHECK(call)                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            throw CollectiveError(where(__FILE__, __LINE__) + #call + ": " +                       \
+                                  cudaGetErrorString(e_));                                         \
+    } while (0)
+
+std::string where(const char* file, int line) {
+    return std::string(file) + ":" + std::to_string(line) + ": ";
+}
+
+class NcclCollectives final : public Collectives {
+  public:
+    NcclCollectives(ncclComm_t comm, cudaStream_t stream, int device, int rank, int size,
+                    std::string name)
+        : comm_(comm), stream_(stream), device_(device), rank_(rank), size_(size),
+          name_(std::move(name)) {}
+    ~NcclCollectives() override {
+        cudaSetDevice(device_);
+        ncclCommDestroy(comm_);
+        cudaStreamDestroy(stream_);
+    }
+
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+
+    void all_reduce(float* data, int64_t n, ReduceOp op) override {
+        run("all_reduce", [&] {
+            DIST_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat,
+                                          op == ReduceOp::sum ? ncclSum : ncclMax, comm_, stream_));
+        });
+    }
+    void all_gather(const float* in, int64_t n, float* out) override {
+        run("all_gather", [&] {
+            DIST_NCCL_CHECK(
+                ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat, comm_, stream_));
+        });
+    }
+    void reduce_scatter(const float* in, int64_t n, float* out) override {
+        run("reduce_scatter", [&] {
+            DIST_NCCL_CHECK(ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat, ncclSum,
+                                              comm_, stream_));
+        });
+    }
+    void broadcast(float* data, int64_t n, int root) override {
+        if (root < 0 || root >= size_)
+            throw CollectiveError(name_ + ": broadcast from rank " + std::to_string(root) +
+                                  " of a group of " + std::to_string(size_));
+        run("broadcast", [&] {
+            DIST_NCCL_CHECK(
+                ncclBroadcast(data, data, static_cast<size_t>(n), ncclFloat, root, comm_, stream_));
+        });
+    }
+
+  private:
+    template <typename F> void run(const char* call, F&& f) {
+        try {
+            DIST_CUDA_CHECK(cudaSetDevice(device_));
+            f();
+            DIST_CUDA_CHECK(cudaStreamSynchronize(stream_));
+            ncclResult_t async = ncclSuccess;
+            DIST_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+            DIST_NCCL_CHECK(async);
+        } catch (const CollectiveError& e) {
+            throw CollectiveError(name_ + ": " + call + " on rank " + std::to_string(rank_) +
+                                  " failed: " + e.what());
+        }
+    }
+
+    ncclComm_t comm_;
+    cudaStream_t stream_;
+    int device_, rank_, size_;
+    std::string name_;
+};
+
+} // namespace
+
+std::unique_ptr<Collectives> make_nccl_collectives(KeyValueStore& store, const std::string& prefix,
+                                                   int rank, int size, int device,
+                                                   std::chrono::milliseconds timeout) {
+    if (size < 1 || rank < 0 || rank >= size)
+        throw std::invalid_argument(prefix + ": no rank " + std::to_string(rank) +
+                                    " in a group of " + std::to_string(size));
+    try {
+        DIST_CUDA_CHECK(cudaSetDevice(device));
+        ncclUniqueId id;
+        const std::string key = prefix + "/nccl-unique-id";
+        if (rank == 0) {
+            DIST_NCCL_CHECK(ncclGetUniqueId(&id));
+            store.set(key, std::vector<char>(id.internal, id.internal + sizeof id.internal));
+        } else {
+            std::vector<char> bytes = store.get(key, timeout);
+            if (bytes.size() != sizeof id.internal)
+                throw CollectiveError("the unique id in the store has " +
+                                      std::to_string(bytes.size()) + " bytes, not " +
+                                      std::to_string(sizeof id.internal));
+            std::copy(bytes.begin(), bytes.end(), id.internal);
+        }
+        ncclComm_t comm;
+        DIST_NCCL_CHECK(ncclCommInitRank(&comm, size, id, rank));
+        cudaStream_t stream;
+        DIST_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        return std::make_unique<NcclCollectives>(comm, stream, device, rank, size, prefix);
+    } catch (const std::exception& e) {
+        throw CollectiveError(prefix + ": rank " + std::to_string(rank) + " of " +
+                              std::to_string(size) + " on cuda:" + std::to_string(device) +
+                              " could not join: " + e.what());
+    }
+}
+
+} // namespace dist::transport
