@@ -42,6 +42,12 @@ class Model {
 
     /// tokens (B,T) -> logits (B,T,V) of every position, keeping no state (inference).
     Tensor logits(const Tensor& tokens);
+    /// tokens (B,t) at ctx.pos0 onwards -> logits (B,t,V), through the key/value cache of
+    /// ctx.session (generation).
+    Tensor infer(const Tensor& tokens, const InferContext& ctx) {
+        return stage_.infer(tokens, ctx);
+    }
+    void end_session(int64_t session) { stage_.end_session(session); }
     /// tokens, targets (B,T) -> the mean loss, keeping no state (evaluation).
     double loss(const Tensor& tokens, const Tensor& targets);
 

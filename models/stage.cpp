@@ -85,6 +85,18 @@ void Stage::backward_weight(int64_t mb) {
     for (auto& u : units_) u->backward_weight(mb);
 }
 
+Tensor Stage::infer(const Tensor& input, const InferContext& ctx) {
+    Batch batch{input, {}};
+    Tensor x = input;
+    size_t n = units_.size() - (span_.last && !units_.empty() ? 1 : 0);
+    for (size_t i = 0; i < n; ++i) x = units_[i]->infer(x, batch, ctx);
+    return x;
+}
+
+void Stage::end_session(int64_t session) {
+    for (auto& u : units_) u->end_session(session);
+}
+
 void Stage::discard(int64_t mb) {
     for (auto& u : units_) u->discard(mb);
 }

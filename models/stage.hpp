@@ -53,6 +53,11 @@ class Stage {
     /// The forward of every unit but the last (the loss): logits on the last stage.
     Tensor forward_without_loss(int64_t mb, const Tensor& input, const Batch& batch);
 
+    /// Inference over new tokens (see InferContext): every unit but the loss, extending the
+    /// key/value caches of ctx.session. The last stage returns logits.
+    Tensor infer(const Tensor& input, const InferContext& ctx);
+    void end_session(int64_t session);
+
     ParameterStore& params() { return params_; }
     const StageSpan& span() const { return span_; }
     /// Names of parameters this stage holds a copy of, whose gradient the runtime must sum with

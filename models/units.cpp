@@ -6,6 +6,15 @@ namespace dist::models {
 
 using namespace detail;
 
+// The microbatch id of inference forwards (never a training microbatch).
+constexpr int64_t infer_mb = -2;
+
+Tensor Unit::infer(const Tensor& x, const Batch& batch, const InferContext&) {
+    Tensor y = forward(infer_mb, x, batch);
+    discard(infer_mb);
+    return y;
+}
+
 namespace {
 
 // ----- residual groups ----------------------------------------------------------------------
@@ -50,6 +59,18 @@ class ResidualUnit : public Named {
     void discard(int64_t mb) override {
         inputs_.erase(mb);
         for (auto& u : body_) u->discard(mb);
+    }
+
+    Tensor infer(const Tensor& x, const Batch& batch, const InferContext& ctx) override {
+        Tensor h = x;
+        for (auto& u : body_) h = u->infer(h, batch, ctx);
+        Tensor y(x.shape());
+        for (int64_t i = 0; i < x.numel(); ++i)
+            y.data<float>()[i] = x.data<float>()[i] + h.data<float>()[i];
+        return y;
+    }
+    void end_session(int64_t session) override {
+        for (auto& u : body_) u->end_session(session);
     }
 
   private:

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace dist::models {
 
@@ -30,6 +31,18 @@ using kernels::Tensor;
 struct Batch {
     Tensor tokens;  // (B,T) i32
     Tensor targets; // (B,T) i32
+};
+
+/// Where an inference forward's new tokens sit, and the key/value cache they extend. Rows may
+/// be left-padded so that prompts of different lengths share a batch: the tokens of row b
+/// before index row_start[b] are padding, attended by nothing and at no position.
+struct InferContext {
+    int64_t session = 0;            // the cache to read and extend
+    int64_t pos0 = 0;               // index of the first new token in every row
+    std::vector<int64_t> row_start; // per row; empty: no padding
+    int64_t start(int64_t row) const {
+        return row_start.empty() ? 0 : row_start[static_cast<size_t>(row)];
+    }
 };
 
 class Unit {
@@ -45,6 +58,13 @@ class Unit {
     virtual void backward_weight(int64_t mb) = 0;
     /// Drops what a forward saved for `mb` without a backward (evaluation, generation).
     virtual void discard(int64_t mb) = 0;
+
+    /// Inference: x -> y for new tokens at ctx.pos0 onwards, keeping no state but the key/value
+    /// cache of ctx.session. The default runs forward and drops what it saved; units that
+    /// depend on positions or keep a cache override it.
+    virtual Tensor infer(const Tensor& x, const Batch& batch, const InferContext& ctx);
+    /// Frees the cache of a session.
+    virtual void end_session(int64_t) {}
 
     Tensor backward(int64_t mb, const Tensor& dy) {
         Tensor dx = backward_input(mb, dy);

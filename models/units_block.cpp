@@ -9,6 +9,7 @@
 // same way. Norms are replicated.
 #include "models/unit_common.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -205,7 +206,86 @@ class AttentionUnit : public Named {
 
     void discard(int64_t mb) override { saved_.erase(mb); }
 
+    Tensor infer(const Tensor& x, const Batch&, const InferContext& ctx) override {
+        int64_t B = x.dim(0), T = x.dim(1);
+        Tensor qkv = qkv_.forward(x);
+        Tensor q({B, T, H_, D_}), k({B, T, KV_, D_}), v({B, T, KV_, D_});
+        split(qkv, q, k, v);
+        Cache& cache = caches_[ctx.session];
+        if (cache.keys.empty()) cache.keys.resize(static_cast<size_t>(B));
+        if (cache.values.empty()) cache.values.resize(static_cast<size_t>(B));
+        if (cache.length != ctx.pos0 || static_cast<int64_t>(cache.keys.size()) != B)
+            throw std::logic_error("key/value cache of " + std::to_string(cache.length) +
+                                   " tokens extended at position " + std::to_string(ctx.pos0));
+        const int64_t row_q = H_ * D_, row_kv = KV_ * D_;
+        for (int64_t b = 0; b < B; ++b) {
+            if (theta_ > 0) {
+                // Rotary positions count from the row's first real token.
+                int64_t p0 = ctx.pos0 - ctx.start(b);
+                float* qb = q.data<float>() + b * T * row_q;
+                float* kb = k.data<float>() + b * T * row_kv;
+                ops::rope_forward(qb, 1, T, H_, D_, theta_, p0, qb);
+                ops::rope_forward(kb, 1, T, KV_, D_, theta_, p0, kb);
+            }
+            auto& K = cache.keys[static_cast<size_t>(b)];
+            auto& V = cache.values[static_cast<size_t>(b)];
+            K.insert(K.end(), k.data<float>() + b * T * row_kv,
+                     k.data<float>() + (b + 1) * T * row_kv);
+            V.insert(V.end(), v.data<float>() + b * T * row_kv,
+                     v.data<float>() + (b + 1) * T * row_kv);
+        }
+        cache.length += T;
+        // Each new token attends to the cached keys up to its own position, from the row's
+        // first real token: softmax(q k / sqrt(D)) v, one row at a time.
+        Tensor a({B, T, H_ * D_});
+        const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
+        const int64_t group = H_ / KV_;
+        std::vector<float> scores;
+        for (int64_t b = 0; b < B; ++b) {
+            const auto& K = cache.keys[static_cast<size_t>(b)];
+            const auto& V = cache.values[static_cast<size_t>(b)];
+            for (int64_t t = 0; t < T; ++t) {
+                int64_t p = ctx.pos0 + t, j0 = std::min(ctx.start(b), p);
+                scores.assign(static_cast<size_t>(p + 1 - j0), 0.0f);
+                for (int64_t h = 0; h < H_; ++h) {
+                    const float* qh = q.data<float>() + (b * T + t) * row_q + h * D_;
+                    int64_t kvh = h / group;
+                    float mx = -INFINITY;
+                    for (int64_t j = j0; j <= p; ++j) {
+                        const float* kj = K.data() + j * row_kv + kvh * D_;
+                        float s = 0.0f;
+                        for (int64_t d = 0; d < D_; ++d) s += qh[d] * kj[d];
+                        scores[static_cast<size_t>(j - j0)] = s * scale;
+                        mx = std::max(mx, s * scale);
+                    }
+                    float total = 0.0f;
+                    for (auto& s : scores) total += (s = std::exp(s - mx));
+                    float* out = a.data<float>() + (b * T + t) * row_q + h * D_;
+                    for (int64_t d = 0; d < D_; ++d) out[d] = 0.0f;
+                    for (int64_t j = j0; j <= p; ++j) {
+                        float w = scores[static_cast<size_t>(j - j0)] / total;
+                        const float* vj = V.data() + j * row_kv + kvh * D_;
+                        for (int64_t d = 0; d < D_; ++d) out[d] += w * vj[d];
+                    }
+                }
+            }
+        }
+        Tensor y = out_.forward(a, !tp_.split);
+        if (tp_.split) {
+            tp_.all_reduce(y);
+            out_.add_bias_to(y);
+        }
+        return y;
+    }
+    void end_session(int64_t session) override { caches_.erase(session); }
+
   private:
+    struct Cache {
+        int64_t length = 0;
+        std::vector<std::vector<float>> keys, values; // per row: (length, KV, D)
+    };
+    std::map<int64_t, Cache> caches_;
+
     // (B,T,(H+2KV)D) rows into q (B,T,H,D), k and v (B,T,KV,D).
     void split(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) const {
         int64_t n = rows(qkv), row = (H_ + 2 * KV_) * D_;

@@ -109,6 +109,23 @@ class PositionUnit : public Named {
         saved_[mb] = dy;
         return dy;
     }
+    Tensor infer(const Tensor& x, const Batch&, const InferContext& ctx) override {
+        int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2), context = weight_->value.dim(0);
+        Tensor y = x.clone();
+        const float* wpe = weight_->value.data<float>();
+        for (int64_t b = 0; b < B; ++b) {
+            for (int64_t t = 0; t < T; ++t) {
+                int64_t pos = ctx.pos0 + t - ctx.start(b);
+                if (pos < 0) continue; // left padding: no position
+                if (pos >= context)
+                    throw std::out_of_range("position " + std::to_string(pos) +
+                                            " is beyond the context of " + std::to_string(context));
+                float* row = y.data<float>() + (b * T + t) * C;
+                for (int64_t c = 0; c < C; ++c) row[c] += wpe[pos * C + c];
+            }
+        }
+        return y;
+    }
     void backward_weight(int64_t mb) override {
         Tensor dy = take(saved_, mb, "positions");
         ops::positions_backward(dy.data<float>(), dy.dim(0), dy.dim(1), dy.dim(2),
