@@ -3,7 +3,9 @@
 
 #include "models/data.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 namespace dist::models {
 
@@ -88,6 +90,44 @@ Parameter* ParameterStore::find(const std::string& name) {
     for (auto& p : params_)
         if (p.name == name) return &p;
     return nullptr;
+}
+
+const Parameter* ParameterStore::find(const std::string& name) const {
+    for (const auto& p : params_)
+        if (p.name == name) return &p;
+    return nullptr;
+}
+
+namespace {
+
+// Every (local element, its index in the full parameter) of `p`, with the whole parameter.
+template <typename Whole, typename F> void each_element(const Parameter& p, Whole& whole, F&& f) {
+    auto* w = whole.find(p.name);
+    if (!w) throw std::logic_error("no parameter " + p.name + " in the whole model");
+    for (int64_t i = 0; i < p.value.numel(); ++i) f(*w, i, p.shard.global_index(p.full_shape, i));
+}
+
+} // namespace
+
+void copy_from_whole(const ParameterStore& whole, ParameterStore& part) {
+    for (Parameter& p : part.all())
+        each_element(p, whole, [&](const Parameter& w, int64_t i, int64_t g) {
+            p.value.data<float>()[i] = w.value.data<float>()[g];
+            p.m.data<float>()[i] = w.m.data<float>()[g];
+            p.v.data<float>()[i] = w.v.data<float>()[g];
+        });
+}
+
+void copy_to_whole(const ParameterStore& part, ParameterStore& whole,
+                   const std::vector<std::string>& skip) {
+    for (const Parameter& p : part.all()) {
+        if (std::find(skip.begin(), skip.end(), p.name) != skip.end()) continue;
+        each_element(p, whole, [&](Parameter& w, int64_t i, int64_t g) {
+            w.value.data<float>()[g] = p.value.data<float>()[i];
+            w.m.data<float>()[g] = p.m.data<float>()[i];
+            w.v.data<float>()[g] = p.v.data<float>()[i];
+        });
+    }
 }
 
 int64_t ParameterStore::count() const {

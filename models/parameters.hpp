@@ -60,6 +60,7 @@ class ParameterStore {
     Parameter& add(std::string name, std::vector<int64_t> shape, Init init, bool decay,
                    uint64_t seed, const Shard& shard = {});
     Parameter* find(const std::string& name);
+    const Parameter* find(const std::string& name) const;
     std::deque<Parameter>& all() { return params_; }
     const std::deque<Parameter>& all() const { return params_; }
     int64_t count() const;
@@ -68,6 +69,13 @@ class ParameterStore {
   private:
     std::deque<Parameter> params_;
 };
+
+/// Sets every parameter of `part` (a stage or tensor-parallel shard of a model) to its elements
+/// of `whole`'s values and AdamW moments. Throws std::logic_error for a name `whole` lacks.
+void copy_from_whole(const ParameterStore& whole, ParameterStore& part);
+/// The inverse: writes `part`'s elements into `whole`, except the parameters named in `skip`.
+void copy_to_whole(const ParameterStore& part, ParameterStore& whole,
+                   const std::vector<std::string>& skip = {});
 
 /// Element `index` of parameter `name` under `init`: the function every shard evaluates.
 float initial_value(uint64_t seed, const std::string& name, int64_t index, const Init& init);

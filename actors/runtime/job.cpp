@@ -236,47 +236,16 @@ std::string Job::run(const JobOptions& options) {
     return result;
 }
 
-namespace {
-
-// Every (local element, its index in the full parameter) of `p`.
-template <typename F> void each_element(const models::Parameter& p, F&& f) {
-    for (int64_t i = 0; i < p.value.numel(); ++i) f(i, p.shard.global_index(p.full_shape, i));
-}
-
-} // namespace
-
 void Job::gather(models::Model& whole) {
-    for (auto& ex : executors_) {
-        for (auto& [index, stage] : ex->stages()) {
-            const auto& copies = stage->tied_copies();
-            for (auto& p : stage->params().all()) {
-                if (std::find(copies.begin(), copies.end(), p.name) != copies.end()) continue;
-                models::Parameter* w = whole.params().find(p.name);
-                if (!w) throw std::logic_error("no parameter " + p.name + " in the whole model");
-                each_element(p, [&](int64_t i, int64_t g) {
-                    w->value.data<float>()[g] = p.value.data<float>()[i];
-                    w->m.data<float>()[g] = p.m.data<float>()[i];
-                    w->v.data<float>()[g] = p.v.data<float>()[i];
-                });
-            }
-        }
-    }
+    for (auto& ex : executors_)
+        for (auto& [index, stage] : ex->stages())
+            models::copy_to_whole(stage->params(), whole.params(), stage->tied_copies());
 }
 
 void Job::scatter(models::Model& whole) {
-    for (auto& ex : executors_) {
-        for (auto& [index, stage] : ex->stages()) {
-            for (auto& p : stage->params().all()) {
-                const models::Parameter* w = whole.params().find(p.name);
-                if (!w) throw std::logic_error("no parameter " + p.name + " in the whole model");
-                each_element(p, [&](int64_t i, int64_t g) {
-                    p.value.data<float>()[i] = w->value.data<float>()[g];
-                    p.m.data<float>()[i] = w->m.data<float>()[g];
-                    p.v.data<float>()[i] = w->v.data<float>()[g];
-                });
-            }
-        }
-    }
+    for (auto& ex : executors_)
+        for (auto& [index, stage] : ex->stages())
+            models::copy_from_whole(whole.params(), stage->params());
 }
 
 } // namespace dist::runtime
