@@ -4,7 +4,6 @@
 
 #include "actors/plan/execute.hpp"
 
-#include <algorithm>
 #include <map>
 #include <set>
 #include <tuple>
@@ -165,24 +164,6 @@ void check_collectives(const Graph& g, std::vector<PlanError>& errors) {
             return;
         }
     };
-    // The tied embedding's pair: one REDUCE_TIED on each side, or none on either.
-    auto tied = [](const PlanRank& r) {
-        return std::count_if(r.actions.begin(), r.actions.end(),
-                             [](const PlanAction& a) { return a.kind == ActionKind::reduce_tied; });
-    };
-    if (!g.stages.empty() && g.stages.front().pp != g.stages.back().pp) {
-        for (const PlanRank& r : g.ranks) {
-            if (r.pp != g.stages.front().pp) continue;
-            const PlanRank& other =
-                g.ranks[static_cast<size_t>(g.rank_of(r.dp, g.stages.back().pp, r.tp))];
-            if (tied(r) != tied(other))
-                errors.push_back({{},
-                                  "ranks " + std::to_string(r.rank) + " and " +
-                                      std::to_string(other.rank) +
-                                      " enter different numbers of tied-embedding reductions",
-                                  ""});
-        }
-    }
     for (const PlanRank& r : g.ranks) {
         if (r.dp > 0) compare(g.ranks[static_cast<size_t>(g.rank_of(0, r.pp, r.tp))], r, true);
         if (r.tp > 0) compare(g.ranks[static_cast<size_t>(g.rank_of(r.dp, r.pp, 0))], r, false);
