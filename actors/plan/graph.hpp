@@ -5,7 +5,7 @@
 // holds and costs, and every rank's ordered action list. Compute actions print as
 // `<stage><op><microbatch>` (`2F0`, `1I3`); communication actions as
 // `<stage>SEND_F<microbatch>>r<peer>`, `<stage>RECV_B<microbatch><r<peer>`; the data-parallel
-// gradient reduction as `<stage>REDUCE_GRAD<bucket>`; the optimizer step as `STEP`.
+// gradient reduction as `<stage>REDUCE_GRAD<bucket>`; the optimizer step as `STEP`. Two compute
 // actions that run overlapped (DualPipeV's forward/backward pairs) print joined: `6F3+1B1`.
 #pragma once
 
