@@ -254,3 +254,17 @@ TEST(Simulate, ProfileCostsOfAHandMadeGraph) {
     ASSERT_TRUE(s.ok());
     EXPECT_NEAR(s.timeline->makespan, 32.0, 1e-9);
 }
+
+TEST(Render, TextTimelineOfASmallCaseDrawnByHand) {
+    // 1F1B, p = 2, m = 2 at unit costs, one column per unit (width 8 + 9):
+    // rank 1 runs F0 at 1, B0 at 2-4, F1 at 4, B1 at 5-7; rank 0 waits for each B.
+    PlanResult r = schedule_graph(ScheduleKind::one_f_one_b, 2, 2, 1);
+    ASSERT_TRUE(r.ok());
+    sim::SimOptions o;
+    o.cost = sim::CostModel::unit;
+    sim::SimResult s = sim::simulate(*r.graph, Program{}, o);
+    ASSERT_TRUE(s.ok());
+    std::string text = sim::text_report(*s.timeline, 17);
+    EXPECT_NE(text.find("rank 0  01..AA.BB\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("rank 1  .0AA1BB..\n"), std::string::npos) << text;
+}
