@@ -47,33 +47,22 @@ ExecTimes execute(const Graph& g, const ExecCosts& costs) {
     }
     std::vector<double> clock(n, 0.0), comm_free(n, 0.0);
     std::map<MessageKey, double> arrived;
-    // Collectives: the k-th one of each group, entered by its members. A group is the
-    // data-parallel group of a (pp, tp) for REDUCE_GRAD, and the ranks of the first and the
-    // last stage of a (dp, tp) for REDUCE_TIED.
-    using GroupKey = std::pair<int, int32_t>; // (kind, index)
-    auto group_of = [&](const PlanRank& r, ActionKind k) -> GroupKey {
-        if (k == ActionKind::reduce_tied) return {1, r.dp * g.tp + r.tp};
-        return {0, r.pp * g.tp + r.tp};
-    };
-    auto members = [&](const PlanRank& r, ActionKind k) {
+    // Reductions: the k-th one of each data-parallel group, entered by its members.
+    auto group_of = [&](const PlanRank& r) { return r.pp * g.tp + r.tp; };
+    std::vector<int32_t> entered(n, 0); // reductions entered per rank
+    std::map<std::pair<int32_t, int32_t>, std::vector<double>> entries; // (group, k) -> times
+    std::map<std::pair<int32_t, int32_t>, double> finished;             // (group, k) -> end
+    auto members = [&](const PlanRank& r) {
         std::vector<int32_t> out;
-        if (k == ActionKind::reduce_tied) {
-            out.push_back(g.rank_of(r.dp, g.stages.front().pp, r.tp));
-            out.push_back(g.rank_of(r.dp, g.stages.back().pp, r.tp));
-        } else {
-            for (int32_t d = 0; d < g.dp; ++d) out.push_back(g.rank_of(d, r.pp, r.tp));
-        }
+        for (int32_t d = 0; d < g.dp; ++d) out.push_back(g.rank_of(d, r.pp, r.tp));
         return out;
     };
-    std::vector<std::map<GroupKey, int32_t>> entered(n); // collectives entered per rank and group
-    std::map<std::pair<GroupKey, int32_t>, std::vector<double>> entries; // (group, k) -> times
-    std::map<std::pair<GroupKey, int32_t>, double> finished;             // (group, k) -> end
-    auto settle = [&](const PlanRank& any, const PlanAction& a, int32_t k) {
-        auto key = std::make_pair(group_of(any, a.kind), k);
+    auto settle = [&](int32_t group, int32_t k, const PlanRank& any, const PlanAction& a) {
+        auto key = std::make_pair(group, k);
         auto& e = entries[key];
-        std::vector<int32_t> ms = members(any, a.kind);
-        if (e.size() < ms.size() || finished.count(key)) return;
+        if (static_cast<int32_t>(e.size()) < g.dp || finished.count(key)) return;
         double start = *std::max_element(e.begin(), e.end());
+        std::vector<int32_t> ms = members(any);
         for (int32_t m : ms) start = std::max(start, comm_free[static_cast<size_t>(m)]);
         double end = start + costs.reduction(any, a);
         for (int32_t m : ms) comm_free[static_cast<size_t>(m)] = end;
@@ -101,20 +90,19 @@ ExecTimes execute(const Graph& g, const ExecCosts& costs) {
                     if (it == arrived.end()) break;
                     start = end = std::max(start, it->second);
                     arrived.erase(it);
-                } else if (a.kind == ActionKind::reduce_grad || a.kind == ActionKind::reduce_tied) {
-                    int32_t k = entered[r][group_of(rank, a.kind)]++;
-                    entries[{group_of(rank, a.kind), k}].push_back(start);
-                    settle(rank, a, k);
+                } else if (a.kind == ActionKind::reduce_grad) {
+                    int32_t k = entered[r]++;
+                    entries[{group_of(rank), k}].push_back(start);
+                    settle(group_of(rank), k, rank, a);
                 } else { // STEP: after this rank's reductions
                     bool ready = true;
-                    for (const auto& [group, count] : entered[r]) {
-                        for (int32_t k = 0; k < count && ready; ++k) {
-                            auto it = finished.find({group, k});
-                            if (it == finished.end())
-                                ready = false;
-                            else
-                                start = std::max(start, it->second);
+                    for (int32_t k = 0; k < entered[r]; ++k) {
+                        auto it = finished.find({group_of(rank), k});
+                        if (it == finished.end()) {
+                            ready = false;
+                            break;
                         }
+                        start = std::max(start, it->second);
                     }
                     if (!ready) break;
                     end = start + costs.compute(rank, a);
@@ -136,14 +124,10 @@ ExecTimes execute(const Graph& g, const ExecCosts& costs) {
         if (is_p2p(a.kind)) {
             if (a.peer >= 0 && static_cast<size_t>(a.peer) < n) t.waits_for[r].push_back(a.peer);
         } else if (a.kind == ActionKind::step) {
-            for (ActionKind k : {ActionKind::reduce_grad, ActionKind::reduce_tied}) {
-                GroupKey group = group_of(rank, k);
-                for (int32_t m : members(rank, k)) {
-                    if (static_cast<size_t>(m) == r) continue;
-                    // A member that has entered fewer of the group's collectives holds it up.
-                    auto& theirs = entered[static_cast<size_t>(m)];
-                    if (theirs[group] < entered[r][group]) t.waits_for[r].push_back(m);
-                }
+            for (int32_t m : members(rank)) {
+                if (static_cast<size_t>(m) == r) continue;
+                // A member that has entered fewer reductions than this rank holds it up.
+                if (entered[static_cast<size_t>(m)] < entered[r]) t.waits_for[r].push_back(m);
             }
         }
     }

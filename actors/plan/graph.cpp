@@ -14,7 +14,6 @@ struct OpText {
 };
 // Longest names first, so that parsing never takes a prefix ("B" of nothing, "SEND_F" first).
 const OpText op_texts[] = {{ActionKind::reduce_grad, "REDUCE_GRAD"},
-                           {ActionKind::reduce_tied, "REDUCE_TIED"},
                            {ActionKind::send_forward, "SEND_F"},
                            {ActionKind::recv_forward, "RECV_F"},
                            {ActionKind::send_backward, "SEND_B"},

@@ -5,8 +5,7 @@
 // holds and costs, and every rank's ordered action list. Compute actions print as
 // `<stage><op><microbatch>` (`2F0`, `1I3`); communication actions as
 // `<stage>SEND_F<microbatch>>r<peer>`, `<stage>RECV_B<microbatch><r<peer>`; the data-parallel
-// gradient reduction as `<stage>REDUCE_GRAD<bucket>`, the tied embedding's as
-// `<stage>REDUCE_TIED0`; the optimizer step as `STEP`.
+// gradient reduction as `<stage>REDUCE_GRAD<bucket>`; the optimizer step as `STEP`. Two compute
 // actions that run overlapped (DualPipeV's forward/backward pairs) print joined: `6F3+1B1`.
 #pragma once
 
@@ -29,10 +28,9 @@ enum class ActionKind : uint8_t {
     send_backward,   // SEND_B: the gradient of this stage's input to the previous stage's rank
     recv_backward,   // RECV_B: the gradient of this stage's output from the next stage's rank
     reduce_grad,     // REDUCE_GRAD: all-reduce of one gradient bucket over the data-parallel group
-    reduce_tied,     // REDUCE_TIED: all-reduce of a tied embedding's gradient between the ranks of
-                     // the first and the last stage when they differ (as Megatron-LM does)
-    step             // STEP: the optimizer step, after this rank's reductions; with clipping it
-                     // includes the all-reduce of the gradient norm over every rank
+    step             // STEP: the optimizer step, after this rank's reductions. It sums a tied
+                     // embedding's gradient with the partner rank's copy (see Graph::tied_bytes)
+                     // and, with clipping, all-reduces the gradient norm over every rank
 };
 
 bool is_compute(ActionKind k);
@@ -117,7 +115,10 @@ struct Graph {
     std::vector<PlanStage> stages;
     std::vector<PlanRank> ranks; // indexed by rank
     bool partition_given = false;
-    int64_t tied_bytes = 0; // gradient of the tied embedding on one tp rank (REDUCE_TIED)
+    /// When the head shares the embedding's weights (GPT-2) and the first and the last stage sit
+    /// on different pipeline ranks, both hold a copy and STEP sums the two copies' gradients
+    /// (an all-reduce between the two ranks of each (dp, tp)): these are its bytes; else 0.
+    int64_t tied_bytes = 0;
 
     bool operator==(const Graph&) const = default;
 

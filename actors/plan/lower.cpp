@@ -159,22 +159,9 @@ PlanResult lower(const Program& p) {
     g.partition_given = s.partition_given;
     g.microbatch_tokens = p.train.microbatch_size * p.model.context;
     g.bytes_per_element = p.train.precision == Precision::bf16 ? 2 : 4;
-    // GPT-2's head shares the embedding: when they sit on different ranks each keeps a copy, and
-    // the two copies' gradients are summed before the step, as Megatron-LM does.
+    // GPT-2's head shares the embedding: when they sit on different ranks each keeps a copy,
+    // and STEP sums the two copies' gradients, as Megatron-LM does.
     g.tied_bytes = tied_gradient_bytes(p, order.stage_rank);
-    if (g.tied_bytes > 0) {
-        for (PlanRank& r : g.ranks) {
-            int32_t stage = r.pp == g.stages.front().pp  ? 0
-                            : r.pp == g.stages.back().pp ? g.num_stages() - 1
-                                                         : -1;
-            if (stage < 0) continue;
-            PlanAction tied;
-            tied.kind = ActionKind::reduce_tied;
-            tied.stage = stage;
-            tied.microbatch = 0;
-            r.actions.insert(r.actions.end() - 1, tied);
-        }
-    }
     res.errors = verify(g);
     if (res.errors.empty()) res.graph = std::move(g);
     return res;

@@ -31,7 +31,7 @@ PartCost cost_of_items(const Program& p, const std::vector<ModelItemSpec>& items
 std::vector<int64_t> balanced_partition(const Program& p, int32_t stages);
 
 /// Whether the head shares the embedding's weights (GPT-2) on another rank than the embedding:
-/// then both ranks hold a copy and all-reduce its gradient (REDUCE_TIED), and its bytes.
+/// then both ranks hold a copy and STEP all-reduces its gradient between them; and its bytes.
 bool tied_elsewhere(const Program& p, const std::vector<int32_t>& stage_rank);
 int64_t tied_gradient_bytes(const Program& p, const std::vector<int32_t>& stage_rank);
 

@@ -4,7 +4,6 @@
 
 #include "actors/plan/execute.hpp"
 
-#include <algorithm>
 #include <map>
 #include <set>
 #include <tuple>
@@ -87,6 +86,47 @@ void check_order(const Graph& g, std::vector<PlanError>& errors) {
     }
 }
 
+// On each rank, a stage's input arrives before the compute that reads it and a result is sent
+// after the compute that makes it: F after its RECV_F, B / I after their RECV_B, SEND_F after
+// its F, SEND_B after its B / I.
+void check_local_order(const Graph& g, std::vector<PlanError>& errors) {
+    for (const PlanRank& r : g.ranks) {
+        // (kind, stage, mb) done so far on this rank
+        std::set<std::tuple<int, int32_t, int32_t>> done;
+        auto did = [&](ActionKind k, int32_t s, int32_t mb) {
+            return done.count({static_cast<int>(k), s, mb}) != 0;
+        };
+        auto remote = [&](int32_t stage) {
+            return stage >= 0 && stage < g.num_stages() &&
+                   g.stages[static_cast<size_t>(stage)].pp != r.pp;
+        };
+        for (size_t i = 0; i < r.actions.size(); ++i) {
+            const PlanAction& a = r.actions[i];
+            const int32_t s = a.stage, mb = a.microbatch;
+            std::string missing;
+            if (a.kind == ActionKind::forward && remote(s - 1) &&
+                !did(ActionKind::recv_forward, s, mb))
+                missing = "its input is received (`" + std::to_string(s) + "RECV_F" +
+                          std::to_string(mb) + "`)";
+            bool grad = a.kind == ActionKind::backward || a.kind == ActionKind::backward_input;
+            if (grad && remote(s + 1) && !did(ActionKind::recv_backward, s, mb))
+                missing = "its output's gradient is received (`" + std::to_string(s) + "RECV_B" +
+                          std::to_string(mb) + "`)";
+            if (a.kind == ActionKind::send_forward && !did(ActionKind::forward, s, mb))
+                missing = "its forward `" + std::to_string(s) + "F" + std::to_string(mb) + "`";
+            if (a.kind == ActionKind::send_backward && !did(ActionKind::backward, s, mb) &&
+                !did(ActionKind::backward_input, s, mb))
+                missing = "its backward `" + std::to_string(s) + "B" + std::to_string(mb) + "`";
+            if (!missing.empty()) {
+                errors.push_back({loc_near(r, i),
+                                  where(r) + " runs `" + to_string(a) + "` before " + missing, ""});
+                if (errors.size() > 20) return;
+            }
+            done.insert({static_cast<int>(a.kind), s, mb});
+        }
+    }
+}
+
 void check_messages(const Graph& g, std::vector<PlanError>& errors) {
     // (direction, receiving stage, mb, from, to) -> (sends, receives, where)
     struct Count {
@@ -165,24 +205,6 @@ void check_collectives(const Graph& g, std::vector<PlanError>& errors) {
             return;
         }
     };
-    // The tied embedding's pair: one REDUCE_TIED on each side, or none on either.
-    auto tied = [](const PlanRank& r) {
-        return std::count_if(r.actions.begin(), r.actions.end(),
-                             [](const PlanAction& a) { return a.kind == ActionKind::reduce_tied; });
-    };
-    if (!g.stages.empty() && g.stages.front().pp != g.stages.back().pp) {
-        for (const PlanRank& r : g.ranks) {
-            if (r.pp != g.stages.front().pp) continue;
-            const PlanRank& other =
-                g.ranks[static_cast<size_t>(g.rank_of(r.dp, g.stages.back().pp, r.tp))];
-            if (tied(r) != tied(other))
-                errors.push_back({{},
-                                  "ranks " + std::to_string(r.rank) + " and " +
-                                      std::to_string(other.rank) +
-                                      " enter different numbers of tied-embedding reductions",
-                                  ""});
-        }
-    }
     for (const PlanRank& r : g.ranks) {
         if (r.dp > 0) compare(g.ranks[static_cast<size_t>(g.rank_of(0, r.pp, r.tp))], r, true);
         if (r.tp > 0) compare(g.ranks[static_cast<size_t>(g.rank_of(r.dp, r.pp, 0))], r, false);
@@ -246,6 +268,7 @@ std::vector<PlanError> verify(const Graph& g) {
     std::vector<PlanError> errors;
     check_order(g, errors);
     check_messages(g, errors);
+    if (errors.empty()) check_local_order(g, errors);
     check_collectives(g, errors);
     if (errors.empty()) check_deadlock(g, errors);
     return errors;

@@ -79,7 +79,18 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr) {
             double params = 0;
             for (const PlanStage& s : g.stages)
                 if (s.pp == r.pp) params += static_cast<double>(s.parameters);
-            return 2.0 * 16.0 * params / pr.mem_bw;
+            double step = 2.0 * 16.0 * params / pr.mem_bw;
+            bool first = r.pp == g.stages.front().pp, last = r.pp == g.stages.back().pp;
+            if (g.tied_bytes > 0 && (first || last)) {
+                // The tied embedding's two copies are summed between the two ranks.
+                const PlanRank& a =
+                    g.ranks[static_cast<size_t>(g.rank_of(r.dp, g.stages.front().pp, r.tp))];
+                const PlanRank& b =
+                    g.ranks[static_cast<size_t>(g.rank_of(r.dp, g.stages.back().pp, r.tp))];
+                step += ring_allreduce(static_cast<double>(g.tied_bytes), 2,
+                                       a.host == b.host ? pr.intra : pr.inter);
+            }
+            return step;
         }
         const PlanStage& s = stage(a);
         double tp = s.tp_reductions *
@@ -101,14 +112,6 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr) {
         return l.latency + static_cast<double>(stage(a).boundary_bytes) / l.bandwidth;
     };
     c.reduction = [&g, pr, stage](const PlanRank& r, const PlanAction& a) {
-        if (a.kind == ActionKind::reduce_tied) {
-            const PlanRank& first =
-                g.ranks[static_cast<size_t>(g.rank_of(r.dp, g.stages.front().pp, r.tp))];
-            const PlanRank& last =
-                g.ranks[static_cast<size_t>(g.rank_of(r.dp, g.stages.back().pp, r.tp))];
-            return ring_allreduce(static_cast<double>(g.tied_bytes), 2,
-                                  first.host == last.host ? pr.intra : pr.inter);
-        }
         bool one_host = true;
         for (int32_t d = 0; d < g.dp; ++d)
             one_host =

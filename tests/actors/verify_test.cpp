@@ -117,3 +117,20 @@ TEST(Verify, AWeightGradientBeforeItsInputGradientIsReported) {
               std::string::npos)
         << all(r.errors);
 }
+
+TEST(Verify, AComputeBeforeItsReceiveOrASendBeforeItsComputeIsReported) {
+    PlanResult r = schedule_graph(ScheduleKind::one_f_one_b, 2, 2, 1);
+    ASSERT_TRUE(r.ok());
+    // Rank 1 starts with `1RECV_F0<r0 1F0`: swap them.
+    Graph g = *r.graph;
+    std::swap(g.ranks[1].actions[0], g.ranks[1].actions[1]);
+    std::vector<PlanError> e = verify(g);
+    ASSERT_FALSE(e.empty());
+    EXPECT_EQ(e[0].message, "rank 1 runs `1F0` before its input is received (`1RECV_F0`)");
+    // Rank 0 starts with `0F0 0SEND_F0>r1`: swap them.
+    g = *r.graph;
+    std::swap(g.ranks[0].actions[0], g.ranks[0].actions[1]);
+    e = verify(g);
+    ASSERT_FALSE(e.empty());
+    EXPECT_EQ(e[0].message, "rank 0 runs `0SEND_F0>r1` before its forward `0F0`");
+}
