@@ -229,7 +229,6 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
         s->clear();
         s->stage.params().zero_grads();
     }
-    tied_summed_ = false;
     for (size_t i = 0; i < me_.actions.size(); ++i) {
         const plan::PlanAction& a = me_.actions[i];
         {
@@ -334,12 +333,7 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
     case ActionKind::reduce_grad:
         if (reducer_) reducer_->enqueue(s, mb);
         break;
-    case ActionKind::reduce_tied:
-        // The data-parallel reduction may still be reading this gradient: let it finish.
-        if (reducer_) reducer_->wait();
-        sum_tied_gradients();
-        tied_summed_ = true;
-        break;
+
     case ActionKind::step: break;
     }
 }
@@ -387,8 +381,9 @@ double RankExecutor::gradient_norm() {
 
 void RankExecutor::finish_step(int64_t step, RankStepResult& result) {
     if (reducer_) reducer_->wait();
-    // Without a REDUCE_TIED action, embedding and head share a rank (or are one stage).
-    if (!tied_summed_) sum_tied_gradients();
+    // The data-parallel reduction has finished with the tied embedding's gradient: sum the
+    // copies of the first and last stage (Megatron-LM's embedding group).
+    sum_tied_gradients();
     result.grad_norm = gradient_norm();
     std::vector<models::Parameter*> params;
     for (auto& [i, s] : stages_)

@@ -108,7 +108,6 @@ class RankExecutor {
     std::unique_ptr<Reducer> reducer_;
     kernels::Tensor tokens_, targets_; // this dp rank's rows of the step's batch
     int64_t microbatch_rows_ = 0;
-    bool tied_summed_ = false; // this step's REDUCE_TIED has run
     std::function<void(int64_t, const plan::PlanAction&)> hook_;
     std::atomic<uint64_t> progress_{0};
     mutable std::mutex current_mutex_;
