@@ -52,6 +52,7 @@ class Model {
     double loss(const Tensor& tokens, const Tensor& targets);
 
     ParameterStore& params() { return stage_.params(); }
+    const ParameterStore& params() const { return stage_.params(); }
     const ModelSpec& spec() const { return spec_; }
 
   private:

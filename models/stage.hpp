@@ -59,6 +59,7 @@ class Stage {
     void end_session(int64_t session);
 
     ParameterStore& params() { return params_; }
+    const ParameterStore& params() const { return params_; }
     const StageSpan& span() const { return span_; }
     /// Names of parameters this stage holds a copy of, whose gradient the runtime must sum with
     /// the stage that owns them (the tied embedding on the last stage).

@@ -149,43 +149,39 @@ EvalResult evaluate(Model& model, const TokenData& data) {
     return r;
 }
 
+int32_t choose_token(const float* z, int64_t V, const GenerateSpec& gen, uint64_t seed,
+                     uint64_t position, uint64_t row) {
+    if (gen.temperature <= 0.0) return static_cast<int32_t>(std::max_element(z, z + V) - z);
+    // Keep the top_k logits, softmax at the temperature, draw from (seed, position, row).
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    for (int64_t i = 0; i < V; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    int64_t keep = gen.top_k > 0 ? std::min<int64_t>(gen.top_k, V) : V;
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                      [&](int32_t a, int32_t b) { return z[a] > z[b]; });
+    std::vector<double> probs(static_cast<size_t>(keep));
+    double mx = z[order[0]], total = 0.0;
+    for (int64_t i = 0; i < keep; ++i) {
+        double p = std::exp((z[order[static_cast<size_t>(i)]] - mx) / gen.temperature);
+        probs[static_cast<size_t>(i)] = p;
+        total += p;
+    }
+    double u = static_cast<double>(hash64(seed, position, 0x9e37 + row) >> 11) * 0x1.0p-53 * total;
+    for (int64_t i = 0; i < keep; ++i) {
+        u -= probs[static_cast<size_t>(i)];
+        if (u <= 0) return order[static_cast<size_t>(i)];
+    }
+    return order[static_cast<size_t>(keep - 1)];
+}
+
 void sample(Model& model, const GenerateSpec& gen, uint64_t seed, std::vector<int32_t>& tokens) {
     const int64_t T = model.spec().context, V = model.spec().vocab;
-    std::vector<double> probs(static_cast<size_t>(V));
     for (int64_t k = 0; k < gen.max_tokens; ++k) {
         int64_t n = std::min<int64_t>(T, static_cast<int64_t>(tokens.size()));
         kernels::Tensor in({1, n}, kernels::DType::i32);
         std::copy(tokens.end() - n, tokens.end(), in.data<int32_t>());
         kernels::Tensor logits = model.logits(in);
-        const float* z = logits.data<float>() + (n - 1) * V;
-        int32_t next = 0;
-        if (gen.temperature <= 0.0) {
-            next = static_cast<int32_t>(std::max_element(z, z + V) - z);
-        } else {
-            // Keep the top_k logits, softmax at the temperature, draw from (seed, position).
-            std::vector<int32_t> order(static_cast<size_t>(V));
-            for (int64_t i = 0; i < V; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-            int64_t keep = gen.top_k > 0 ? std::min<int64_t>(gen.top_k, V) : V;
-            std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                              [&](int32_t a, int32_t b) { return z[a] > z[b]; });
-            double mx = z[order[0]], total = 0.0;
-            for (int64_t i = 0; i < keep; ++i) {
-                double p = std::exp((z[order[static_cast<size_t>(i)]] - mx) / gen.temperature);
-                probs[static_cast<size_t>(i)] = p;
-                total += p;
-            }
-            double u =
-                static_cast<double>(hash64(seed, tokens.size(), 0x9e37) >> 11) * 0x1.0p-53 * total;
-            next = order[static_cast<size_t>(keep - 1)];
-            for (int64_t i = 0; i < keep; ++i) {
-                u -= probs[static_cast<size_t>(i)];
-                if (u <= 0) {
-                    next = order[static_cast<size_t>(i)];
-                    break;
-                }
-            }
-        }
-        tokens.push_back(next);
+        tokens.push_back(
+            choose_token(logits.data<float>() + (n - 1) * V, V, gen, seed, tokens.size(), 0));
     }
 }
 

@@ -52,6 +52,11 @@ struct EvalResult {
 /// context) from the ones before, windows consecutive and non-overlapping.
 EvalResult evaluate(Model& model, const TokenData& data);
 
+/// The next token from logits z (V): the largest at temperature 0, else a draw from the
+/// softmax of the top_k logits at the temperature, a function of (seed, position, row).
+int32_t choose_token(const float* z, int64_t V, const GenerateSpec& gen, uint64_t seed,
+                     uint64_t position, uint64_t row);
+
 /// Appends up to `max_tokens` sampled tokens to `tokens` (temperature 0: greedy; top_k 0: the
 /// whole vocabulary), conditioning on at most the model's context. Deterministic for a seed.
 void sample(Model& model, const GenerateSpec& gen, uint64_t seed, std::vector<int32_t>& tokens);
