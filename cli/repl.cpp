@@ -300,8 +300,9 @@ void ReplSession::cmd_set(const std::string& args) {
         out_.flush();
         err_ << r.report();
         std::vector<std::string> known = keys();
+        bool hinted = r.report().find("did you mean") != std::string::npos;
         for (const ReplOverride& c : changes) {
-            if (std::find(known.begin(), known.end(), c.key) != known.end()) continue;
+            if (hinted || std::find(known.begin(), known.end(), c.key) != known.end()) continue;
             std::string best = lang::closest_name(c.key, known);
             err_ << "hint: `" << c.key << "` is not a key `set` knows"
                  << (best.empty() ? "; `help set` lists them" : "; did you mean `" + best + "`?")

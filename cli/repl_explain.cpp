@@ -63,7 +63,9 @@ class Explainer {
         size_t lo = k > 0 ? spans[k - 1].action + 1 : 0, hi = spans[k].action;
         Wait w;
         w.cause = k == 0 ? Cause::warmup : Cause::transfer;
-        double latest = -1;
+        // Only a dependency that finished after the rank's previous action kept it waiting;
+        // otherwise the gap is the transfer itself.
+        double latest = k > 0 ? spans[k - 1].end : 0.0;
         bool reduction = false, tied = false;
         for (size_t i = lo; i < hi; ++i) {
             const PlanAction& a = actions[i];
@@ -112,7 +114,11 @@ class Explainer {
         for (int32_t q : peers) {
             if (q == rank) continue;
             const auto& qa = g_.ranks[static_cast<size_t>(q)].actions;
-            auto at = std::find(qa.begin(), qa.end(), a);
+            // The tied reduction has the peer's own stage; a gradient bucket the same one.
+            auto at = std::find_if(qa.begin(), qa.end(), [&](const PlanAction& b) {
+                return b.kind == a.kind && b.microbatch == a.microbatch &&
+                       (a.kind == ActionKind::reduce_tied || b.stage == a.stage);
+            });
             if (at == qa.end()) continue;
             size_t index = static_cast<size_t>(at - qa.begin());
             const auto& qs = t_.ranks[static_cast<size_t>(q)].spans;
@@ -151,7 +157,7 @@ std::string cause_text(Cause c, int32_t peer) {
     case Cause::tied_reduction:
         return "in the tied embedding's gradient reduction" +
                (peer >= 0 ? ", waiting for rank " + p : std::string());
-    case Cause::transfer: return "waiting on communication";
+    case Cause::transfer: return "in transit: the transfers' own time";
     case Cause::cooldown: return "cool-down: its work is done while other ranks finish";
     }
     return "";

@@ -207,12 +207,9 @@ void ReplSession::cmd_compare(const std::string& args) {
         error("an empty value in `" + args + "`", "for example `compare mesh.pp=2,4,8`");
         return;
     }
-    size_t width = key.size();
-    for (const std::string& v : values) width = std::max(width, v.size() + 20);
+    // Each row evaluated first, so that the first column fits its widest label.
+    std::vector<std::pair<std::string, std::string>> rows; // label, the other columns
     char buf[512];
-    std::snprintf(buf, sizeof buf, "%-*s %12s %8s %12s %5s %7s %14s\n", static_cast<int>(width),
-                  key.c_str(), "step", "bubble", "peak memory", "fits", "MFU", "tokens/s");
-    out_ << buf;
     bool adjusted = false;
     for (const std::string& v : values) {
         ReplEvaluation ev = evaluate(override_texts({{key, v}}), true);
@@ -236,18 +233,23 @@ void ReplSession::cmd_compare(const std::string& args) {
             }
         }
         if (!ev.ok()) {
-            std::snprintf(buf, sizeof buf, "%-*s error: %s\n", static_cast<int>(width), v.c_str(),
-                          first_error(ev.error).c_str());
-            out_ << buf;
+            rows.push_back({v, " error: " + first_error(ev.error)});
             continue;
         }
         const sim::Timeline& t = *ev.timeline;
-        std::snprintf(buf, sizeof buf, "%-*s %12s %8.4f %12s %5s %7s %14.0f\n",
-                      static_cast<int>(width), label.c_str(), time_text(t, t.step_time_s).c_str(),
-                      t.bubble_fraction, bytes_text(fullest(t).peak_memory_bytes).c_str(),
-                      t.fits ? "yes" : "NO", percent_text(t.mfu).c_str(), t.tokens_per_s);
-        out_ << buf;
+        std::snprintf(buf, sizeof buf, " %12s %8.4f %12s %5s %7s %14.0f",
+                      time_text(t, t.step_time_s).c_str(), t.bubble_fraction,
+                      bytes_text(fullest(t).peak_memory_bytes).c_str(), t.fits ? "yes" : "NO",
+                      percent_text(t.mfu).c_str(), t.tokens_per_s);
+        rows.push_back({label, buf});
     }
+    size_t width = key.size();
+    for (const auto& row : rows) width = std::max(width, row.first.size());
+    std::snprintf(buf, sizeof buf, "%-*s %12s %8s %12s %5s %7s %14s\n", static_cast<int>(width),
+                  key.c_str(), "step", "bubble", "peak memory", "fits", "MFU", "tokens/s");
+    out_ << buf;
+    for (const auto& [label, rest] : rows)
+        out_ << label << std::string(width - label.size(), ' ') << rest << "\n";
     out_ << "(peak memory: the fullest rank"
          << (adjusted ? "; in parentheses: what changes with the value for it to check" : "")
          << ")\n";
