@@ -6,10 +6,10 @@
 // a plain class that reads no terminal, so tests drive it through text; repl_line.cpp puts
 // libedit (line editing, history, completion) or a plain stdin reader around it.
 //
-// Files, by step: repl.cpp (state, set/unset/show/save/help), repl_script.cpp (overrides applied
-// to the syntax tree for show and save), repl_figures.cpp (plan, sim, compare, memory, trace,
-// svg), repl_explain.cpp (critical path and idle time), repl_run.cpp (real steps),
-// repl_line.cpp (the terminal).
+// Files, by step: repl.cpp (state, show/save/help), repl_set.cpp (set/unset), repl_script.cpp
+// (overrides applied to the syntax tree for show and save), repl_figures.cpp (plan, sim,
+// compare, memory, trace, svg), repl_explain.cpp (critical path and idle time), repl_run.cpp
+// (real steps), repl_line.cpp (the terminal).
 #pragma once
 
 #include "actors/plan/graph.hpp"
@@ -60,7 +60,7 @@ class ReplSession {
     std::vector<std::string> keys() const;
 
   private:
-    // repl.cpp
+    // repl.cpp (and repl_set.cpp: companions, cmd_set, cmd_unset)
     std::vector<std::string> override_texts(const std::vector<ReplOverride>& extra = {}) const;
     lang::CheckResult check(const std::vector<std::string>& overrides) const;
     ReplEvaluation evaluate(const std::vector<std::string>& overrides, bool simulate) const;

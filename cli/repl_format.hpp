@@ -1,4 +1,4 @@
-// repl_format.hpp: how the REPL's commands write times, sizes and fractions.
+// repl_format.hpp: how the REPL's commands write times, sizes and fractions (and trim input).
 #pragma once
 
 #include "actors/sim/simulate.hpp"
@@ -34,6 +34,12 @@ inline std::string bytes_text(int64_t b) {
     else
         std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
     return buf;
+}
+
+/// `s` without white space at either end.
+inline std::string trim(const std::string& s) {
+    size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+    return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
 
 inline std::string percent_text(double fraction) {
