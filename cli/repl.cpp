@@ -138,6 +138,11 @@ ReplEvaluation ReplSession::evaluate(const std::vector<std::string>& overrides,
         ev.error = ev.checked->report();
         return ev;
     }
+    finish(ev, simulate);
+    return ev;
+}
+
+void ReplSession::finish(ReplEvaluation& ev, bool simulate) const {
     const Program& p = *ev.checked->program;
     plan::PlanResult planned = plan::lower(p);
     if (!planned.ok()) {
@@ -148,17 +153,16 @@ ReplEvaluation ReplSession::evaluate(const std::vector<std::string>& overrides,
             else
                 ev.error += plan::render_errors(name_, {e});
         }
-        return ev;
+        return;
     }
     ev.graph = std::move(*planned.graph);
-    if (!simulate) return ev;
+    if (!simulate) return;
     sim::SimResult r = sim::simulate(*ev.graph, p);
     if (!r.ok()) {
         ev.error = plan::render_errors(name_, r.errors);
-        return ev;
+        return;
     }
     ev.timeline = std::move(*r.timeline);
-    return ev;
 }
 
 const ReplEvaluation& ReplSession::current(bool simulate) {

@@ -64,6 +64,9 @@ class ReplSession {
     std::vector<std::string> override_texts(const std::vector<ReplOverride>& extra = {}) const;
     lang::CheckResult check(const std::vector<std::string>& overrides) const;
     ReplEvaluation evaluate(const std::vector<std::string>& overrides, bool simulate) const;
+    /// The planning and simulation half of evaluate(), for a program that checks. Touches no
+    /// session state, so that `compare` runs several at once.
+    void finish(ReplEvaluation& ev, bool simulate) const;
     /// The current program's plan and timeline, computed on first use after a change.
     const ReplEvaluation& current(bool simulate);
     /// Other values to try with KEY=VALUE when it does not check alone: for a mesh axis of a

@@ -9,8 +9,10 @@
 #include "models/atomic_file.hpp"
 
 #include <algorithm>
+#include <future>
 #include <ostream>
 #include <sstream>
+#include <thread>
 
 namespace dist::cli {
 
@@ -207,49 +209,71 @@ void ReplSession::cmd_compare(const std::string& args) {
         error("an empty value in `" + args + "`", "for example `compare mesh.pp=2,4,8`");
         return;
     }
-    // Each row evaluated first, so that the first column fits its widest label.
-    std::vector<std::pair<std::string, std::string>> rows; // label, the other columns
-    char buf[512];
+    // Each row evaluated first, so that the first column fits its widest label. The checks
+    // run one after another (the parser is not known to be thread-safe); planning and
+    // simulation, the costly part at a thousand ranks, run side by side.
+    struct Row {
+        std::string value, label;
+        ReplEvaluation ev;
+        std::string text; // the columns after the label
+    };
+    std::vector<Row> rows;
     bool adjusted = false;
     for (const std::string& v : values) {
-        ReplEvaluation ev = evaluate(override_texts({{key, v}}), true);
-        std::string label = v;
-        if (!ev.ok()) {
+        Row row{v, v, {}, ""};
+        row.ev.checked = check(override_texts({{key, v}}));
+        if (!row.ev.checked->ok()) {
             // The values that go with it (virtual stages for a kind, dp or the device count
             // for a mesh axis), as `set` would find them.
             for (const auto& extra : companions({key, v})) {
                 std::vector<ReplOverride> all = {{key, v}};
                 all.insert(all.end(), extra.begin(), extra.end());
-                ReplEvaluation retry = evaluate(override_texts(all), true);
+                lang::CheckResult retry = check(override_texts(all));
                 if (!retry.ok()) continue;
-                ev = std::move(retry);
-                label += " (";
+                row.ev.checked = std::move(retry);
+                row.label += " (";
                 for (size_t i = 0; i < extra.size(); ++i)
-                    label += (i ? ", " : "") + extra[i].key.substr(extra[i].key.find('.') + 1) +
-                             " " + extra[i].value;
-                label += ")";
+                    row.label += (i ? ", " : "") + extra[i].key.substr(extra[i].key.find('.') + 1) +
+                                 " " + extra[i].value;
+                row.label += ")";
                 adjusted = true;
                 break;
             }
         }
-        if (!ev.ok()) {
-            rows.push_back({v, " error: " + first_error(ev.error)});
+        rows.push_back(std::move(row));
+    }
+    size_t threads = std::max(1u, std::thread::hardware_concurrency());
+    for (size_t first = 0; first < rows.size(); first += threads) {
+        std::vector<std::future<void>> running;
+        for (size_t i = first; i < std::min(rows.size(), first + threads); ++i) {
+            if (!rows[i].ev.checked->ok()) continue;
+            running.push_back(
+                std::async(std::launch::async, [this, &rows, i] { finish(rows[i].ev, true); }));
+        }
+        for (auto& r : running) r.get();
+    }
+    char buf[512];
+    for (Row& row : rows) {
+        if (!row.ev.checked->ok()) row.ev.error = row.ev.checked->report();
+        if (!row.ev.ok()) {
+            row.label = row.value;
+            row.text = " error: " + first_error(row.ev.error);
             continue;
         }
-        const sim::Timeline& t = *ev.timeline;
+        const sim::Timeline& t = *row.ev.timeline;
         std::snprintf(buf, sizeof buf, " %12s %8.4f %12s %5s %7s %14.0f",
                       time_text(t, t.step_time_s).c_str(), t.bubble_fraction,
                       bytes_text(fullest(t).peak_memory_bytes).c_str(), t.fits ? "yes" : "NO",
                       percent_text(t.mfu).c_str(), t.tokens_per_s);
-        rows.push_back({label, buf});
+        row.text = buf;
     }
     size_t width = key.size();
-    for (const auto& row : rows) width = std::max(width, row.first.size());
+    for (const Row& row : rows) width = std::max(width, row.label.size());
     std::snprintf(buf, sizeof buf, "%-*s %12s %8s %12s %5s %7s %14s\n", static_cast<int>(width),
                   key.c_str(), "step", "bubble", "peak memory", "fits", "MFU", "tokens/s");
     out_ << buf;
-    for (const auto& [label, rest] : rows)
-        out_ << label << std::string(width - label.size(), ' ') << rest << "\n";
+    for (const Row& row : rows)
+        out_ << row.label << std::string(width - row.label.size(), ' ') << row.text << "\n";
     out_ << "(peak memory: the fullest rank"
          << (adjusted ? "; in parentheses: what changes with the value for it to check" : "")
          << ")\n";
