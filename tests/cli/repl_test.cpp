@@ -193,7 +193,7 @@ TEST(Repl, EndOfInputEndsTheSessionWithStatusZero) {
     EXPECT_NE(r.out.find("makespan"), std::string::npos) << r.out;
 }
 
-TEST(Repl, AScriptThatDoesNotCheckExitsOne) {
+TEST(Repl, AMissingScriptExitsOneARefusedSetDoesNot) {
     TempDir dir("bad");
     Result r = run_in(dir.path, "repl " + src + "/examples/gpt_tiny.dist --set mesh.tp=3", "");
     EXPECT_EQ(r.status, 0) << r.out; // a bad --set is a refused `set`: the session goes on
