@@ -1,5 +1,6 @@
 // main.cpp: the `dist` executable: command-line parsing (CLI11) and dispatch to the commands.
 #include "cli/commands.hpp"
+#include "cli/repl.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -70,6 +71,17 @@ int main(int argc, char** argv) {
     eval->add_option("--data", eval_data, "a text file, or llm.c tokens (.bin)")->required();
     eval->add_flag("--json", json, "print {\"loss\": ..., \"tokens\": ...}");
 
+    std::string repl_file;
+    std::vector<std::string> repl_overrides;
+    bool echo = false;
+    CLI::App* repl = app.add_subcommand("repl", "explore plans and schedules interactively");
+    repl->add_option("FILE", repl_file, "the .dist script (default: a built-in example)");
+    repl->add_option("--set", repl_overrides, "start with KEY=VALUE set, as `set KEY VALUE`")
+        ->take_all()
+        ->allow_extra_args(false);
+    repl->add_flag("--echo", echo,
+                   "print each command read from a script before its answer (transcripts)");
+
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -88,6 +100,7 @@ int main(int argc, char** argv) {
     if (*plan) return dist::cli::run_plan(common, json, std::cout, std::cerr);
     if (*sim) return dist::cli::run_sim(common, sim_options, std::cout, std::cerr);
     if (*eval) return dist::cli::run_eval(common, eval_load, eval_data, json, std::cout, std::cerr);
+    if (*repl) return dist::cli::run_repl(repl_file, repl_overrides, echo);
     if (*run) {
         run_options.progress = !quiet;
         return dist::cli::run_train(common, run_options, std::cout, std::cerr);

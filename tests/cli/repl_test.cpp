@@ -1,0 +1,219 @@
+// repl_test.cpp: `dist repl` driven through its standard input, as a script would drive it.
+//
+//   golden/repl/NAME.session -> the transcript (`--echo`: each command, then its answer, standard
+//   output and standard error together), compared with NAME.expected. The first line,
+//   `# dist repl ARGS`, gives the arguments (`<src>` is this checkout). The session runs in an
+//   empty folder; the files it writes are checked afterwards (`.dist` checks, `.json` parses,
+//   `.svg` is a drawing). DIST_GOLDEN_REWRITE=1 rewrites the expected files.
+//
+// Real training steps and timings change from run to run: those tests assert on structure.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+    int status = -1;
+    std::string out; // standard output and standard error, as they interleave
+};
+
+std::string slurp(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+    for (size_t at = 0; (at = s.find(from, at)) != std::string::npos; at += to.size())
+        s.replace(at, from.size(), to);
+    return s;
+}
+
+// `dist ARGS < input` in `dir`.
+Result run_in(const fs::path& dir, const std::string& args, const std::string& input) {
+    fs::path in_file = dir / ".stdin";
+    std::ofstream(in_file, std::ios::binary) << input;
+    std::string cmd = "cd '" + dir.string() + "' && " + DIST_BINARY + " " + args + " < '" +
+                      in_file.string() + "' 2>&1";
+    Result r;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (!p) return r;
+    std::array<char, 4096> buf{};
+    size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+    int st = ::pclose(p);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    fs::remove(in_file);
+    return r;
+}
+
+// A fresh, empty folder for one test, removed at the end.
+struct TempDir {
+    fs::path path;
+    explicit TempDir(const std::string& name) {
+        path = fs::temp_directory_path() / ("dist-repl-" + name + "-" + std::to_string(::getpid()));
+        fs::remove_all(path);
+        fs::create_directories(path);
+    }
+    ~TempDir() { fs::remove_all(path); }
+};
+
+const std::string src = DIST_SOURCE_DIR;
+
+class ReplGoldenTest : public testing::Test {
+  public:
+    explicit ReplGoldenTest(fs::path session) : session_(std::move(session)) {}
+
+    void TestBody() override {
+        std::string text = slurp(session_);
+        const std::string head = "# dist repl";
+        ASSERT_EQ(text.rfind(head, 0), 0u) << session_ << " must start with `" << head << "`";
+        std::string args = text.substr(head.size(), text.find('\n') - head.size());
+        TempDir dir(session_.stem().string());
+        Result r = run_in(dir.path, "repl --echo" + replace_all(args, "<src>", src), text);
+        EXPECT_EQ(r.status, 0) << r.out;
+        std::string actual = replace_all(r.out, src, "<src>");
+        fs::path expected_path = session_;
+        expected_path.replace_extension(".expected");
+        if (std::getenv("DIST_GOLDEN_REWRITE")) {
+            std::ofstream(expected_path, std::ios::binary) << actual;
+        } else {
+            ASSERT_TRUE(fs::exists(expected_path))
+                << expected_path << " is missing; run with DIST_GOLDEN_REWRITE=1 to create it";
+            EXPECT_EQ(slurp(expected_path), actual) << "golden file " << session_;
+        }
+        // What the session wrote.
+        for (const auto& e : fs::directory_iterator(dir.path)) {
+            std::string ext = e.path().extension().string();
+            if (ext == ".dist") {
+                Result c = run_in(dir.path, "check " + e.path().filename().string(), "");
+                EXPECT_EQ(c.status, 0) << e.path() << "\n" << c.out;
+            } else if (ext == ".json") {
+                nlohmann::json j = nlohmann::json::parse(slurp(e.path()), nullptr, false);
+                EXPECT_FALSE(j.is_discarded()) << e.path();
+                EXPECT_TRUE(j.contains("traceEvents")) << e.path();
+            } else if (ext == ".svg") {
+                EXPECT_NE(slurp(e.path()).find("<svg"), std::string::npos) << e.path();
+            }
+        }
+    }
+
+  private:
+    fs::path session_;
+};
+
+// Registered before main runs, one test per session file.
+const bool registered = [] {
+    fs::path dir = fs::path(src) / "tests/golden/repl";
+    std::vector<fs::path> files;
+    if (fs::is_directory(dir))
+        for (const auto& e : fs::directory_iterator(dir))
+            if (e.path().extension() == ".session") files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+        testing::RegisterTest("Golden_repl", f.stem().string().c_str(), nullptr, nullptr, __FILE__,
+                              __LINE__, [f]() -> testing::Test* { return new ReplGoldenTest(f); });
+    }
+    return true;
+}();
+
+TEST(Repl, RunTrainsRealStepsAndSetsThemBesideTheSimulator) {
+    TempDir dir("run");
+    Result r = run_in(dir.path, "repl", "set model.layers 2\nrun 2\nquit\n");
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("training 2 steps on 2 cpu ranks (dp 1, tp 1, pp 2)"), std::string::npos)
+        << r.out;
+    for (const char* step : {"\nstep 1  loss ", "\nstep 2  loss "})
+        EXPECT_NE(r.out.find(step), std::string::npos) << r.out;
+    size_t last = r.out.find("last step: measured ");
+    ASSERT_NE(last, std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(" ms, simulated ", last), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("; bubble measured ", last), std::string::npos) << r.out;
+    // The loss of a byte model starts near ln(256).
+    double loss = std::stod(r.out.substr(r.out.find("step 1  loss ") + 13));
+    EXPECT_GT(loss, 4.0);
+    EXPECT_LT(loss, 7.0);
+}
+
+TEST(Repl, RunRefusesPlansTooBigForThisMachine) {
+    TempDir dir("run-big");
+    Result r = run_in(dir.path, "repl " + src + "/examples/llama3_8b_64xh100.dist", "run 1\n");
+    EXPECT_EQ(r.status, 0);
+    EXPECT_NE(r.out.find("error: `run` trains on this machine's CPU cores"), std::string::npos)
+        << r.out;
+}
+
+TEST(Repl, SavedScriptGivesTheSameProgramAsTheOverrides) {
+    TempDir dir("save");
+    const std::string file = src + "/examples/llama3_8b_64xh100.dist";
+    // mesh.pp 8 on the script's 64 devices takes mesh.dp 1 with it.
+    Result r = run_in(dir.path, "repl " + file,
+                      "set mesh.pp 8\nset schedule.kind interleaved_1f1b\nset model.layers 16\n"
+                      "set train.optimizer.eps 1e-6\nset generate.top_k 5\nsave out.dist\n");
+    ASSERT_EQ(r.status, 0) << r.out;
+    ASSERT_NE(r.out.find("saved out.dist (6 values written into the script)"), std::string::npos)
+        << r.out;
+    auto program = [&](const std::string& args) {
+        Result p = run_in(dir.path, "plan --json " + args, "");
+        EXPECT_EQ(p.status, 0) << p.out.substr(0, 1000);
+        nlohmann::json j = nlohmann::json::parse(p.out, nullptr, false);
+        EXPECT_FALSE(j.is_discarded()) << p.out.substr(0, 1000);
+        if (j.is_discarded()) return j;
+        j.erase("file");
+        j["program"].erase("file");
+        return j;
+    };
+    nlohmann::json saved = program("out.dist");
+    nlohmann::json direct =
+        program(file + " --set mesh.pp=8 --set mesh.dp=1 --set schedule.kind=interleaved_1f1b "
+                       "--set model.layers=16 --set train.optimizer.eps=1e-6 --set "
+                       "generate.top_k=5");
+    EXPECT_FALSE(direct.is_discarded());
+    EXPECT_TRUE(saved == direct) << "the saved script plans differently from the overrides";
+    // The script's comments survive.
+    EXPECT_NE(slurp(dir.path / "out.dist").find("# llama3_8b_64xh100.dist: Llama 3 8B"),
+              std::string::npos);
+}
+
+TEST(Repl, EndOfInputEndsTheSessionWithStatusZero) {
+    TempDir dir("eof");
+    Result r = run_in(dir.path, "repl", "sim\n");
+    EXPECT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("makespan"), std::string::npos) << r.out;
+}
+
+TEST(Repl, AMissingScriptExitsOneARefusedSetDoesNot) {
+    TempDir dir("bad");
+    Result r = run_in(dir.path, "repl " + src + "/examples/gpt_tiny.dist --set mesh.tp=3", "");
+    EXPECT_EQ(r.status, 0) << r.out; // a bad --set is a refused `set`: the session goes on
+    EXPECT_NE(r.out.find("error: tp = 3 does not divide"), std::string::npos) << r.out;
+    Result missing = run_in(dir.path, "repl no/such/file.dist", "");
+    EXPECT_EQ(missing.status, 1);
+    EXPECT_NE(missing.out.find("cannot read `no/such/file.dist`"), std::string::npos)
+        << missing.out;
+}
+
+TEST(Repl, AThousandRanksPlanAndSimulate) {
+    TempDir dir("1024");
+    Result r = run_in(dir.path, "repl " + src + "/examples/llama3_8b_64xh100.dist --set mesh.dp=32",
+                      "sim\nmemory\nexplain\ncompare zb_h1 zbv\n");
+    ASSERT_EQ(r.status, 0) << r.out.substr(0, 2000);
+    EXPECT_NE(r.out.find("1024 ranks (dp 32, tp 8, pp 4)"), std::string::npos);
+    EXPECT_NE(r.out.find("critical path ("), std::string::npos);
+    EXPECT_NE(r.out.find("the other 1020 ranks"), std::string::npos);
+    EXPECT_NE(r.out.find("\nzbv "), std::string::npos);
+    EXPECT_EQ(r.out.find("error"), std::string::npos) << r.out.substr(0, 4000);
+}
+
+} // namespace
