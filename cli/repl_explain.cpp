@@ -21,7 +21,7 @@ namespace {
 using plan::ActionKind;
 using plan::PlanAction;
 
-enum class Cause { warmup, activation, gradient, dp_reduction, tied_reduction, transfer, cooldown };
+enum class Cause { warmup, activation, gradient, dp_reduction, transfer, cooldown };
 
 struct Wait {
     Cause cause = Cause::transfer;
@@ -66,7 +66,7 @@ class Explainer {
         // Only a dependency that finished after the rank's previous action kept it waiting;
         // otherwise the gap is the transfer itself.
         double latest = k > 0 ? spans[k - 1].end : 0.0;
-        bool reduction = false, tied = false;
+        bool reduction = false;
         for (size_t i = lo; i < hi; ++i) {
             const PlanAction& a = actions[i];
             bool fwd = a.kind == ActionKind::recv_forward,
@@ -84,14 +84,12 @@ class Explainer {
                     w.microbatch = a.microbatch;
                 }
             }
-            if (a.kind == ActionKind::reduce_grad || a.kind == ActionKind::reduce_tied) {
-                reduction = reduction || a.kind == ActionKind::reduce_grad;
-                tied = tied || a.kind == ActionKind::reduce_tied;
+            if (a.kind == ActionKind::reduce_grad) {
+                reduction = true;
                 if (follow_reductions) follow_reduction(rank, a, latest, w);
             }
         }
-        if (w.peer < 0 && (reduction || tied))
-            w.cause = reduction ? Cause::dp_reduction : Cause::tied_reduction;
+        if (w.peer < 0 && reduction) w.cause = Cause::dp_reduction;
         return w;
     }
 
@@ -105,19 +103,13 @@ class Explainer {
     void follow_reduction(int32_t rank, const PlanAction& a, double& latest, Wait& w) const {
         const plan::PlanRank& me = g_.ranks[static_cast<size_t>(rank)];
         std::vector<int32_t> peers;
-        if (a.kind == ActionKind::reduce_grad) {
-            for (int32_t d = 0; d < g_.dp; ++d) peers.push_back(g_.rank_of(d, me.pp, me.tp));
-        } else {
-            peers.push_back(g_.rank_of(me.dp, g_.stages.front().pp, me.tp));
-            peers.push_back(g_.rank_of(me.dp, g_.stages.back().pp, me.tp));
-        }
+        for (int32_t d = 0; d < g_.dp; ++d) peers.push_back(g_.rank_of(d, me.pp, me.tp));
         for (int32_t q : peers) {
             if (q == rank) continue;
             const auto& qa = g_.ranks[static_cast<size_t>(q)].actions;
-            // The tied reduction has the peer's own stage; a gradient bucket the same one.
+            // The same gradient bucket of the same stage.
             auto at = std::find_if(qa.begin(), qa.end(), [&](const PlanAction& b) {
-                return b.kind == a.kind && b.microbatch == a.microbatch &&
-                       (a.kind == ActionKind::reduce_tied || b.stage == a.stage);
+                return b.kind == a.kind && b.microbatch == a.microbatch && b.stage == a.stage;
             });
             if (at == qa.end()) continue;
             size_t index = static_cast<size_t>(at - qa.begin());
@@ -130,8 +122,7 @@ class Explainer {
             size_t k = static_cast<size_t>(after - qs.begin()) - 1;
             if (qs[k].end > latest) {
                 latest = qs[k].end;
-                w.cause =
-                    a.kind == ActionKind::reduce_grad ? Cause::dp_reduction : Cause::tied_reduction;
+                w.cause = Cause::dp_reduction;
                 w.peer = w.from_rank = q;
                 w.from_span = k;
             }
@@ -153,9 +144,6 @@ std::string cause_text(Cause c, int32_t peer) {
     case Cause::gradient: return "waiting for a gradient from rank " + p;
     case Cause::dp_reduction:
         return "in the data-parallel gradient reduction" +
-               (peer >= 0 ? ", waiting for rank " + p : std::string());
-    case Cause::tied_reduction:
-        return "in the tied embedding's gradient reduction" +
                (peer >= 0 ? ", waiting for rank " + p : std::string());
     case Cause::transfer: return "in transit: the transfers' own time";
     case Cause::cooldown: return "cool-down: its work is done while other ranks finish";
@@ -220,10 +208,9 @@ void explain_critical_path(const sim::Timeline& t, const Explainer& ex, std::ost
         const Segment& sg = path[i];
         if (sg.reached && i > 0) {
             const Segment& before = path[i - 1];
-            std::string what = sg.via.cause == Cause::dp_reduction     ? "data-parallel reduction"
-                               : sg.via.cause == Cause::tied_reduction ? "tied-embedding reduction"
-                               : sg.via.cause == Cause::gradient       ? "gradient"
-                                                                       : "activation";
+            std::string what = sg.via.cause == Cause::dp_reduction ? "data-parallel reduction"
+                               : sg.via.cause == Cause::gradient   ? "gradient"
+                                                                   : "activation";
             out << "    -> " << what;
             if (sg.via.microbatch >= 0) out << " of microbatch " << sg.via.microbatch;
             out << " to rank " << sg.rank << ", which starts "

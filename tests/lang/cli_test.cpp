@@ -249,3 +249,27 @@ TEST(Cli, RunWritesTheTraceOfTheRealStepAndItsBubble) {
     EXPECT_EQ(spans, 2 * 4 * 2); // two ranks, four microbatches, a forward and a backward each
     fs::remove(trace);
 }
+
+TEST(Cli, GenerateStreamsTheSameGreedyTextOnAnyMesh) {
+    fs::path dir = fs::temp_directory_path() / ("dist_cli_gen_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    Result trained = run("run examples/gpt_tiny.dist --quiet --set model.width=32 "
+                         "--set train.batch=4 --set 'train.data=synthetic()' "
+                         "--set train.stop_after=2 --save " +
+                         dir.string());
+    ASSERT_EQ(trained.status, 0) << trained.err;
+    const std::string gen = "generate examples/gpt_tiny.dist --set model.width=32 --load " +
+                            dir.string() +
+                            " --set generate.temperature=0 --set generate.max_tokens=20 ";
+    Result one = run(gen + "--prompt 'You will'");
+    ASSERT_EQ(one.status, 0) << one.err;
+    EXPECT_EQ(one.out.size(), 21u) << one.out; // the 20 new bytes and a newline, nothing else
+    EXPECT_NE(one.err.find("20 tokens in"), std::string::npos) << one.err;
+    Result mesh = run(gen + "--prompt 'You will' --set mesh.pp=2 --set mesh.tp=2");
+    ASSERT_EQ(mesh.status, 0) << mesh.err;
+    EXPECT_EQ(mesh.out, one.out);
+    Result none = run(gen + "< /dev/null");
+    EXPECT_EQ(none.status, 2);
+    EXPECT_NE(none.err.find("no prompt"), std::string::npos) << none.err;
+    fs::remove_all(dir);
+}

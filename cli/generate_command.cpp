@@ -1,0 +1,101 @@
+// generate_command.cpp: `dist generate`: saved weights continue prompts on the script's mesh,
+// through key/value caches, the text streamed to stdout as it is produced.
+#include "cli/commands.hpp"
+
+#include "actors/plan/lower.hpp"
+#include "actors/runtime/generate.hpp"
+#include "lang/check.hpp"
+#include "lang/loader.hpp"
+#include "models/checkpoint.hpp"
+
+#include <chrono>
+#include <istream>
+#include <ostream>
+
+namespace dist::cli {
+
+namespace {
+
+// Bytes the terminal shows as they are; others as '?'.
+char printable(int32_t t) {
+    char c = static_cast<char>(t);
+    return (t < 32 && c != '\n' && c != '\t') || t >= 127 ? '?' : c;
+}
+
+} // namespace
+
+int run_generate(const CommonOptions& o, const std::string& load,
+                 const std::vector<std::string>& given, std::istream& in, std::ostream& out,
+                 std::ostream& err) {
+    lang::FrontendOptions fo;
+    fo.search_roots = lang::default_search_roots();
+    fo.overrides = o.overrides;
+    lang::CheckResult checked = lang::check_file(o.file, fo);
+    if (!checked.ok()) {
+        err << checked.report();
+        return 1;
+    }
+    const Program& p = *checked.program;
+    if (p.model.vocab != 256) {
+        err << "error: prompts are read as bytes, which needs a vocabulary of 256; the model has "
+            << p.model.vocab << " (no byte-pair tokenizer in this build)\n";
+        return 1;
+    }
+    std::vector<std::string> prompts = given;
+    if (prompts.empty()) {
+        std::string line;
+        while (std::getline(in, line))
+            if (!line.empty()) prompts.push_back(line);
+    }
+    if (prompts.empty()) {
+        err << "error: no prompt: give --prompt TEXT or lines on standard input\n";
+        return 2;
+    }
+    plan::PlanResult planned = plan::lower(p);
+    if (!planned.ok()) {
+        err << plan::render_errors(o.file, planned.errors);
+        return 1;
+    }
+    models::Model whole(p.model, static_cast<uint64_t>(p.train.seed));
+    if (std::string e = models::load_weights(load, whole); !e.empty()) {
+        err << "error: " << e << "\n";
+        return 1;
+    }
+    std::vector<std::vector<int32_t>> tokens;
+    for (const auto& s : prompts) tokens.emplace_back(s.begin(), s.end());
+    for (auto& t : tokens)
+        for (auto& c : t) c = static_cast<int32_t>(static_cast<unsigned char>(c));
+    runtime::Generator gen(p, *planned.graph, whole);
+    auto start = std::chrono::steady_clock::now();
+    std::vector<std::vector<int32_t>> texts;
+    try {
+        // One prompt streams token by token; several print in order once all are done.
+        bool stream = tokens.size() == 1;
+        texts = gen.generate(tokens, p.generate, static_cast<uint64_t>(p.train.seed),
+                             [&](size_t, int32_t t) {
+                                 if (stream) out << printable(t) << std::flush;
+                             });
+        if (stream) {
+            out << "\n";
+        } else {
+            for (const auto& t : texts) {
+                for (int32_t c : t) out << printable(c);
+                out << "\n";
+            }
+        }
+    } catch (const std::exception& e) {
+        err << "error: " << e.what() << "\n";
+        return 1;
+    }
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    size_t n = 0;
+    for (const auto& t : texts) n += t.size();
+    char line[160];
+    std::snprintf(line, sizeof line, "%zu tokens in %.2f s (%.0f tokens/s) for %zu prompt%s\n", n,
+                  secs, secs > 0 ? static_cast<double>(n) / secs : 0.0, texts.size(),
+                  texts.size() == 1 ? "" : "s");
+    err << line;
+    return 0;
+}
+
+} // namespace dist::cli
