@@ -1,0 +1,656 @@
+// ucx.cpp: the PointToPoint interface on UCX tagged messages (ucp_tag_send_nbx /
+// ucp_tag_recv_nbx), with progress that sleeps on the worker's event fd. Layout of tags and
+// messages: ucx.hpp.
+#include "transport/ucx.hpp"
+
+#include <ucp/api/ucp.h>
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+#include <new>
+#include <utility>
+#include <vector>
+
+namespace dist::transport {
+
+namespace {
+
+/// Throws a TransportError naming the UCX call, where it was made and UCX's own cause.
+void ucx_check(ucs_status_t status, const char* call, const char* file, int line) {
+    if (status == UCS_OK) return;
+    const char* base = std::strrchr(file, '/');
+    throw TransportError(std::string(base ? base + 1 : file) + ":" + std::to_string(line) + ": " +
+                         call + " failed: " + ucs_status_string(status));
+}
+#define DIST_UCX_CHECK(call) ucx_check((call), #call, __FILE__, __LINE__)
+
+// ----- wire format -----------------------------------------------------------------------------
+
+constexpr uint32_t kMagic = 0x54534944; // "DIST" in memory on a little-endian host
+constexpr uint16_t kVersion = 1;
+constexpr uint32_t kMaxDims = 8;
+constexpr uint8_t kDefined = 1; // a tensor (not a default-constructed one) follows
+constexpr uint8_t kInline = 2;  // its bytes follow the header in the same message
+constexpr uint64_t kMaxBytes = uint64_t{1} << 40; // refuse headers claiming more than 1 TiB
+
+// Host byte order: both ends run the same architecture (a byte-swapped peer fails the magic).
+struct WireHeader {
+    uint32_t magic = kMagic;
+    uint16_t version = kVersion;
+    uint8_t dtype = 0;
+    uint8_t flags = 0;
+    uint32_t dims = 0;
+    uint32_t reserved = 0;
+    int64_t shape[kMaxDims] = {};
+    uint64_t bytes = 0;
+};
+static_assert(sizeof(WireHeader) == 88);
+constexpr size_t kHeaderBufferBytes = sizeof(WireHeader) + kUcxInlineBytes;
+
+constexpr int kTagPartShift = 63, kTagSourceShift = 47, kTagDirectionShift = 46,
+              kTagStageShift = 34, kTagMicrobatchShift = 20;
+constexpr int64_t kMaxSource = (1 << 16) - 1, kMaxStage = (1 << 12) - 1,
+                  kMaxMicrobatch = (1 << 14) - 1, kStepModulus = 1 << 20;
+constexpr uint64_t kFullMask = ~uint64_t{0};
+
+std::string hex(uint64_t v) {
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
+    return buf;
+}
+
+using Clock = std::chrono::steady_clock;
+
+std::string ms(std::chrono::milliseconds d) {
+    return std::to_string(d.count()) + " ms";
+}
+
+// ----- the endpoint ----------------------------------------------------------------------------
+
+struct PendingSend {
+    void* request = nullptr;
+    kernels::Tensor keep; // holds the storage UCX reads from
+    std::unique_ptr<char[]> header;
+    int peer = 0;
+    P2PTag tag;
+};
+
+struct PendingRecv {
+    int peer = 0;
+    P2PTag tag;
+    std::unique_ptr<char[]> header = std::make_unique<char[]>(kHeaderBufferBytes);
+    ucp_tag_recv_info_t info{};
+    void* header_request = nullptr;
+    bool header_done = false;
+    kernels::Tensor tensor;
+    void* data_request = nullptr;
+    bool done = false;
+    std::string error; // set when advancing it failed outside its own recv
+};
+
+class UcxEndpointImpl;
+
+struct PeerLink {
+    UcxEndpointImpl* self = nullptr;
+    int peer = 0;
+    ucp_ep_h ep = nullptr;
+    std::atomic<ucs_status_t> status{UCS_OK}; // set by UCX's error callback
+};
+
+class UcxEndpointImpl final : public UcxEndpoint {
+  public:
+    UcxEndpointImpl(KeyValueStore& store, std::string prefix, int rank, int size,
+                    const UcxOptions& options)
+        : store_(store), prefix_(std::move(prefix)), rank_(rank), timeout_(options.timeout),
+          detect_peer_failure_(options.detect_peer_failure), links_(static_cast<size_t>(size)) {
+        try {
+            start(options);
+        } catch (...) {
+            teardown();
+            throw;
+        }
+    }
+
+    ~UcxEndpointImpl() override { teardown(); }
+
+    int rank() const override { return rank_; }
+
+    void send(int peer, const P2PTag& tag, const kernels::Tensor& tensor) override {
+        check_peer(peer, "send to");
+        throw_if_aborted("send of " + tag.str() + " to rank " + std::to_string(peer));
+        uint64_t header_tag = ucx_tag(rank_, tag, false);
+        kernels::Tensor t = tensor;
+        if (t.defined() && t.device().kind != kernels::Device::Kind::cpu)
+            t = t.to(kernels::Allocator::cpu());
+        WireHeader h;
+        if (t.defined()) {
+            if (t.rank() > kMaxDims)
+                throw TransportError("send of " + tag.str() + " to rank " + std::to_string(peer) +
+                                     ": a tensor of rank " + std::to_string(t.rank()) +
+                                     " (at most " + std::to_string(kMaxDims) +
+                                     " dimensions travel)");
+            h.flags = kDefined;
+            h.dtype = static_cast<uint8_t>(t.dtype());
+            h.dims = static_cast<uint32_t>(t.rank());
+            for (size_t i = 0; i < t.rank(); ++i) h.shape[i] = t.dim(i);
+            h.bytes = t.bytes();
+        }
+        bool inline_data = h.bytes <= kUcxInlineBytes;
+        if (inline_data) h.flags |= kInline;
+        ucp_ep_h ep = connect(peer);
+        reap_sends();
+
+        size_t header_len = sizeof(WireHeader) + (inline_data ? h.bytes : 0);
+        auto header = std::make_unique<char[]>(header_len);
+        std::memcpy(header.get(), &h, sizeof h);
+        if (inline_data && h.bytes) std::memcpy(header.get() + sizeof h, t.raw(), h.bytes);
+        const char* header_bytes = header.get(); // before the move below
+        post_send(ep, header_bytes, header_len, header_tag, peer, tag, std::move(header), {});
+        if (!inline_data)
+            post_send(ep, t.raw(), h.bytes, ucx_tag(rank_, tag, true), peer, tag, nullptr, t);
+        ++stats_.messages_sent;
+        stats_.bytes_sent += h.bytes;
+    }
+
+    kernels::Tensor recv(int peer, const P2PTag& tag) override {
+        check_peer(peer, "receive from");
+        std::string what = tag.str() + " from rank " + std::to_string(peer);
+        auto it = recvs_.find({peer, tag});
+        if (it == recvs_.end()) it = post(peer, tag);
+        PendingRecv& r = *it->second;
+        auto deadline = Clock::now() + timeout_;
+        try {
+            if (!r.error.empty()) throw TransportError(r.error);
+            bool ready = wait(
+                [&] {
+                    advance_others(r);
+                    return advance(r);
+                },
+                deadline, peer);
+            if (!ready)
+                throw TransportError("rank " + std::to_string(rank_) + " waited " + ms(timeout_) +
+                                     " for " + what + " (UCX tag " +
+                                     hex(ucx_tag(peer, tag, false)) + "); nothing arrived");
+        } catch (const TransportError& e) {
+            discard(it);
+            std::string why = e.what();
+            if (why.find(what) == std::string::npos)
+                why =
+                    "receive on rank " + std::to_string(rank_) + " of " + what + " failed: " + why;
+            throw TransportError(why);
+        }
+        kernels::Tensor out = std::move(r.tensor);
+        recvs_.erase(it);
+        ++stats_.messages_received;
+        stats_.bytes_received += out.bytes();
+        return out;
+    }
+
+    void post_recv(int peer, const P2PTag& tag) override {
+        check_peer(peer, "receive from");
+        if (recvs_.count({peer, tag}))
+            throw TransportError("rank " + std::to_string(rank_) + " posted the receive of " +
+                                 tag.str() + " from rank " + std::to_string(peer) + " twice");
+        post(peer, tag);
+    }
+
+    void flush() override {
+        auto deadline = Clock::now() + timeout_;
+        if (!wait([&] { return sends_.empty(); }, deadline, -1))
+            throw TransportError("rank " + std::to_string(rank_) + ": " +
+                                 std::to_string(sends_.size()) + " sends not completed after " +
+                                 ms(timeout_) + " (the first: " + sends_.front().tag.str() +
+                                 " to rank " + std::to_string(sends_.front().peer) + ")");
+        throw_send_error();
+    }
+
+    void abort(const std::string& why) override {
+        {
+            std::lock_guard lock(abort_mutex_);
+            if (!abort_reason_.empty()) return;
+            abort_reason_ = why.empty() ? "aborted" : why;
+            aborted_.store(true);
+        }
+        uint64_t one = 1;
+        // The eventfd wakes a thread sleeping in poll(); a failed write leaves the flag, which
+        // the waiting loop also reads after its next wake-up.
+        [[maybe_unused]] ssize_t n = ::write(abort_fd_, &one, sizeof one);
+    }
+
+    UcxStats stats() const override { return stats_; }
+
+  private:
+    using RecvMap = std::map<std::pair<int, P2PTag>, std::unique_ptr<PendingRecv>>;
+
+    void start(const UcxOptions& options) {
+        abort_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (abort_fd_ < 0)
+            throw TransportError(std::string("eventfd failed: ") + std::strerror(errno));
+
+        ucp_config_t* config = nullptr;
+        DIST_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config));
+        ucs_status_t status = UCS_OK;
+        if (!options.transports.empty())
+            status = ucp_config_modify(config, "TLS", options.transports.c_str());
+        if (status == UCS_OK && !options.net_devices.empty())
+            status = ucp_config_modify(config, "NET_DEVICES", options.net_devices.c_str());
+        if (status == UCS_OK) {
+            ucp_params_t params{};
+            params.field_mask = UCP_PARAM_FIELD_FEATURES;
+            params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+            status = ucp_init(&params, config, &context_);
+        }
+        ucp_config_release(config);
+        DIST_UCX_CHECK(status);
+
+        ucp_worker_params_t wparams{};
+        wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+        wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
+        DIST_UCX_CHECK(ucp_worker_create(context_, &wparams, &worker_));
+        DIST_UCX_CHECK(ucp_worker_get_efd(worker_, &event_fd_));
+
+        ucp_address_t* address = nullptr;
+        size_t length = 0;
+        DIST_UCX_CHECK(ucp_worker_get_address(worker_, &address, &length));
+        std::vector<char> bytes(reinterpret_cast<char*>(address),
+                                reinterpret_cast<char*>(address) + length);
+        ucp_worker_release_address(worker_, address);
+        store_.set(address_key(rank_), bytes);
+    }
+
+    void teardown() {
+        if (worker_) {
+            // Let sends finish unless the job is being torn down after a failure.
+            if (!aborted_.load()) {
+                try {
+                    wait([&] { return sends_.empty(); }, Clock::now() + timeout_, -1);
+                } catch (const TransportError&) {
+                }
+            }
+            while (!recvs_.empty()) discard(recvs_.begin());
+            // A send still in flight is released by UCX when the worker goes; its buffers
+            // stay alive until then.
+            for (auto& s : sends_) ucp_request_free(s.request);
+            close_links();
+            ucp_worker_destroy(worker_);
+            worker_ = nullptr;
+        }
+        // Buffers of requests UCX never finished with are freed only now that it is gone.
+        sends_.clear();
+        zombies_.clear();
+        if (context_) ucp_cleanup(context_);
+        context_ = nullptr;
+        if (abort_fd_ >= 0) ::close(abort_fd_);
+        abort_fd_ = -1;
+    }
+
+    // Closes every endpoint before the worker goes: gracefully where the link is sound (its
+    // queued messages are delivered), forcibly where UCX reported it failed or after abort.
+    void close_links() {
+        std::vector<void*> closing;
+        for (auto& link : links_) {
+            if (!link.ep) continue;
+            ucp_request_param_t param{};
+            param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+            bool sound = link.status.load() == UCS_OK && !(aborted_.load() && detect_peer_failure_);
+            param.flags = sound ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+            void* request = ucp_ep_close_nbx(link.ep, &param);
+            link.ep = nullptr;
+            if (request && !UCS_PTR_IS_ERR(request)) closing.push_back(request);
+        }
+        auto deadline =
+            Clock::now() + std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(5));
+        auto all_closed = [&] {
+            return std::all_of(closing.begin(), closing.end(), [](void* r) {
+                return ucp_request_check_status(r) != UCS_INPROGRESS;
+            });
+        };
+        try {
+            wait(all_closed, deadline, -1, false);
+        } catch (const TransportError&) {
+        }
+        for (void* r : closing) ucp_request_free(r);
+    }
+
+    std::string address_key(int rank) const { return prefix_ + "/ucx/" + std::to_string(rank); }
+
+    void check_peer(int peer, const char* verb) const {
+        if (peer < 0 || static_cast<size_t>(peer) >= links_.size())
+            throw TransportError("rank " + std::to_string(rank_) + " cannot " + verb + " rank " +
+                                 std::to_string(peer) + ": the group has " +
+                                 std::to_string(links_.size()) + " ranks");
+    }
+
+    void throw_if_aborted(const std::string& what) const {
+        if (!aborted_.load()) return;
+        std::lock_guard lock(abort_mutex_);
+        throw TransportError(what + " on rank " + std::to_string(rank_) +
+                             " after abort: " + abort_reason_);
+    }
+
+    void throw_send_error() {
+        if (send_error_.empty()) return;
+        std::string e = std::move(send_error_);
+        send_error_.clear();
+        throw TransportError(e);
+    }
+
+    static void on_link_error(void* arg, ucp_ep_h, ucs_status_t status) {
+        static_cast<PeerLink*>(arg)->status.store(status);
+    }
+
+    ucp_ep_h connect(int peer) {
+        PeerLink& link = links_[static_cast<size_t>(peer)];
+        if (link.ep) return link.ep;
+        std::vector<char> address;
+        try {
+            address = store_.get(address_key(peer), timeout_);
+        } catch (const std::exception& e) {
+            throw TransportError("rank " + std::to_string(rank_) +
+                                 " found no UCX address of rank " + std::to_string(peer) + ": " +
+                                 e.what());
+        }
+        if (address.empty())
+            throw TransportError("rank " + std::to_string(rank_) + ": rank " +
+                                 std::to_string(peer) + " published an empty UCX address");
+        link.self = this;
+        link.peer = peer;
+        ucp_ep_params_t params{};
+        params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                            UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+        params.err_mode =
+            detect_peer_failure_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+        params.err_handler.cb = &on_link_error;
+        params.err_handler.arg = &link;
+        DIST_UCX_CHECK(ucp_ep_create(worker_, &params, &link.ep));
+        return link.ep;
+    }
+
+    void post_send(ucp_ep_h ep, const void* buffer, size_t length, uint64_t ucx_tag_value, int peer,
+                   const P2PTag& tag, std::unique_ptr<char[]> header, kernels::Tensor keep) {
+        ucp_request_param_t param{};
+        void* request = ucp_tag_send_nbx(ep, buffer, length, ucx_tag_value, &param);
+        if (UCS_PTR_IS_ERR(request))
+            throw TransportError(
+                "send of " + tag.str() + " from rank " + std::to_string(rank_) + " to rank " +
+                std::to_string(peer) +
+                " failed: ucp_tag_send_nbx: " + ucs_status_string(UCS_PTR_STATUS(request)));
+        if (!request) return; // done: UCX copied it or sent it already
+        sends_.push_back({request, std::move(keep), std::move(header), peer, tag});
+    }
+
+    // Frees completed sends; remembers the first failure for the next send or flush.
+    void reap_sends() {
+        for (auto it = sends_.begin(); it != sends_.end();) {
+            ucs_status_t status = ucp_request_check_status(it->request);
+            if (status == UCS_INPROGRESS) {
+                ++it;
+                continue;
+            }
+            if (status != UCS_OK && send_error_.empty())
+                send_error_ = "send of " + it->tag.str() + " from rank " + std::to_string(rank_) +
+                              " to rank " + std::to_string(it->peer) +
+                              " failed: " + ucs_status_string(status);
+            ucp_request_free(it->request);
+            it = sends_.erase(it);
+        }
+    }
+
+    RecvMap::iterator post(int peer, const P2PTag& tag) {
+        uint64_t header_tag = ucx_tag(peer, tag, false);
+        throw_if_aborted("receive of " + tag.str() + " from rank " + std::to_string(peer));
+        // The link is not needed to receive, but it is how UCX tells us the peer is gone.
+        connect(peer);
+        auto r = std::make_unique<PendingRecv>();
+        r->peer = peer;
+        r->tag = tag;
+        r->header_request =
+            post_tag_recv(r->header.get(), kHeaderBufferBytes, header_tag,
+                          "receive of " + tag.str() + " from rank " + std::to_string(peer));
+        return recvs_.emplace(std::pair{peer, tag}, std::move(r)).first;
+    }
+
+    // Posts a tagged receive and returns its request, which is tested later. Always a request:
+    // UCX 1.13 leaves the receive info unset when a receive completes at once, so immediate
+    // completion is turned off (and its callback does nothing).
+    void* post_tag_recv(void* buffer, size_t length, uint64_t ucx_tag_value,
+                        const std::string& what) {
+        ucp_request_param_t param{};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+        param.cb.recv = [](void*, ucs_status_t, const ucp_tag_recv_info_t*, void*) {};
+        void* request = ucp_tag_recv_nbx(worker_, buffer, length, ucx_tag_value, kFullMask, &param);
+        if (UCS_PTR_IS_ERR(request))
+            throw TransportError(
+                what + " on rank " + std::to_string(rank_) +
+                " failed: ucp_tag_recv_nbx: " + ucs_status_string(UCS_PTR_STATUS(request)));
+        if (!request)
+            throw TransportError(what + " on rank " + std::to_string(rank_) +
+                                 ": ucp_tag_recv_nbx returned no request");
+        return request;
+    }
+
+    // Moves a receive on as far as it can go without waiting; true once its tensor is there.
+    bool advance(PendingRecv& r) {
+        if (r.done) return true;
+        if (r.header_request) {
+            ucs_status_t status = ucp_tag_recv_request_test(r.header_request, &r.info);
+            if (status == UCS_INPROGRESS) return false;
+            ucp_request_free(r.header_request);
+            r.header_request = nullptr;
+            if (status != UCS_OK)
+                throw TransportError("UCX failed the header of " + r.tag.str() + " from rank " +
+                                     std::to_string(r.peer) + ": " + ucs_status_string(status));
+            r.header_done = true;
+        }
+        if (r.header_done && !r.tensor.defined() && !r.data_request) {
+            if (unpack_header(r)) return r.done = true;
+        }
+        if (r.data_request) {
+            ucp_tag_recv_info_t info{};
+            ucs_status_t status = ucp_tag_recv_request_test(r.data_request, &info);
+            if (status == UCS_INPROGRESS) return false;
+            ucp_request_free(r.data_request);
+            r.data_request = nullptr;
+            if (status != UCS_OK)
+                throw TransportError("UCX failed the data of " + r.tag.str() + " from rank " +
+                                     std::to_string(r.peer) + ": " + ucs_status_string(status));
+            if (info.length != r.tensor.bytes())
+                throw TransportError("the data of " + r.tag.str() + " from rank " +
+                                     std::to_string(r.peer) + " has " +
+                                     std::to_string(info.length) + " bytes, its header said " +
+                                     std::to_string(r.tensor.bytes()));
+            r.done = true;
+        }
+        return r.done;
+    }
+
+    // Posted receives other than the one being waited for: their large tensors start landing in
+    // place as soon as their headers arrive. A failure is kept for their own recv.
+    void advance_others(const PendingRecv& current) {
+        for (auto& [key, r] : recvs_) {
+            if (r.get() == &current || r->done || !r->error.empty()) continue;
+            try {
+                advance(*r);
+            } catch (const TransportError& e) {
+                r->error = e.what();
+            }
+        }
+    }
+
+    // Checks the header and allocates the tensor; true when the message is complete (the data
+    // came inline), false when the data follows and its receive is posted.
+    bool unpack_header(PendingRecv& r) {
+        std::string from = r.tag.str() + " from rank " + std::to_string(r.peer);
+        auto refuse = [&](const std::string& why) {
+            return TransportError("malformed message " + from + ": " + why);
+        };
+        if (r.info.length < sizeof(WireHeader))
+            throw refuse(std::to_string(r.info.length) + " bytes, shorter than a header");
+        WireHeader h;
+        std::memcpy(&h, r.header.get(), sizeof h);
+        if (h.magic != kMagic) throw refuse("bad magic " + hex(h.magic));
+        if (h.version != kVersion)
+            throw refuse("protocol version " + std::to_string(h.version) + ", this build speaks " +
+                         std::to_string(kVersion));
+        if (!(h.flags & kDefined)) {
+            r.tensor = kernels::Tensor();
+            return true;
+        }
+        if (h.dtype > static_cast<uint8_t>(kernels::DType::i32))
+            throw refuse("unknown dtype " + std::to_string(h.dtype));
+        if (h.dims > kMaxDims) throw refuse(std::to_string(h.dims) + " dimensions");
+        auto dtype = static_cast<kernels::DType>(h.dtype);
+        std::vector<int64_t> shape(h.shape, h.shape + h.dims);
+        uint64_t numel = 1;
+        for (int64_t d : shape) {
+            if (d < 0) throw refuse("negative dimension");
+            if (d != 0 && numel > kMaxBytes / static_cast<uint64_t>(d))
+                throw refuse("too many elements");
+            numel *= static_cast<uint64_t>(d);
+        }
+        if (numel > kMaxBytes / kernels::dtype_size(dtype) ||
+            numel * kernels::dtype_size(dtype) != h.bytes)
+            throw refuse("byte count " + std::to_string(h.bytes) + " does not match its shape");
+        bool inline_data = h.flags & kInline;
+        size_t expect = sizeof(WireHeader) + (inline_data ? h.bytes : 0);
+        if (inline_data != (h.bytes <= kUcxInlineBytes) || r.info.length != expect)
+            throw refuse(std::to_string(r.info.length) + " bytes where " + std::to_string(expect) +
+                         " were expected");
+        try {
+            r.tensor = kernels::Tensor(std::move(shape), dtype);
+        } catch (const std::bad_alloc&) {
+            throw refuse("cannot allocate " + std::to_string(h.bytes) + " bytes");
+        }
+        if (inline_data) {
+            if (h.bytes) std::memcpy(r.tensor.raw(), r.header.get() + sizeof h, h.bytes);
+            return true;
+        }
+        r.data_request = post_tag_recv(r.tensor.raw(), h.bytes, ucx_tag(r.peer, r.tag, true),
+                                       "receive of the data of " + from);
+        return false;
+    }
+
+    // Cancels a receive that will not be returned. A request UCX cannot finish cancelling keeps
+    // its buffers alive until the worker is destroyed.
+    void discard(RecvMap::iterator it) {
+        std::unique_ptr<PendingRecv> r = std::move(it->second);
+        recvs_.erase(it);
+        bool pending = cancel(r->header_request) | cancel(r->data_request);
+        r->header_request = r->data_request = nullptr;
+        if (pending) zombies_.push_back(std::move(r));
+    }
+
+    // Cancels and frees `request`; true when UCX still owned it afterwards.
+    bool cancel(void* request) {
+        if (!request) return false;
+        if (ucp_request_check_status(request) == UCS_INPROGRESS) {
+            ucp_request_cancel(worker_, request);
+            try {
+                wait([&] { return ucp_request_check_status(request) != UCS_INPROGRESS; },
+                     Clock::now() + std::chrono::seconds(1), -1, false);
+            } catch (const TransportError&) {
+            }
+        }
+        bool still = ucp_request_check_status(request) == UCS_INPROGRESS;
+        ucp_request_free(request);
+        return still;
+    }
+
+    // Progresses the worker until `ready()` or the deadline (false), sleeping on the worker's
+    // event fd and the abort eventfd between events. Throws after an abort (when `abortable`),
+    // or when the link to `peer` (>= 0) failed.
+    template <typename Ready>
+    bool wait(Ready&& ready, Clock::time_point deadline, int peer, bool abortable = true) {
+        for (;;) {
+            while (ucp_worker_progress(worker_) != 0) {
+            }
+            reap_sends();
+            if (ready()) return true;
+            if (abortable) throw_if_aborted("waiting");
+            if (peer >= 0) {
+                ucs_status_t s = links_[static_cast<size_t>(peer)].status.load();
+                if (s != UCS_OK)
+                    throw TransportError("the UCX link from rank " + std::to_string(rank_) +
+                                         " to rank " + std::to_string(peer) +
+                                         " failed: " + ucs_status_string(s));
+            }
+            auto now = Clock::now();
+            if (now >= deadline) return false;
+            ucs_status_t status = ucp_worker_arm(worker_);
+            if (status == UCS_ERR_BUSY) continue; // events arrived meanwhile: progress again
+            DIST_UCX_CHECK(status);
+            auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+            // Woken by UCX's events or abort; the cap re-checks link failures now and then.
+            int sleep = static_cast<int>(std::min<long long>(left, 1000));
+            pollfd fds[2] = {{event_fd_, POLLIN, 0}, {abort_fd_, POLLIN, 0}};
+            if (::poll(fds, abortable ? 2 : 1, sleep) < 0 && errno != EINTR)
+                throw TransportError(std::string("poll on the UCX event fd failed: ") +
+                                     std::strerror(errno));
+        }
+    }
+
+    KeyValueStore& store_;
+    std::string prefix_;
+    int rank_;
+    std::chrono::milliseconds timeout_;
+    bool detect_peer_failure_;
+    ucp_context_h context_ = nullptr;
+    ucp_worker_h worker_ = nullptr;
+    int event_fd_ = -1;
+    int abort_fd_ = -1;
+    std::vector<PeerLink> links_;
+    std::list<PendingSend> sends_;
+    RecvMap recvs_;
+    std::vector<std::unique_ptr<PendingRecv>> zombies_;
+    std::string send_error_;
+    UcxStats stats_;
+    std::atomic<bool> aborted_{false};
+    mutable std::mutex abort_mutex_;
+    std::string abort_reason_;
+};
+
+} // namespace
+
+uint64_t ucx_tag(int source, const P2PTag& tag, bool data_part) {
+    auto refuse = [&](const std::string& field, int64_t value, int64_t max) {
+        return TransportError("cannot tag " + tag.str() + " from rank " + std::to_string(source) +
+                              " for UCX: " + field + " " + std::to_string(value) +
+                              " is outside 0.." + std::to_string(max));
+    };
+    if (source < 0 || source > kMaxSource) throw refuse("rank", source, kMaxSource);
+    if (tag.stage < 0 || tag.stage > kMaxStage) throw refuse("stage", tag.stage, kMaxStage);
+    if (tag.microbatch < 0 || tag.microbatch > kMaxMicrobatch)
+        throw refuse("microbatch", tag.microbatch, kMaxMicrobatch);
+    if (tag.step < 0) throw refuse("step", tag.step, INT64_MAX);
+    return (uint64_t{data_part} << kTagPartShift) |
+           (static_cast<uint64_t>(source) << kTagSourceShift) |
+           (uint64_t{tag.direction == Direction::gradient} << kTagDirectionShift) |
+           (static_cast<uint64_t>(tag.stage) << kTagStageShift) |
+           (static_cast<uint64_t>(tag.microbatch) << kTagMicrobatchShift) |
+           static_cast<uint64_t>(tag.step % kStepModulus);
+}
+
+std::unique_ptr<UcxEndpoint> make_ucx_endpoint(KeyValueStore& store, const std::string& prefix,
+                                               int rank, int size, const UcxOptions& options) {
+    if (size < 1 || rank < 0 || rank >= size)
+        throw TransportError(prefix + ": no rank " + std::to_string(rank) + " in a group of " +
+                             std::to_string(size));
+    if (size - 1 > kMaxSource)
+        throw TransportError(prefix + ": a group of " + std::to_string(size) +
+                             " ranks; UCX tags carry at most " + std::to_string(kMaxSource + 1));
+    return std::make_unique<UcxEndpointImpl>(store, prefix, rank, size, options);
+}
+
+} // namespace dist::transport
