@@ -310,7 +310,7 @@ class UcxEndpointImpl final : public UcxEndpoint {
             if (request && !UCS_PTR_IS_ERR(request)) closing.push_back(request);
         }
         auto deadline =
-            Clock::now() + std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(5));
+            Clock::now() + std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(2));
         auto all_closed = [&] {
             return std::all_of(closing.begin(), closing.end(), [](void* r) {
                 return ucp_request_check_status(r) != UCS_INPROGRESS;

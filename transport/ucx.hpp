@@ -24,7 +24,12 @@
 // Threads: an endpoint is driven by one thread (its rank's worker): send, recv, post_recv and
 // flush must not be called concurrently. `abort` and `rank` may be called from any thread.
 // Progress happens inside those calls; waiting sleeps on the worker's event file descriptor
-// (ucp_worker_arm + poll) instead of spinning.
+// (ucp_worker_arm + poll) instead of spinning. A send that has not completed moves on only while
+// its thread is inside the endpoint (the next send, recv or flush).
+//
+// Destruction waits (up to the timeout) for this endpoint's sends to complete, unless it was
+// aborted, then closes its connections gracefully: each close waits up to 2 s for the peer to
+// answer, so peers should close at about the same time (as the processes of a job do).
 #pragma once
 
 #include "transport/p2p.hpp"

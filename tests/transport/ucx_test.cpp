@@ -110,6 +110,12 @@ class UcxPair : public ::testing::TestWithParam<Transport> {
         a_ = make_ucx_endpoint(store_, "pair", 0, 2, options_for(GetParam(), timeout));
         b_ = make_ucx_endpoint(store_, "pair", 1, 2, options_for(GetParam(), timeout));
     }
+    // Both close at once, as two processes do: a graceful close waits for the peer's answer.
+    void TearDown() override {
+        auto closing = std::async(std::launch::async, [&] { a_.reset(); });
+        b_.reset();
+        closing.get();
+    }
     MemoryStore store_;
     std::unique_ptr<UcxEndpoint> a_, b_;
 };
