@@ -306,9 +306,10 @@ INSTANTIATE_TEST_SUITE_P(Transports, UcxPair,
 namespace {
 
 constexpr const char* kChildDirEnv = "DIST_UCX_TEST_CHILD_DIR";
+constexpr const char* kChildRoleEnv = "DIST_UCX_TEST_CHILD_ROLE";
 
-// The exchange both processes run: rank 0 sends activations, rank 1 answers each with its
-// gradient (the activation times two, and for i32 plus one).
+// The exchange both processes run: rank 0 sends activations, rank 1 returns each as its
+// gradient.
 void pipeline_rank(UcxEndpoint& ep) {
     auto ts = assorted();
     if (ep.rank() == 0) {
@@ -327,55 +328,40 @@ void pipeline_rank(UcxEndpoint& ep) {
     ep.flush();
 }
 
-} // namespace
-
-// The second process's role; skipped unless started by the test below.
-TEST(UcxProcesses, ChildRole) {
-    const char* dir = std::getenv(kChildDirEnv);
-    if (!dir) GTEST_SKIP() << "runs only as the child of TwoProcessesExchangeTensors";
-    FileStore store(dir);
+UcxOptions tcp_detecting() {
     UcxOptions o;
     o.timeout = std::chrono::seconds(20);
-    auto ep = make_ucx_endpoint(store, "procs", 1, 2, o);
-    pipeline_rank(*ep);
+    o.transports = "tcp,self";
+    o.net_devices = "lo";
+    o.detect_peer_failure = true;
+    return o;
 }
 
-TEST(UcxProcesses, TwoProcessesExchangeTensors) {
-    if (std::getenv(kChildDirEnv)) GTEST_SKIP() << "this is the child";
-    std::string templ = (std::filesystem::temp_directory_path() / "dist-ucx-test-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
-    std::string dir = templ;
-
+/// This test binary again, as rank 1 in `role`, meeting rank 0 through a FileStore in `dir`.
+pid_t spawn_child(const std::string& role, const std::string& dir) {
     // Everything the child needs is built before fork: after it, only exec.
     std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
     std::string filter = "--gtest_filter=UcxProcesses.ChildRole";
-    std::vector<std::string> env_strings{std::string(kChildDirEnv) + "=" + dir};
+    std::vector<std::string> env_strings{std::string(kChildDirEnv) + "=" + dir,
+                                         std::string(kChildRoleEnv) + "=" + role};
     for (char** e = environ; *e; ++e)
-        if (std::strncmp(*e, kChildDirEnv, std::strlen(kChildDirEnv)) != 0)
-            env_strings.emplace_back(*e);
+        if (std::strncmp(*e, "DIST_UCX_TEST_CHILD_", 20) != 0) env_strings.emplace_back(*e);
     std::vector<char*> argv{self.data(), filter.data(), nullptr};
     std::vector<char*> envp;
-    for (auto& s : env_strings) envp.push_back(s.data());
+    for (auto& str : env_strings) envp.push_back(str.data());
     envp.push_back(nullptr);
-
     pid_t child = ::fork();
-    ASSERT_GE(child, 0) << std::strerror(errno);
     if (child == 0) {
         ::execve(argv[0], argv.data(), envp.data());
         ::_exit(127);
     }
+    return child;
+}
 
-    FileStore store(dir);
-    UcxOptions o;
-    o.timeout = std::chrono::seconds(20);
-    {
-        auto ep = make_ucx_endpoint(store, "procs", 0, 2, o);
-        run_ranks({ep.get()}, {[&] { pipeline_rank(*ep); }});
-    }
-
-    // The child's watchdog: it has as long again to finish, then it is killed.
+/// The child's exit status; the child is killed when it has not finished within `limit`.
+int reap_child(pid_t child, milliseconds limit) {
     int status = 0;
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    auto deadline = std::chrono::steady_clock::now() + limit;
     pid_t done = 0;
     while ((done = ::waitpid(child, &status, WNOHANG)) == 0 &&
            std::chrono::steady_clock::now() < deadline)
@@ -385,6 +371,85 @@ TEST(UcxProcesses, TwoProcessesExchangeTensors) {
         ::waitpid(child, &status, 0);
         ADD_FAILURE() << "the child process did not finish in time";
     }
+    return status;
+}
+
+std::string fresh_dir() {
+    std::string templ = (std::filesystem::temp_directory_path() / "dist-ucx-test-XXXXXX").string();
+    if (!::mkdtemp(templ.data())) throw std::runtime_error("mkdtemp failed");
+    return templ;
+}
+
+} // namespace
+
+// The second process's roles; skipped unless started by the tests below.
+TEST(UcxProcesses, ChildRole) {
+    const char* dir = std::getenv(kChildDirEnv);
+    const char* role = std::getenv(kChildRoleEnv);
+    if (!dir || !role) GTEST_SKIP() << "runs only as the child of the other UcxProcesses tests";
+    FileStore store(dir);
+    if (std::string(role) == "exchange") {
+        UcxOptions o;
+        o.timeout = std::chrono::seconds(20);
+        auto ep = make_ucx_endpoint(store, "procs", 1, 2, o);
+        pipeline_rank(*ep);
+    } else if (std::string(role) == "die") {
+        // Connects both ways, then dies without closing anything.
+        auto ep = make_ucx_endpoint(store, "procs", 1, 2, tcp_detecting());
+        ep->send(0, act(0, 0, 0), make({100}, kernels::DType::f32, 1));
+        ep->recv(0, grad(0, 0, 0));
+        ep->flush();
+        ::kill(::getpid(), SIGKILL);
+    } else {
+        FAIL() << "unknown role " << role;
+    }
+}
+
+TEST(UcxProcesses, TwoProcessesExchangeTensors) {
+    if (std::getenv(kChildDirEnv)) GTEST_SKIP() << "this is the child";
+    std::string dir = fresh_dir();
+    pid_t child = spawn_child("exchange", dir);
+    ASSERT_GE(child, 0) << std::strerror(errno);
+    FileStore store(dir);
+    UcxOptions o;
+    o.timeout = std::chrono::seconds(20);
+    {
+        auto ep = make_ucx_endpoint(store, "procs", 0, 2, o);
+        run_ranks({ep.get()}, {[&] { pipeline_rank(*ep); }});
+    }
+    int status = reap_child(child, std::chrono::seconds(30));
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+    std::filesystem::remove_all(dir);
+}
+
+TEST(UcxProcesses, APeerThatDiesFailsTheReceiveWaitingForIt) {
+    if (std::getenv(kChildDirEnv)) GTEST_SKIP() << "this is the child";
+    std::string dir = fresh_dir();
+    pid_t child = spawn_child("die", dir);
+    ASSERT_GE(child, 0) << std::strerror(errno);
+    FileStore store(dir);
+    {
+        auto ep = make_ucx_endpoint(store, "procs", 0, 2, tcp_detecting());
+        run_ranks(
+            {ep.get()}, {[&] {
+                auto x = ep->recv(1, act(0, 0, 0));
+                ep->send(1, grad(0, 0, 0), x);
+                ep->flush();
+                auto start = std::chrono::steady_clock::now();
+                try {
+                    ep->recv(1, act(0, 0, 1));
+                    ADD_FAILURE() << "received from a dead peer";
+                } catch (const TransportError& e) {
+                    std::string what = e.what();
+                    EXPECT_NE(what.find("link from rank 0 to rank 1 failed"), std::string::npos)
+                        << what;
+                    EXPECT_NE(what.find(act(0, 0, 1).str()), std::string::npos) << what;
+                }
+                // Well before the 20 s timeout.
+                EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+            }});
+    }
+    int status = reap_child(child, std::chrono::seconds(30));
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "child status " << status;
     std::filesystem::remove_all(dir);
 }
