@@ -2,7 +2,7 @@
 // (transport/ucx.hpp), the path a pipeline stage's activations and gradients take between
 // processes. ucx_compare.sh runs it beside ucx_perftest and prints the ratios.
 //
-//   ucx_bench [--sizes B,B,...] [--iters N] [--window W]
+//   ucx_bench [--sizes B,B,...] [--iters N] [--window W] [--spin-us U]
 //
 // The process runs rank 0 and starts itself again as rank 1 (fork + exec); the two meet through
 // a FileStore in a fresh temporary directory. For each size (bytes of an f32 tensor) it prints
@@ -33,6 +33,7 @@ struct Args {
     std::vector<size_t> sizes{8, 65536, 4194304};
     int iters = 0; // 0: chosen per size
     int window = 16;
+    int spin_us = 0;
     std::string peer_dir; // set in the second process
 };
 
@@ -60,10 +61,14 @@ Args parse(int argc, char** argv) {
             a.iters = std::stoi(value());
         } else if (k == "--window") {
             a.window = std::stoi(value());
+        } else if (k == "--spin-us") {
+            a.spin_us = std::stoi(value());
         } else if (k == "--peer") {
             a.peer_dir = value();
         } else {
-            std::fprintf(stderr, "usage: ucx_bench [--sizes B,B,...] [--iters N] [--window W]\n");
+            std::fprintf(
+                stderr,
+                "usage: ucx_bench [--sizes B,B,...] [--iters N] [--window W] [--spin-us U]\n");
             std::exit(2);
         }
     }
@@ -130,6 +135,7 @@ int run_rank(const std::string& dir, int rank, const Args& args) {
     FileStore store(dir);
     UcxOptions options;
     options.timeout = std::chrono::seconds(60);
+    options.spin = std::chrono::microseconds(args.spin_us);
     auto ep = make_ucx_endpoint(store, "bench", rank, 2, options);
     run(*ep, args);
     return 0;

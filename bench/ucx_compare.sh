@@ -7,7 +7,8 @@
 #
 # ucx_perftest busy-polls; Dist sleeps on the worker's event fd when there is nothing to do, so
 # its small-message latency includes a wake-up. Sizes: LAT_SIZE (default 8) for latency,
-# BW_SIZES (default "65536 4194304") for bandwidth. The machines are shared: compare ratios
+# BW_SIZES (default "65536 4194304") for bandwidth. SPIN_US (default 0) lets Dist's waits poll
+# that many microseconds before sleeping (UcxOptions::spin). The machines are shared: compare ratios
 # within one run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +47,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
 # Each side RUNS times, alternating; medians, with every run in parentheses.
 declare -A dist perf
 for ((r = 1; r <= runs; r++)); do
-    out=$("$bench" --sizes "$sizes")
+    out=$("$bench" --sizes "$sizes" --spin-us "${SPIN_US:-0}")
     dist[lat]+="$(echo "$out" | awk -v s="$lat_size" '$1 == s {print $2}') "
     for s in $bw_sizes; do dist[$s]+="$(echo "$out" | awk -v s="$s" '$1 == s {print $3}') "; done
     read -r l _ <<<"$(perftest tag_lat "$lat_size" 20000)"

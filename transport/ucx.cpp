@@ -113,7 +113,8 @@ class UcxEndpointImpl final : public UcxEndpoint {
     UcxEndpointImpl(KeyValueStore& store, std::string prefix, int rank, int size,
                     const UcxOptions& options)
         : store_(store), prefix_(std::move(prefix)), rank_(rank), timeout_(options.timeout),
-          detect_peer_failure_(options.detect_peer_failure), links_(static_cast<size_t>(size)) {
+          detect_peer_failure_(options.detect_peer_failure), spin_(options.spin),
+          links_(static_cast<size_t>(size)) {
         try {
             start(options);
         } catch (...) {
@@ -573,6 +574,7 @@ class UcxEndpointImpl final : public UcxEndpoint {
     // or when the link to `peer` (>= 0) failed.
     template <typename Ready>
     bool wait(Ready&& ready, Clock::time_point deadline, int peer, bool abortable = true) {
+        auto spin_until = spin_.count() ? Clock::now() + spin_ : Clock::time_point{};
         for (;;) {
             while (ucp_worker_progress(worker_) != 0) {
             }
@@ -588,6 +590,7 @@ class UcxEndpointImpl final : public UcxEndpoint {
             }
             auto now = Clock::now();
             if (now >= deadline) return false;
+            if (now < spin_until) continue;
             ucs_status_t status = ucp_worker_arm(worker_);
             if (status == UCS_ERR_BUSY) continue; // events arrived meanwhile: progress again
             DIST_UCX_CHECK(status);
@@ -606,6 +609,7 @@ class UcxEndpointImpl final : public UcxEndpoint {
     int rank_;
     std::chrono::milliseconds timeout_;
     bool detect_peer_failure_;
+    std::chrono::microseconds spin_;
     ucp_context_h context_ = nullptr;
     ucp_worker_h worker_ = nullptr;
     int event_fd_ = -1;

@@ -58,6 +58,10 @@ struct UcxOptions {
     /// the endpoint to TCP; off by default, where the control plane notices failures and calls
     /// `abort`.
     bool detect_peer_failure = false;
+    /// How long a wait keeps polling the worker before it sleeps on the event fd: a little
+    /// spinning saves a wake-up on short round trips; 0 sleeps at once (two processes that
+    /// spin on two shared cores slow each other down).
+    std::chrono::microseconds spin{0};
 };
 
 /// Bytes and message counts through one endpoint.

@@ -29,6 +29,7 @@ using std::chrono::milliseconds;
 
 struct Transport {
     std::string name, tls, devices;
+    int spin_us = 0;
 };
 
 UcxOptions options_for(const Transport& t, milliseconds timeout = std::chrono::seconds(20)) {
@@ -36,6 +37,7 @@ UcxOptions options_for(const Transport& t, milliseconds timeout = std::chrono::s
     o.timeout = timeout;
     o.transports = t.tls;
     o.net_devices = t.devices;
+    o.spin = std::chrono::microseconds(t.spin_us);
     return o;
 }
 
@@ -298,7 +300,8 @@ TEST_P(UcxPair, UnknownPeersAndTagsThatDoNotFitAreRefused) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxPair,
                          ::testing::Values(Transport{"shm", "sm,self", ""},
-                                           Transport{"tcp", "tcp,self", "lo"}),
+                                           Transport{"tcp", "tcp,self", "lo"},
+                                           Transport{"shm_spin", "sm,self", "", 50}),
                          [](const auto& info) { return info.param.name; });
 
 // ----- two processes -------------------------------------------------------------------------
