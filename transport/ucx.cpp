@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <list>
 #include <map>
@@ -117,6 +118,20 @@ class UcxEndpointImpl final : public UcxEndpoint {
           links_(static_cast<size_t>(size)) {
         try {
             start(options);
+        } catch (const TransportError& e) {
+            teardown();
+            auto env = [](const char* name) {
+                const char* v = std::getenv(name);
+                return std::string(v ? v : "unset");
+            };
+            throw TransportError(
+                prefix_ + ": rank " + std::to_string(rank_) + " could not start UCX (transports " +
+                (options.transports.empty() ? "from UCX_TLS=" + env("UCX_TLS")
+                                            : options.transports) +
+                ", devices " +
+                (options.net_devices.empty() ? "from UCX_NET_DEVICES=" + env("UCX_NET_DEVICES")
+                                             : options.net_devices) +
+                "): " + e.what());
         } catch (...) {
             teardown();
             throw;
@@ -239,21 +254,19 @@ class UcxEndpointImpl final : public UcxEndpoint {
         if (abort_fd_ < 0)
             throw TransportError(std::string("eventfd failed: ") + std::strerror(errno));
 
-        ucp_config_t* config = nullptr;
-        DIST_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config));
-        ucs_status_t status = UCS_OK;
+        ucp_config_t* raw_config = nullptr;
+        DIST_UCX_CHECK(ucp_config_read(nullptr, nullptr, &raw_config));
+        std::unique_ptr<ucp_config_t, void (*)(ucp_config_t*)> config(raw_config,
+                                                                      &ucp_config_release);
         if (!options.transports.empty())
-            status = ucp_config_modify(config, "TLS", options.transports.c_str());
-        if (status == UCS_OK && !options.net_devices.empty())
-            status = ucp_config_modify(config, "NET_DEVICES", options.net_devices.c_str());
-        if (status == UCS_OK) {
-            ucp_params_t params{};
-            params.field_mask = UCP_PARAM_FIELD_FEATURES;
-            params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
-            status = ucp_init(&params, config, &context_);
-        }
-        ucp_config_release(config);
-        DIST_UCX_CHECK(status);
+            DIST_UCX_CHECK(ucp_config_modify(config.get(), "TLS", options.transports.c_str()));
+        if (!options.net_devices.empty())
+            DIST_UCX_CHECK(
+                ucp_config_modify(config.get(), "NET_DEVICES", options.net_devices.c_str()));
+        ucp_params_t params{};
+        params.field_mask = UCP_PARAM_FIELD_FEATURES;
+        params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+        DIST_UCX_CHECK(ucp_init(&params, config.get(), &context_));
 
         ucp_worker_params_t wparams{};
         wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;

@@ -292,6 +292,16 @@ TEST_P(UcxPair, UnknownPeersAndTagsThatDoNotFitAreRefused) {
     EXPECT_THROW(a_->send(1, act(0, 0, 0), kernels::Tensor({1, 1, 1, 1, 1, 1, 1, 1, 1})),
                  TransportError);
     EXPECT_THROW(make_ucx_endpoint(store_, "pair", 2, 2), TransportError);
+    // Transports UCX does not have: the error names them and UCX's cause.
+    UcxOptions bogus = options_for(GetParam());
+    bogus.transports = "no_such_transport";
+    try {
+        make_ucx_endpoint(store_, "other", 0, 2, bogus);
+        ADD_FAILURE() << "UCX started without transports";
+    } catch (const TransportError& e) {
+        EXPECT_NE(std::string(e.what()).find("no_such_transport"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("ucp_"), std::string::npos) << e.what();
+    }
     // A peer that never published its address.
     MemoryStore lonely;
     auto solo = make_ucx_endpoint(lonely, "solo", 0, 2, options_for(GetParam(), milliseconds(50)));
