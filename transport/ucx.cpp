@@ -1,6 +1,6 @@
 // ucx.cpp: the PointToPoint interface on UCX tagged messages (ucp_tag_send_nbx /
-// ucp_tag_recv_nbx), with progress that sleeps on the worker's event fd. Layout of tags and
-// messages: ucx.hpp.
+// ucp_tag_recv_nbx), with progress that sleeps on the worker's event fd. Tags and message
+// layout: ucx_wire.hpp.
 #include "transport/ucx.hpp"
 
 #include <ucp/api/ucp.h>
@@ -36,33 +36,6 @@ void ucx_check(ucs_status_t status, const char* call, const char* file, int line
 }
 #define DIST_UCX_CHECK(call) ucx_check((call), #call, __FILE__, __LINE__)
 
-// ----- wire format -----------------------------------------------------------------------------
-
-constexpr uint32_t kMagic = 0x54534944; // "DIST" in memory on a little-endian host
-constexpr uint16_t kVersion = 1;
-constexpr uint32_t kMaxDims = 8;
-constexpr uint8_t kDefined = 1; // a tensor (not a default-constructed one) follows
-constexpr uint8_t kInline = 2;  // its bytes follow the header in the same message
-constexpr uint64_t kMaxBytes = uint64_t{1} << 40; // refuse headers claiming more than 1 TiB
-
-// Host byte order: both ends run the same architecture (a byte-swapped peer fails the magic).
-struct WireHeader {
-    uint32_t magic = kMagic;
-    uint16_t version = kVersion;
-    uint8_t dtype = 0;
-    uint8_t flags = 0;
-    uint32_t dims = 0;
-    uint32_t reserved = 0;
-    int64_t shape[kMaxDims] = {};
-    uint64_t bytes = 0;
-};
-static_assert(sizeof(WireHeader) == 88);
-constexpr size_t kHeaderBufferBytes = sizeof(WireHeader) + kUcxInlineBytes;
-
-constexpr int kTagPartShift = 63, kTagSourceShift = 47, kTagDirectionShift = 46,
-              kTagStageShift = 34, kTagMicrobatchShift = 20;
-constexpr int64_t kMaxSource = (1 << 16) - 1, kMaxStage = (1 << 12) - 1,
-                  kMaxMicrobatch = (1 << 14) - 1, kStepModulus = 1 << 20;
 constexpr uint64_t kFullMask = ~uint64_t{0};
 
 std::string hex(uint64_t v) {
@@ -90,7 +63,7 @@ struct PendingSend {
 struct PendingRecv {
     int peer = 0;
     P2PTag tag;
-    std::unique_ptr<char[]> header = std::make_unique<char[]>(kHeaderBufferBytes);
+    std::unique_ptr<char[]> header = std::make_unique<char[]>(ucx_wire::kHeaderBufferBytes);
     ucp_tag_recv_info_t info{};
     void* header_request = nullptr;
     bool header_done = false;
@@ -149,31 +122,19 @@ class UcxEndpointImpl final : public UcxEndpoint {
         kernels::Tensor t = tensor;
         if (t.defined() && t.device().kind != kernels::Device::Kind::cpu)
             t = t.to(kernels::Allocator::cpu());
-        WireHeader h;
-        if (t.defined()) {
-            if (t.rank() > kMaxDims)
-                throw TransportError("send of " + tag.str() + " to rank " + std::to_string(peer) +
-                                     ": a tensor of rank " + std::to_string(t.rank()) +
-                                     " (at most " + std::to_string(kMaxDims) +
-                                     " dimensions travel)");
-            h.flags = kDefined;
-            h.dtype = static_cast<uint8_t>(t.dtype());
-            h.dims = static_cast<uint32_t>(t.rank());
-            for (size_t i = 0; i < t.rank(); ++i) h.shape[i] = t.dim(i);
-            h.bytes = t.bytes();
-        }
-        bool inline_data = h.bytes <= kUcxInlineBytes;
-        if (inline_data) h.flags |= kInline;
+        ucx_wire::Header h =
+            ucx_wire::describe(t, "send of " + tag.str() + " to rank " + std::to_string(peer));
+        bool separate = ucx_wire::data_follows(h);
         ucp_ep_h ep = connect(peer);
         reap_sends();
 
-        size_t header_len = sizeof(WireHeader) + (inline_data ? h.bytes : 0);
+        size_t header_len = sizeof h + (separate ? 0 : h.bytes);
         auto header = std::make_unique<char[]>(header_len);
         std::memcpy(header.get(), &h, sizeof h);
-        if (inline_data && h.bytes) std::memcpy(header.get() + sizeof h, t.raw(), h.bytes);
+        if (!separate && h.bytes) std::memcpy(header.get() + sizeof h, t.raw(), h.bytes);
         const char* header_bytes = header.get(); // before the move below
         post_send(ep, header_bytes, header_len, header_tag, peer, tag, std::move(header), {});
-        if (!inline_data)
+        if (separate)
             post_send(ep, t.raw(), h.bytes, ucx_tag(rank_, tag, true), peer, tag, nullptr, t);
         ++stats_.messages_sent;
         stats_.bytes_sent += h.bytes;
@@ -431,7 +392,7 @@ class UcxEndpointImpl final : public UcxEndpoint {
         r->peer = peer;
         r->tag = tag;
         r->header_request =
-            post_tag_recv(r->header.get(), kHeaderBufferBytes, header_tag,
+            post_tag_recv(r->header.get(), ucx_wire::kHeaderBufferBytes, header_tag,
                           "receive of " + tag.str() + " from rank " + std::to_string(peer));
         return recvs_.emplace(std::pair{peer, tag}, std::move(r)).first;
     }
@@ -507,52 +468,12 @@ class UcxEndpointImpl final : public UcxEndpoint {
     // came inline), false when the data follows and its receive is posted.
     bool unpack_header(PendingRecv& r) {
         std::string from = r.tag.str() + " from rank " + std::to_string(r.peer);
-        auto refuse = [&](const std::string& why) {
-            return TransportError("malformed message " + from + ": " + why);
-        };
-        if (r.info.length < sizeof(WireHeader))
-            throw refuse(std::to_string(r.info.length) + " bytes, shorter than a header");
-        WireHeader h;
-        std::memcpy(&h, r.header.get(), sizeof h);
-        if (h.magic != kMagic) throw refuse("bad magic " + hex(h.magic));
-        if (h.version != kVersion)
-            throw refuse("protocol version " + std::to_string(h.version) + ", this build speaks " +
-                         std::to_string(kVersion));
-        if (!(h.flags & kDefined)) {
-            r.tensor = kernels::Tensor();
-            return true;
-        }
-        if (h.dtype > static_cast<uint8_t>(kernels::DType::i32))
-            throw refuse("unknown dtype " + std::to_string(h.dtype));
-        if (h.dims > kMaxDims) throw refuse(std::to_string(h.dims) + " dimensions");
-        auto dtype = static_cast<kernels::DType>(h.dtype);
-        std::vector<int64_t> shape(h.shape, h.shape + h.dims);
-        uint64_t numel = 1;
-        for (int64_t d : shape) {
-            if (d < 0) throw refuse("negative dimension");
-            if (d != 0 && numel > kMaxBytes / static_cast<uint64_t>(d))
-                throw refuse("too many elements");
-            numel *= static_cast<uint64_t>(d);
-        }
-        if (numel > kMaxBytes / kernels::dtype_size(dtype) ||
-            numel * kernels::dtype_size(dtype) != h.bytes)
-            throw refuse("byte count " + std::to_string(h.bytes) + " does not match its shape");
-        bool inline_data = h.flags & kInline;
-        size_t expect = sizeof(WireHeader) + (inline_data ? h.bytes : 0);
-        if (inline_data != (h.bytes <= kUcxInlineBytes) || r.info.length != expect)
-            throw refuse(std::to_string(r.info.length) + " bytes where " + std::to_string(expect) +
-                         " were expected");
-        try {
-            r.tensor = kernels::Tensor(std::move(shape), dtype);
-        } catch (const std::bad_alloc&) {
-            throw refuse("cannot allocate " + std::to_string(h.bytes) + " bytes");
-        }
-        if (inline_data) {
-            if (h.bytes) std::memcpy(r.tensor.raw(), r.header.get() + sizeof h, h.bytes);
-            return true;
-        }
-        r.data_request = post_tag_recv(r.tensor.raw(), h.bytes, ucx_tag(r.peer, r.tag, true),
-                                       "receive of the data of " + from);
+        ucx_wire::Announced a = ucx_wire::read(r.header.get(), r.info.length, from);
+        r.tensor = std::move(a.tensor);
+        if (a.complete) return true;
+        r.data_request =
+            post_tag_recv(r.tensor.raw(), r.tensor.bytes(), ucx_tag(r.peer, r.tag, true),
+                          "receive of the data of " + from);
         return false;
     }
 
@@ -640,33 +561,14 @@ class UcxEndpointImpl final : public UcxEndpoint {
 
 } // namespace
 
-uint64_t ucx_tag(int source, const P2PTag& tag, bool data_part) {
-    auto refuse = [&](const std::string& field, int64_t value, int64_t max) {
-        return TransportError("cannot tag " + tag.str() + " from rank " + std::to_string(source) +
-                              " for UCX: " + field + " " + std::to_string(value) +
-                              " is outside 0.." + std::to_string(max));
-    };
-    if (source < 0 || source > kMaxSource) throw refuse("rank", source, kMaxSource);
-    if (tag.stage < 0 || tag.stage > kMaxStage) throw refuse("stage", tag.stage, kMaxStage);
-    if (tag.microbatch < 0 || tag.microbatch > kMaxMicrobatch)
-        throw refuse("microbatch", tag.microbatch, kMaxMicrobatch);
-    if (tag.step < 0) throw refuse("step", tag.step, INT64_MAX);
-    return (uint64_t{data_part} << kTagPartShift) |
-           (static_cast<uint64_t>(source) << kTagSourceShift) |
-           (uint64_t{tag.direction == Direction::gradient} << kTagDirectionShift) |
-           (static_cast<uint64_t>(tag.stage) << kTagStageShift) |
-           (static_cast<uint64_t>(tag.microbatch) << kTagMicrobatchShift) |
-           static_cast<uint64_t>(tag.step % kStepModulus);
-}
-
 std::unique_ptr<UcxEndpoint> make_ucx_endpoint(KeyValueStore& store, const std::string& prefix,
                                                int rank, int size, const UcxOptions& options) {
     if (size < 1 || rank < 0 || rank >= size)
         throw TransportError(prefix + ": no rank " + std::to_string(rank) + " in a group of " +
                              std::to_string(size));
-    if (size - 1 > kMaxSource)
+    if (size > 65536)
         throw TransportError(prefix + ": a group of " + std::to_string(size) +
-                             " ranks; UCX tags carry at most " + std::to_string(kMaxSource + 1));
+                             " ranks; UCX tags carry at most 65536");
     return std::make_unique<UcxEndpointImpl>(store, prefix, rank, size, options);
 }
 

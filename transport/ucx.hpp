@@ -6,20 +6,8 @@
 // send to or receive from it, reading the peer's address from the store. No UCX type crosses
 // this header.
 //
-// Wire format: a message is a header (magic, version, dtype, shape, byte count) followed, for
-// tensors of at most `kUcxInlineBytes`, by the data in the same UCX message; a larger tensor
-// follows as a second message whose bytes UCX moves straight between the two tensors' storage
-// (rendezvous, zero-copy where the transport allows).
-//
-// The 64-bit UCX tag (bit 63 first):
-//   [63]     part: 0 the header, 1 the data of a large tensor
-//   [62..47] the sending rank (16 bits: ranks 0..65535)
-//   [46]     direction: 0 activation, 1 gradient
-//   [45..34] stage (12 bits: 0..4095)
-//   [33..20] microbatch (14 bits: 0..16383)
-//   [19..0]  step modulo 2^20. Only a few consecutive steps are ever in flight, so steps a
-//            multiple of 2^20 apart never meet; a negative step is refused.
-// A rank, stage or microbatch outside its range is refused with a TransportError naming it.
+// Messages and the 64-bit UCX tag that matches them to receives: ucx_wire.hpp. A tag carries
+// the sending rank, step, stage, microbatch and direction; what does not fit is refused.
 //
 // Threads: an endpoint is driven by one thread (its rank's worker): send, recv, post_recv and
 // flush must not be called concurrently. `abort` and `rank` may be called from any thread.
@@ -34,6 +22,7 @@
 
 #include "transport/p2p.hpp"
 #include "transport/store.hpp"
+#include "transport/ucx_wire.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -41,9 +30,6 @@
 #include <string>
 
 namespace dist::transport {
-
-/// Tensors of at most this many bytes travel inside the header message (one UCX message).
-inline constexpr size_t kUcxInlineBytes = 8192;
 
 struct UcxOptions {
     /// How long a receive (or the connection to a peer, or the final flush) may wait.
@@ -96,9 +82,5 @@ class UcxEndpoint : public PointToPoint {
 /// UCX's status string when UCX cannot start.
 std::unique_ptr<UcxEndpoint> make_ucx_endpoint(KeyValueStore& store, const std::string& prefix,
                                                int rank, int size, const UcxOptions& options = {});
-
-/// The UCX tag of (`source`, `tag`) for the header (`data_part` false) or data message; throws
-/// TransportError when a field does not fit the layout above. Exposed for tests.
-uint64_t ucx_tag(int source, const P2PTag& tag, bool data_part);
 
 } // namespace dist::transport
