@@ -27,14 +27,22 @@ namespace dist::transport {
 
 namespace {
 
-/// Throws a TransportError naming the UCX call, where it was made and UCX's own cause.
-void ucx_check(ucs_status_t status, const char* call, const char* file, int line) {
+/// Throws a TransportError naming what was being done, the UCX call, where it was made and
+/// UCX's own cause: "send of ... : ucx.cpp:140: ucp_tag_send_nbx failed: Shared memory error".
+void ucx_check(ucs_status_t status, const char* call, const char* file, int line,
+               const std::string& context = {}) {
     if (status == UCS_OK) return;
     const char* base = std::strrchr(file, '/');
-    throw TransportError(std::string(base ? base + 1 : file) + ":" + std::to_string(line) + ": " +
+    throw TransportError((context.empty() ? "" : context + ": ") +
+                         std::string(base ? base + 1 : file) + ":" + std::to_string(line) + ": " +
                          call + " failed: " + ucs_status_string(status));
 }
+/// A call returning ucs_status_t, and the same with what was being done.
 #define DIST_UCX_CHECK(call) ucx_check((call), #call, __FILE__, __LINE__)
+#define DIST_UCX_CHECK_IN(call, context) ucx_check((call), #call, __FILE__, __LINE__, context)
+/// A call returning a request pointer or an error (ucp_*_nbx), already made.
+#define DIST_UCX_CHECK_PTR(ptr, call, context)                                                     \
+    ucx_check(UCS_PTR_IS_ERR(ptr) ? UCS_PTR_STATUS(ptr) : UCS_OK, call, __FILE__, __LINE__, context)
 
 constexpr uint64_t kFullMask = ~uint64_t{0};
 
@@ -73,10 +81,7 @@ struct PendingRecv {
     std::string error; // set when advancing it failed outside its own recv
 };
 
-class UcxEndpointImpl;
-
 struct PeerLink {
-    UcxEndpointImpl* self = nullptr;
     int peer = 0;
     ucp_ep_h ep = nullptr;
     std::atomic<ucs_status_t> status{UCS_OK}; // set by UCX's error callback
@@ -339,7 +344,6 @@ class UcxEndpointImpl final : public UcxEndpoint {
         if (address.empty())
             throw TransportError("rank " + std::to_string(rank_) + ": rank " +
                                  std::to_string(peer) + " published an empty UCX address");
-        link.self = this;
         link.peer = peer;
         ucp_ep_params_t params{};
         params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
@@ -349,7 +353,9 @@ class UcxEndpointImpl final : public UcxEndpoint {
             detect_peer_failure_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
         params.err_handler.cb = &on_link_error;
         params.err_handler.arg = &link;
-        DIST_UCX_CHECK(ucp_ep_create(worker_, &params, &link.ep));
+        DIST_UCX_CHECK_IN(ucp_ep_create(worker_, &params, &link.ep),
+                          "rank " + std::to_string(rank_) + " connecting to rank " +
+                              std::to_string(peer));
         return link.ep;
     }
 
@@ -357,11 +363,9 @@ class UcxEndpointImpl final : public UcxEndpoint {
                    const P2PTag& tag, std::unique_ptr<char[]> header, kernels::Tensor keep) {
         ucp_request_param_t param{};
         void* request = ucp_tag_send_nbx(ep, buffer, length, ucx_tag_value, &param);
-        if (UCS_PTR_IS_ERR(request))
-            throw TransportError(
-                "send of " + tag.str() + " from rank " + std::to_string(rank_) + " to rank " +
-                std::to_string(peer) +
-                " failed: ucp_tag_send_nbx: " + ucs_status_string(UCS_PTR_STATUS(request)));
+        DIST_UCX_CHECK_PTR(request, "ucp_tag_send_nbx",
+                           "send of " + tag.str() + " from rank " + std::to_string(rank_) +
+                               " to rank " + std::to_string(peer));
         if (!request) return; // done: UCX copied it or sent it already
         sends_.push_back({request, std::move(keep), std::move(header), peer, tag});
     }
@@ -406,10 +410,7 @@ class UcxEndpointImpl final : public UcxEndpoint {
         param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
         param.cb.recv = [](void*, ucs_status_t, const ucp_tag_recv_info_t*, void*) {};
         void* request = ucp_tag_recv_nbx(worker_, buffer, length, ucx_tag_value, kFullMask, &param);
-        if (UCS_PTR_IS_ERR(request))
-            throw TransportError(
-                what + " on rank " + std::to_string(rank_) +
-                " failed: ucp_tag_recv_nbx: " + ucs_status_string(UCS_PTR_STATUS(request)));
+        DIST_UCX_CHECK_PTR(request, "ucp_tag_recv_nbx", what + " on rank " + std::to_string(rank_));
         if (!request)
             throw TransportError(what + " on rank " + std::to_string(rank_) +
                                  ": ucp_tag_recv_nbx returned no request");
@@ -525,9 +526,9 @@ class UcxEndpointImpl final : public UcxEndpoint {
             auto now = Clock::now();
             if (now >= deadline) return false;
             if (now < spin_until) continue;
-            ucs_status_t status = ucp_worker_arm(worker_);
-            if (status == UCS_ERR_BUSY) continue; // events arrived meanwhile: progress again
-            DIST_UCX_CHECK(status);
+            ucs_status_t armed = ucp_worker_arm(worker_);
+            if (armed == UCS_ERR_BUSY) continue; // events arrived meanwhile: progress again
+            ucx_check(armed, "ucp_worker_arm(worker_)", __FILE__, __LINE__);
             auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
             // Woken by UCX's events or abort; the cap re-checks link failures now and then.
             int sleep = static_cast<int>(std::min<long long>(left, 1000));
