@@ -54,6 +54,14 @@ std::string hex(uint64_t v) {
 
 using Clock = std::chrono::steady_clock;
 
+double seconds_since(Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+size_t kind(const P2PTag& tag) {
+    return tag.direction == Direction::activation ? 0 : 1;
+}
+
 std::string ms(std::chrono::milliseconds d) {
     return std::to_string(d.count()) + " ms";
 }
@@ -94,6 +102,8 @@ class UcxEndpointImpl final : public UcxEndpoint {
         : store_(store), prefix_(std::move(prefix)), rank_(rank), timeout_(options.timeout),
           detect_peer_failure_(options.detect_peer_failure), spin_(options.spin),
           links_(static_cast<size_t>(size)) {
+        stats_.sent.resize(static_cast<size_t>(size));
+        stats_.received.resize(static_cast<size_t>(size));
         try {
             start(options);
         } catch (const TransportError& e) {
@@ -121,6 +131,7 @@ class UcxEndpointImpl final : public UcxEndpoint {
     int rank() const override { return rank_; }
 
     void send(int peer, const P2PTag& tag, const kernels::Tensor& tensor) override {
+        auto start = Clock::now();
         check_peer(peer, "send to");
         throw_if_aborted("send of " + tag.str() + " to rank " + std::to_string(peer));
         uint64_t header_tag = ucx_tag(rank_, tag, false);
@@ -141,11 +152,14 @@ class UcxEndpointImpl final : public UcxEndpoint {
         post_send(ep, header_bytes, header_len, header_tag, peer, tag, std::move(header), {});
         if (separate)
             post_send(ep, t.raw(), h.bytes, ucx_tag(rank_, tag, true), peer, tag, nullptr, t);
-        ++stats_.messages_sent;
-        stats_.bytes_sent += h.bytes;
+        UcxTraffic& traffic = stats_.sent[static_cast<size_t>(peer)][kind(tag)];
+        ++traffic.messages;
+        traffic.bytes += h.bytes;
+        traffic.seconds += seconds_since(start);
     }
 
     kernels::Tensor recv(int peer, const P2PTag& tag) override {
+        auto start = Clock::now();
         check_peer(peer, "receive from");
         std::string what = tag.str() + " from rank " + std::to_string(peer);
         auto it = recvs_.find({peer, tag});
@@ -174,8 +188,10 @@ class UcxEndpointImpl final : public UcxEndpoint {
         }
         kernels::Tensor out = std::move(r.tensor);
         recvs_.erase(it);
-        ++stats_.messages_received;
-        stats_.bytes_received += out.bytes();
+        UcxTraffic& traffic = stats_.received[static_cast<size_t>(peer)][kind(tag)];
+        ++traffic.messages;
+        traffic.bytes += out.bytes();
+        traffic.seconds += seconds_since(start);
         return out;
     }
 

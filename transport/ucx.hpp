@@ -24,10 +24,12 @@
 #include "transport/store.hpp"
 #include "transport/ucx_wire.hpp"
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace dist::transport {
 
@@ -50,12 +52,31 @@ struct UcxOptions {
     std::chrono::microseconds spin{0};
 };
 
-/// Bytes and message counts through one endpoint.
+/// Traffic with one peer in one direction of the pipeline.
+struct UcxTraffic {
+    uint64_t messages = 0;
+    uint64_t bytes = 0; // tensor bytes, headers excluded
+    double seconds = 0; // sends: time spent posting them; receives: time spent waiting in recv
+
+    UcxTraffic& operator+=(const UcxTraffic& o) {
+        messages += o.messages;
+        bytes += o.bytes;
+        seconds += o.seconds;
+        return *this;
+    }
+};
+
+/// What went through one endpoint, by peer rank and kind: `sent[peer][d]`, `received[peer][d]`
+/// with d = 0 for activations, 1 for gradients (the order of Direction).
 struct UcxStats {
-    uint64_t messages_sent = 0;
-    uint64_t bytes_sent = 0; // tensor bytes, headers excluded
-    uint64_t messages_received = 0;
-    uint64_t bytes_received = 0;
+    std::vector<std::array<UcxTraffic, 2>> sent, received;
+
+    static UcxTraffic total(const std::vector<std::array<UcxTraffic, 2>>& by_peer) {
+        UcxTraffic t;
+        for (const auto& kinds : by_peer)
+            for (const auto& k : kinds) t += k;
+        return t;
+    }
 };
 
 class UcxEndpoint : public PointToPoint {
@@ -74,6 +95,7 @@ class UcxEndpoint : public PointToPoint {
     virtual void flush() = 0;
     /// Fails every waiting and later call with `why`; callable from any thread.
     virtual void abort(const std::string& why) = 0;
+    /// From the endpoint's own thread.
     virtual UcxStats stats() const = 0;
 };
 

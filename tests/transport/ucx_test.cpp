@@ -146,9 +146,18 @@ TEST_P(UcxPair, TensorsOfEverySizeAndDtypeArriveIntactBothWays) {
         expect_same(got[i], sent[i], "forward " + std::to_string(i));
         expect_same(back[i], sent[i], "backward " + std::to_string(i));
     }
-    EXPECT_EQ(a_->stats().messages_sent, sent.size());
-    EXPECT_EQ(b_->stats().messages_received, sent.size());
-    EXPECT_GT(b_->stats().bytes_received, uint64_t{8} << 20);
+    // Statistics by peer and kind: activations one way, gradients the other.
+    uint64_t bytes = 0;
+    for (const auto& t : sent) bytes += t.bytes();
+    auto a = a_->stats(), b = b_->stats();
+    EXPECT_EQ(a.sent[1][0].messages, sent.size());
+    EXPECT_EQ(a.sent[1][0].bytes, bytes);
+    EXPECT_EQ(a.received[1][1].messages, sent.size());
+    EXPECT_EQ(b.received[0][0].bytes, bytes);
+    EXPECT_EQ(b.sent[0][1].bytes, bytes);
+    EXPECT_EQ(a.sent[1][1].messages + a.sent[0][0].messages + b.sent[1][0].messages, 0u);
+    EXPECT_EQ(UcxStats::total(b.received).bytes, bytes);
+    EXPECT_GT(UcxStats::total(a.received).seconds, 0.0);
 }
 
 TEST_P(UcxPair, ReceivesMatchTagsNotArrivalOrder) {
