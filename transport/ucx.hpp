@@ -88,8 +88,11 @@ class UcxEndpoint : public PointToPoint {
     /// The tensor `peer` sent under `tag`, in host memory. Throws TransportError naming the tag
     /// and the peer after the timeout, after `abort`, or when the connection to the peer fails.
     kernels::Tensor recv(int peer, const P2PTag& tag) override = 0;
-    /// Posts the receive of (`peer`, `tag`) ahead of `recv`, so a large tensor lands in its
-    /// final buffer as soon as it arrives. The later `recv` of the same pair returns it.
+    /// Posts the receive of (`peer`, `tag`) ahead of `recv`: once its header has arrived, any
+    /// call into the endpoint allocates the tensor and posts the receive of its data, which UCX
+    /// then moves in as the sender offers it. The later `recv` of the same pair returns it;
+    /// posting the same pair twice is refused. (A tag sent twice is not detected: the second
+    /// message waits unmatched.)
     virtual void post_recv(int peer, const P2PTag& tag) = 0;
     /// Waits (up to the timeout) until every send has completed.
     virtual void flush() = 0;
