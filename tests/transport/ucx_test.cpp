@@ -32,6 +32,11 @@ struct Transport {
     int spin_us = 0;
 };
 
+// For gtest's messages: the name, not the bytes of the struct.
+void PrintTo(const Transport& t, std::ostream* os) {
+    *os << t.name;
+}
+
 UcxOptions options_for(const Transport& t, milliseconds timeout = std::chrono::seconds(20)) {
     UcxOptions o;
     o.timeout = timeout;
