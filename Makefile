@@ -71,7 +71,7 @@ tsan:
 	  -DDIST_CUDA=OFF -DDIST_FUZZ=OFF -DDIST_BENCH=OFF
 	cmake --build build-tsan -j $(JOBS) --target transport_tests runtime_tests
 	OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/bin/transport_tests
-	OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/bin/runtime_tests
+	OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" build-tsan/bin/runtime_tests
 
 clean:
 	rm -rf $(BUILD) build-fuzz build-asan build-tsan
