@@ -89,8 +89,7 @@ int run_sim(const CommonOptions& o, const SimOptions& s, std::ostream& out, std:
         return 1;
     }
     if (!s.svg.empty() && write(s.svg, sim::svg(*r.timeline), err) != 0) return 1;
-    if (!s.trace.empty() && write(s.trace, sim::chrome_trace(*r.timeline).dump() + "\n", err) != 0)
-        return 1;
+    if (!s.trace.empty() && write(s.trace, sim::chrome_trace(*r.timeline), err) != 0) return 1;
     if (s.json)
         out << sim::to_json(*r.timeline).dump(2) << "\n";
     else

@@ -161,8 +161,7 @@ void ReplSession::cmd_write(const std::string& what, const std::string& path) {
         err_ << ev.error;
         return;
     }
-    std::string text =
-        what == "svg" ? sim::svg(*ev.timeline) : sim::chrome_trace(*ev.timeline).dump() + "\n";
+    std::string text = what == "svg" ? sim::svg(*ev.timeline) : sim::chrome_trace(*ev.timeline);
     if (std::string e = models::write_file_atomically(path, {text}); !e.empty()) {
         error(e);
         return;

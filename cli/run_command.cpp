@@ -174,8 +174,10 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
             out << "\n";
         }
         if (!r.trace.empty()) {
-            std::string e =
-                models::write_file_atomically(r.trace, {sim::chrome_trace(measured).dump(1), "\n"});
+            std::string e = models::write_file_atomically(
+                r.trace,
+                {sim::chrome_trace(measured, "dist run: " + std::string(to_string(graph.schedule)) +
+                                                 " (measured)")});
             if (!e.empty()) {
                 err << "error: " << e << "\n";
                 return 1;

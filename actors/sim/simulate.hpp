@@ -74,6 +74,7 @@ nlohmann::json to_json(const Timeline& t);
 /// A Gantt chart: one row per rank, colours by microbatch, idle time shaded, a legend.
 std::string svg(const Timeline& t);
 /// Chrome's trace-event JSON: one process, one track (thread) per rank.
-nlohmann::json chrome_trace(const Timeline& t);
+/// `process_name` names the trace ("dist sim: KIND" when empty).
+std::string chrome_trace(const Timeline& t, const std::string& process_name = "");
 
 } // namespace dist::sim

@@ -162,7 +162,7 @@ TEST(Render, SvgAndTraceParse) {
     EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
     EXPECT_NE(svg.find("F forward"), std::string::npos);  // the legend
     EXPECT_NE(svg.find("url(#idle)"), std::string::npos); // the shaded bubble
-    nlohmann::json trace = nlohmann::json::parse(sim::chrome_trace(*r.timeline).dump());
+    nlohmann::json trace = nlohmann::json::parse(sim::chrome_trace(*r.timeline));
     size_t spans = 0, tracks = 0;
     for (const auto& e : trace["traceEvents"]) {
         if (e["ph"] == "X") {
