@@ -64,14 +64,18 @@ sanitize:
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ctest --output-on-failure -j $(JOBS)
 
-# The actor runtime and the transports under ThreadSanitizer. OpenMP regions run one thread
-# (libgomp is not instrumented, and its barriers would be reported); the ranks are threads.
+# The transports and the runtime's executors (on plain threads) under ThreadSanitizer. CAF's
+# scheduler is an uninstrumented library whose hand-overs TSan cannot see, so the actor tests
+# themselves are not run here. OpenMP regions run one thread (libgomp is not instrumented).
+# UCX's memory hooks (libucm) intercept what TSan intercepts and crash it: they are turned off.
+TSAN_ENV := OMP_NUM_THREADS=1 UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_EVENTS=no \
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp"
 tsan:
 	cmake -S . -B build-tsan $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDIST_SANITIZE=thread \
 	  -DDIST_CUDA=OFF -DDIST_FUZZ=OFF -DDIST_BENCH=OFF
 	cmake --build build-tsan -j $(JOBS) --target transport_tests runtime_tests
-	OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/bin/transport_tests
-	OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" build-tsan/bin/runtime_tests
+	$(TSAN_ENV) build-tsan/bin/transport_tests
+	$(TSAN_ENV) build-tsan/bin/runtime_tests --gtest_filter='Executors.*'
 
 clean:
 	rm -rf $(BUILD) build-fuzz build-asan build-tsan

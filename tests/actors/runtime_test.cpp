@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <future>
 #include <thread>
 
 using namespace dist;
@@ -220,4 +221,33 @@ TEST(Failure, TheWatchdogReportsWhatEveryRankIsWaitingFor) {
         << result;
     EXPECT_NE(result.find("rank 0 in 0F0"), std::string::npos) << result;
     EXPECT_NE(result.find("rank 1 in 1RECV_F0<r0"), std::string::npos) << result;
+}
+
+// The executors and their communication without the actors: every rank's step on a plain
+// thread. The concurrent code that is Dist's own (executors, the gradient reducer's thread,
+// in-process groups and fabric) runs here as under the actors, in a form ThreadSanitizer can
+// check (CAF's scheduler is an uninstrumented library). `make tsan` runs this test.
+TEST(Executors, OnPlainThreadsGiveTheLossesOfOneDevice) {
+    auto j = plan_job(mesh(2, 2, 2, "1f1b", 2));
+    Reference ref = one_device(gpt_script);
+    runtime::LocalComms comms(j->graph);
+    std::vector<std::unique_ptr<runtime::RankExecutor>> ranks;
+    for (const auto& r : j->graph.ranks)
+        ranks.push_back(std::make_unique<runtime::RankExecutor>(j->program, j->graph, r.rank,
+                                                                comms.for_rank(r.rank)));
+    for (int64_t step = 0; step < 2; ++step) {
+        std::vector<std::future<runtime::RankStepResult>> running;
+        for (auto& ex : ranks)
+            running.push_back(std::async(std::launch::async,
+                                         [&, e = ex.get()] { return e->run_step(step, j->data); }));
+        double loss = 0;
+        int64_t n = 0;
+        for (auto& f : running) {
+            runtime::RankStepResult r = f.get();
+            loss += r.loss_sum;
+            n += r.loss_microbatches;
+        }
+        double expect = ref.losses[static_cast<size_t>(step)];
+        EXPECT_NEAR(loss / static_cast<double>(n), expect, 1e-5 * expect) << "step " << step + 1;
+    }
 }
