@@ -1,6 +1,6 @@
 // generate_command.cpp: `dist generate`: saved weights continue prompts on the script's mesh,
 // through key/value caches, the text streamed to stdout as it is produced.
-#include "cli/commands.hpp"
+#include "cli/planned.hpp"
 
 #include "actors/plan/lower.hpp"
 #include "actors/runtime/generate.hpp"
@@ -27,15 +27,9 @@ char printable(int32_t t) {
 int run_generate(const CommonOptions& o, const std::string& load,
                  const std::vector<std::string>& given, std::istream& in, std::ostream& out,
                  std::ostream& err) {
-    lang::FrontendOptions fo;
-    fo.search_roots = lang::default_search_roots();
-    fo.overrides = o.overrides;
-    lang::CheckResult checked = lang::check_file(o.file, fo);
-    if (!checked.ok()) {
-        err << checked.report();
-        return 1;
-    }
-    const Program& p = *checked.program;
+    std::optional<Planned> plan = planned(o, err);
+    if (!plan) return 1;
+    const Program& p = plan->program;
     if (p.model.vocab != 256) {
         err << "error: prompts are read as bytes, which needs a vocabulary of 256; the model has "
             << p.model.vocab << " (no byte-pair tokenizer in this build)\n";
@@ -51,11 +45,6 @@ int run_generate(const CommonOptions& o, const std::string& load,
         err << "error: no prompt: give --prompt TEXT or lines on standard input\n";
         return 2;
     }
-    plan::PlanResult planned = plan::lower(p);
-    if (!planned.ok()) {
-        err << plan::render_errors(o.file, planned.errors);
-        return 1;
-    }
     models::Model whole(p.model, static_cast<uint64_t>(p.train.seed));
     if (std::string e = models::load_weights(load, whole); !e.empty()) {
         err << "error: " << e << "\n";
@@ -65,7 +54,7 @@ int run_generate(const CommonOptions& o, const std::string& load,
     for (const auto& s : prompts) tokens.emplace_back(s.begin(), s.end());
     for (auto& t : tokens)
         for (auto& c : t) c = static_cast<int32_t>(static_cast<unsigned char>(c));
-    runtime::Generator gen(p, *planned.graph, whole);
+    runtime::Generator gen(p, plan->graph, whole);
     auto start = std::chrono::steady_clock::now();
     std::vector<std::vector<int32_t>> texts;
     try {

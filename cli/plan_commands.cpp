@@ -1,6 +1,6 @@
 // plan_commands.cpp: `dist plan` and `dist sim`: the checked program lowered to its actor
 // graph (actors/plan), and that graph run in virtual time (actors/sim).
-#include "cli/commands.hpp"
+#include "cli/planned.hpp"
 
 #include "actors/plan/graph_json.hpp"
 #include "actors/plan/lower.hpp"
@@ -15,15 +15,6 @@
 
 namespace dist::cli {
 
-namespace {
-
-struct Planned {
-    Program program;
-    plan::Graph graph;
-};
-
-// Check, then lower; planning errors print like the checker's, with the source line and a
-// caret when they point into a custom table.
 std::optional<Planned> planned(const CommonOptions& o, std::ostream& err) {
     lang::FrontendOptions fo;
     fo.search_roots = lang::default_search_roots();
@@ -46,6 +37,8 @@ std::optional<Planned> planned(const CommonOptions& o, std::ostream& err) {
     }
     return Planned{*r.program, *p.graph};
 }
+
+namespace {
 
 int write(const std::string& path, const std::string& text, std::ostream& err) {
     if (std::string e = models::write_file_atomically(path, {text}); !e.empty()) {

@@ -1,7 +1,7 @@
 // run_command.cpp: `dist run`: the checked program planned, then trained by the actor runtime
 // on its mesh (every rank a worker actor of this process), with metrics, a progress line,
 // consolidated checkpoints, a trace of the real execution and its bubble beside the simulated.
-#include "cli/commands.hpp"
+#include "cli/planned.hpp"
 
 #include "actors/plan/lower.hpp"
 #include "actors/runtime/job.hpp"
@@ -51,25 +51,14 @@ std::string progress_line(const models::StepMetrics& m, int64_t last, double eta
 } // namespace
 
 int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, std::ostream& err) {
-    lang::FrontendOptions fo;
-    fo.search_roots = lang::default_search_roots();
-    fo.overrides = o.overrides;
-    lang::CheckResult checked = lang::check_file(o.file, fo);
-    if (!checked.ok()) {
-        err << checked.report();
-        return 1;
-    }
-    const Program& p = *checked.program;
     if (!r.resume.empty() && !r.load.empty()) {
         err << "error: --resume continues a run and --load starts one from weights; give one\n";
         return 2;
     }
-    plan::PlanResult planned = plan::lower(p);
-    if (!planned.ok()) {
-        err << plan::render_errors(o.file, planned.errors);
-        return 1;
-    }
-    const plan::Graph& graph = *planned.graph;
+    std::optional<Planned> plan = planned(o, err);
+    if (!plan) return 1;
+    const Program& p = plan->program;
+    const plan::Graph& graph = plan->graph;
     models::TokenData data;
     std::string error = models::load_data(p.train.data, p.model, data);
     if (!error.empty()) {

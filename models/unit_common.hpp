@@ -83,6 +83,16 @@ struct Linear {
     /// With `add_bias` false the bias is left for after a reduction (row-parallel).
     Tensor forward(const Tensor& x, bool add_bias = true) const;
     void add_bias_to(Tensor& y) const;
+    /// A row-parallel linear's output: the partial products summed over the group, then the
+    /// bias added once.
+    Tensor forward_row_parallel(const Tensor& x, const TensorParallel& tp) const {
+        Tensor y = forward(x, !tp.split);
+        if (tp.split) {
+            tp.all_reduce(y);
+            add_bias_to(y);
+        }
+        return y;
+    }
     Tensor backward_input(const Tensor& dy) const;
     void backward_weight(const Tensor& dy, const Tensor& x) const;
 };

@@ -165,12 +165,7 @@ class AttentionUnit : public Named {
         ops::attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), B, T, H_, KV_, D_,
                                a.data<float>(), lse.data<float>());
         saved_[mb] = {x, q, k, v, a, lse, {}, {}};
-        Tensor y = out_.forward(a, !tp_.split);
-        if (tp_.split) {
-            tp_.all_reduce(y);
-            out_.add_bias_to(y);
-        }
-        return y;
+        return out_.forward_row_parallel(a, tp_);
     }
 
     Tensor backward_input(int64_t mb, const Tensor& dy) override {
@@ -270,12 +265,7 @@ class AttentionUnit : public Named {
                 }
             }
         }
-        Tensor y = out_.forward(a, !tp_.split);
-        if (tp_.split) {
-            tp_.all_reduce(y);
-            out_.add_bias_to(y);
-        }
-        return y;
+        return out_.forward_row_parallel(a, tp_);
     }
     void end_session(int64_t session) override { caches_.erase(session); }
 
@@ -347,12 +337,7 @@ class MlpUnit : public Named {
         Tensor g(with_last(x, hidden_));
         activate(h, g);
         saved_[mb] = {x, h, g, {}, {}};
-        Tensor y = proj_.forward(g, !tp_.split);
-        if (tp_.split) {
-            tp_.all_reduce(y);
-            proj_.add_bias_to(y);
-        }
-        return y;
+        return proj_.forward_row_parallel(g, tp_);
     }
 
     Tensor backward_input(int64_t mb, const Tensor& dy) override {

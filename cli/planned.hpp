@@ -1,0 +1,23 @@
+// planned.hpp: the step every computing command starts with: the script checked and lowered to
+// its actor graph, with every diagnostic printed (planning errors located in the script like
+// the checker's, with the source line and a caret).
+#pragma once
+
+#include "actors/plan/graph.hpp"
+#include "cli/commands.hpp"
+#include "lang/program.hpp"
+
+#include <iosfwd>
+#include <optional>
+
+namespace dist::cli {
+
+struct Planned {
+    Program program;
+    plan::Graph graph;
+};
+
+/// The program of `o` and its graph, or nothing after printing why to `err`.
+std::optional<Planned> planned(const CommonOptions& o, std::ostream& err);
+
+} // namespace dist::cli
