@@ -8,6 +8,7 @@
 #include "actors/plan/lower.hpp"
 #include "actors/runtime/job.hpp"
 #include "lang/check.hpp"
+#include "models/checkpoint.hpp"
 #include "models/trainer.hpp"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include <filesystem>
 #include <future>
 #include <thread>
+#include <unistd.h>
 
 using namespace dist;
 
@@ -250,4 +252,35 @@ TEST(Executors, OnPlainThreadsGiveTheLossesOfOneDevice) {
         double expect = ref.losses[static_cast<size_t>(step)];
         EXPECT_NEAR(loss / static_cast<double>(n), expect, 1e-5 * expect) << "step " << step + 1;
     }
+}
+
+TEST(Failure, TheLastCheckpointIsIntactAfterARankFails) {
+    namespace fs = std::filesystem;
+    auto j = plan_job(mesh(1, 2, 2, "1f1b", 2));
+    fs::path dir = fs::temp_directory_path() / ("dist_failure_ck_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    runtime::Job job(j->program, j->graph, j->data);
+    models::Model whole(j->program.model, 0), saved(j->program.model, 0);
+    job.executor(2).set_action_hook([](int64_t step, const plan::PlanAction& a) {
+        if (step == 2 && a.kind == plan::ActionKind::forward && a.microbatch == 1)
+            throw std::runtime_error("out of memory");
+    });
+    runtime::JobOptions o;
+    o.end_step = 3;
+    o.on_step = [&](const runtime::StepReport& r) {
+        job.gather(whole);
+        return models::save_checkpoint(dir.string(), whole, r.metrics.step, 7).empty();
+    };
+    EXPECT_EQ(job.run(o), "rank 2 in 1F1: out of memory");
+    // The checkpoint of step 2 loads, whole, with the weights the ranks had after step 2.
+    int64_t step = 0;
+    ASSERT_EQ(models::load_training_state(dir.string(), saved, step), "");
+    EXPECT_EQ(step, 2);
+    for (const auto& w : whole.params().all()) {
+        const models::Parameter* s = saved.params().find(w.name);
+        ASSERT_NE(s, nullptr);
+        for (int64_t i = 0; i < w.value.numel(); ++i)
+            ASSERT_EQ(s->value.data<float>()[i], w.value.data<float>()[i]) << w.name;
+    }
+    fs::remove_all(dir);
 }
