@@ -30,6 +30,7 @@ int run_generate(const CommonOptions& o, const std::string& load,
     std::optional<Planned> plan = planned(o, err);
     if (!plan) return 1;
     const Program& p = plan->program;
+    if (!runs_here(p, err)) return 1;
     if (p.model.vocab != 256) {
         err << "error: prompts are read as bytes, which needs a vocabulary of 256; the model has "
             << p.model.vocab << " (no byte-pair tokenizer in this build)\n";

@@ -38,6 +38,15 @@ std::optional<Planned> planned(const CommonOptions& o, std::ostream& err) {
     return Planned{*r.program, *p.graph};
 }
 
+bool runs_here(const Program& p, std::ostream& err) {
+    if (p.mesh.profile.name == "cpu") return true;
+    err << "error: the mesh is " << p.mesh.devices << " " << p.mesh.profile.name
+        << " device(s); this build runs meshes of `cpu` devices (ranks on this machine's cores)\n"
+        << "hint: `dist sim` predicts this mesh; to train here, --set 'mesh.devices=cpu' "
+           "(and smaller model or mesh values)\n";
+    return false;
+}
+
 namespace {
 
 int write(const std::string& path, const std::string& text, std::ostream& err) {

@@ -59,6 +59,7 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
     if (!plan) return 1;
     const Program& p = plan->program;
     const plan::Graph& graph = plan->graph;
+    if (!runs_here(p, err)) return 1;
     models::TokenData data;
     std::string error = models::load_data(p.train.data, p.model, data);
     if (!error.empty()) {

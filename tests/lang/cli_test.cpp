@@ -170,6 +170,10 @@ TEST(Cli, RunTrainsSavesAndEvalReadsTheCheckpoint) {
 }
 
 TEST(Cli, RunRefusesWhatItCannotDoWithAMessage) {
+    Result gpu = run("run examples/gpt2_124m_8xh200.dist");
+    EXPECT_EQ(gpu.status, 1);
+    EXPECT_NE(gpu.err.find("this build runs meshes of `cpu` devices"), std::string::npos)
+        << gpu.err;
     Result plan = run("run examples/gpt_tiny.dist --set mesh.pp=2 --set schedule.kind=zb_h1 "
                       "--set schedule.microbatches=1");
     EXPECT_EQ(plan.status, 1);
