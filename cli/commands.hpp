@@ -43,7 +43,8 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
 /// The mean next-token loss of the weights in `load` over a data file.
 /// Continues prompts (given, or read one per line from `in`) with the model in `load`, on the
 /// script's mesh; the text goes to `out` as it is produced, tokens per second to `err`.
-int run_generate(const CommonOptions& o, const std::string& load,
+/// `tokenizer`: a folder with GPT-2's vocab.json and merges.txt ("" for bytes as tokens).
+int run_generate(const CommonOptions& o, const std::string& load, const std::string& tokenizer,
                  const std::vector<std::string>& prompts, std::istream& in, std::ostream& out,
                  std::ostream& err);
 int run_eval(const CommonOptions& o, const std::string& load, const std::string& data, bool json,

@@ -7,6 +7,7 @@
 #include "lang/check.hpp"
 #include "lang/loader.hpp"
 #include "models/checkpoint.hpp"
+#include "models/tokenizer.hpp"
 
 #include <chrono>
 #include <istream>
@@ -16,26 +17,41 @@ namespace dist::cli {
 
 namespace {
 
-// Bytes the terminal shows as they are; others as '?'.
-char printable(int32_t t) {
+// A byte-level model's token as text: control bytes other than newline and tab as '?'.
+std::string byte_text(int32_t t) {
     char c = static_cast<char>(t);
-    return (t < 32 && c != '\n' && c != '\t') || t >= 127 ? '?' : c;
+    return std::string(1, (t < 32 && c != '\n' && c != '\t') || t == 127 ? '?' : c);
 }
 
 } // namespace
 
-int run_generate(const CommonOptions& o, const std::string& load,
+int run_generate(const CommonOptions& o, const std::string& load, const std::string& tokenizer,
                  const std::vector<std::string>& given, std::istream& in, std::ostream& out,
                  std::ostream& err) {
     std::optional<Planned> plan = planned(o, err);
     if (!plan) return 1;
     const Program& p = plan->program;
     if (!runs_here(p, err)) return 1;
-    if (p.model.vocab != 256) {
-        err << "error: prompts are read as bytes, which needs a vocabulary of 256; the model has "
-            << p.model.vocab << " (no byte-pair tokenizer in this build)\n";
+    models::BpeTokenizer bpe;
+    if (!tokenizer.empty()) {
+        if (std::string e = models::BpeTokenizer::load(tokenizer, bpe); !e.empty()) {
+            err << "error: " << e << "\n";
+            return 1;
+        }
+        if (bpe.size() > p.model.vocab) {
+            err << "error: the tokenizer has " << bpe.size() << " tokens; the model's vocabulary "
+                << p.model.vocab << "\n";
+            return 1;
+        }
+    } else if (p.model.vocab != 256) {
+        err << "error: without --tokenizer, prompts are read as bytes, which needs a vocabulary of "
+               "256; the model has "
+            << p.model.vocab
+            << "\nhint: --tokenizer DIR, a folder with GPT-2's vocab.json and "
+               "merges.txt\n";
         return 1;
     }
+    auto text_of = [&](int32_t t) { return tokenizer.empty() ? byte_text(t) : bpe.decode(t); };
     std::vector<std::string> prompts = given;
     if (prompts.empty()) {
         std::string line;
@@ -52,9 +68,19 @@ int run_generate(const CommonOptions& o, const std::string& load,
         return 1;
     }
     std::vector<std::vector<int32_t>> tokens;
-    for (const auto& s : prompts) tokens.emplace_back(s.begin(), s.end());
-    for (auto& t : tokens)
-        for (auto& c : t) c = static_cast<int32_t>(static_cast<unsigned char>(c));
+    try {
+        for (const auto& s : prompts) {
+            if (!tokenizer.empty()) {
+                tokens.push_back(bpe.encode(s));
+            } else {
+                tokens.emplace_back();
+                for (unsigned char c : s) tokens.back().push_back(c);
+            }
+        }
+    } catch (const std::exception& e) {
+        err << "error: " << e.what() << "\n";
+        return 1;
+    }
     runtime::Generator gen(p, plan->graph, whole);
     auto start = std::chrono::steady_clock::now();
     std::vector<std::vector<int32_t>> texts;
@@ -63,13 +89,13 @@ int run_generate(const CommonOptions& o, const std::string& load,
         bool stream = tokens.size() == 1;
         texts = gen.generate(tokens, p.generate, static_cast<uint64_t>(p.train.seed),
                              [&](size_t, int32_t t) {
-                                 if (stream) out << printable(t) << std::flush;
+                                 if (stream) out << text_of(t) << std::flush;
                              });
         if (stream) {
             out << "\n";
         } else {
             for (const auto& t : texts) {
-                for (int32_t c : t) out << printable(c);
+                for (int32_t c : t) out << text_of(c);
                 out << "\n";
             }
         }

@@ -63,13 +63,15 @@ int main(int argc, char** argv) {
     run->add_option("--trace", run_options.trace,
                     "write the last step as it ran, a Chrome trace like `dist sim --trace`");
 
-    std::string generate_load;
+    std::string generate_load, tokenizer;
     std::vector<std::string> prompts;
     CLI::App* generate = app.add_subcommand(
         "generate", "continue prompts with saved weights (--prompt, or one per line on stdin)");
     add_common(generate);
     generate->add_option("--load", generate_load, "the checkpoint folder")->required();
     generate->add_option("--prompt", prompts, "a prompt (repeatable; several are batched)");
+    generate->add_option("--tokenizer", tokenizer,
+                         "a folder with GPT-2's vocab.json and merges.txt (default: bytes)");
 
     std::string eval_load, eval_data;
     CLI::App* eval =
@@ -108,8 +110,8 @@ int main(int argc, char** argv) {
     if (*plan) return dist::cli::run_plan(common, json, std::cout, std::cerr);
     if (*sim) return dist::cli::run_sim(common, sim_options, std::cout, std::cerr);
     if (*generate)
-        return dist::cli::run_generate(common, generate_load, prompts, std::cin, std::cout,
-                                       std::cerr);
+        return dist::cli::run_generate(common, generate_load, tokenizer, prompts, std::cin,
+                                       std::cout, std::cerr);
     if (*eval) return dist::cli::run_eval(common, eval_load, eval_data, json, std::cout, std::cerr);
     if (*repl) return dist::cli::run_repl(repl_file, repl_overrides, echo);
     if (*run) {

@@ -1,0 +1,76 @@
+// tokenizer_test.cpp: GPT-2's byte-level BPE on small vocabularies built by hand.
+#include "models/tokenizer.hpp"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+using namespace dist::models;
+
+namespace {
+
+// GPT-2's stand-in characters for bytes, written out from its definition: printable Latin-1
+// bytes stand for themselves, the other 68 take code points 256, 257, ... in byte order.
+std::string byte_char(int b) {
+    static std::vector<std::string> table = [] {
+        std::vector<std::string> t(256);
+        int next = 256;
+        for (int c = 0; c < 256; ++c) {
+            bool printable = (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || c >= 174;
+            int cp = printable ? c : next++;
+            std::string s;
+            if (cp < 0x80) {
+                s += static_cast<char>(cp);
+            } else {
+                s += static_cast<char>(0xC0 | (cp >> 6));
+                s += static_cast<char>(0x80 | (cp & 0x3F));
+            }
+            t[static_cast<size_t>(c)] = s;
+        }
+        return t;
+    }();
+    return table[static_cast<size_t>(b)];
+}
+
+} // namespace
+
+TEST(Bpe, MergesInRankOrderAndSplitsWordsAsGpt2) {
+    EXPECT_EQ(byte_char(' '), "\u0120"); // GPT-2's "Ġ"
+    EXPECT_EQ(byte_char('\n'), "\u010a");
+    nlohmann::json vocab = {{"h", 0},        {"e", 1},        {"l", 2},     {"o", 3},
+                            {"w", 4},        {"r", 5},        {"d", 6},     {"\u0120", 7},
+                            {"he", 8},       {"ll", 9},       {"hell", 10}, {"hello", 11},
+                            {"\u0120w", 12}, {"\u0120wo", 13}};
+    std::string merges = "#version: 0.2\nh e\nl l\nhe ll\nhell o\n\u0120 w\n\u0120w o\n";
+    BpeTokenizer t;
+    ASSERT_EQ(BpeTokenizer::from_text(vocab.dump(), merges, t), "");
+    // "hello" merges all the way; " world" keeps its space with the w, then stops at "Ġwo".
+    EXPECT_EQ(t.encode("hello world"), (std::vector<int32_t>{11, 13, 5, 2, 6}));
+    EXPECT_EQ(t.decode(t.encode("hello world")), "hello world");
+    EXPECT_THROW(t.encode("hello!"), std::invalid_argument); // "!" is not in this vocabulary
+}
+
+TEST(Bpe, EveryByteStringRoundTrips) {
+    nlohmann::json vocab = nlohmann::json::object();
+    for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+    vocab[byte_char(' ') + "t"] = 256;
+    vocab["th"] = 257;
+    std::string merges = byte_char(' ') + " t\nt h\n";
+    BpeTokenizer t;
+    ASSERT_EQ(BpeTokenizer::from_text(vocab.dump(), merges, t), "");
+    std::string text = "It's the  thing\t\tyou'll see:\n\n caf\xc3\xa9 42x, \xff\x01 end  ";
+    std::vector<int32_t> ids = t.encode(text);
+    EXPECT_EQ(t.decode(ids), text);
+    // " t" merged before "t h": " the" is [" t", "h", "e"], not [" ", "th", "e"].
+    std::vector<int32_t> the = t.encode(" the");
+    EXPECT_EQ(the, (std::vector<int32_t>{256, 'h', 'e'}));
+}
+
+TEST(Bpe, MalformedFilesAreRefusedWithTheLine) {
+    BpeTokenizer t;
+    EXPECT_NE(BpeTokenizer::from_text("{\"a\": 0", "", t).find("not JSON"), std::string::npos);
+    EXPECT_NE(BpeTokenizer::from_text("{\"a\": -1}", "", t).find("`a`"), std::string::npos);
+    EXPECT_EQ(BpeTokenizer::from_text("{\"a\": 0}", "#version: 0.2\na b c\n", t),
+              "merges.txt:2: expected two symbols, found `a b c`");
+    EXPECT_NE(BpeTokenizer::load("/no/such/dir", t).find("cannot read"), std::string::npos);
+}
