@@ -4,7 +4,8 @@
 # needs is missing rather than failing.
 #
 # Variables: SOURCE_DIR, BINARY_DIR (the project's build tree), WORK_DIR (scratch),
-# GENERATOR, CXX_COMPILER.
+# GENERATOR, CXX_COMPILER, SANITIZE (the project's DIST_SANITIZE: a sanitized library needs an
+# executable built with the same sanitizers).
 cmake_minimum_required(VERSION 3.25)
 
 foreach(needed "${BINARY_DIR}/cmake_install.cmake" "${BINARY_DIR}/bin/dist"
@@ -52,9 +53,14 @@ if(NOT configs)
 endif()
 
 set(build "${WORK_DIR}/build")
+set(extra)
+if(SANITIZE)
+  list(APPEND extra "-DCMAKE_CXX_FLAGS=-fsanitize=${SANITIZE}"
+       "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=${SANITIZE}")
+endif()
 run("configuring examples/embed" ${CMAKE_COMMAND} -S "${SOURCE_DIR}/examples/embed" -B "${build}"
     -G "${GENERATOR}" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}"
-    "-DCMAKE_PREFIX_PATH=${prefix}")
+    "-DCMAKE_PREFIX_PATH=${prefix}" ${extra})
 run("building examples/embed" ${CMAKE_COMMAND} --build "${build}")
 
 # From its own folder, with no arguments, and nothing pointing at the source tree's stdlib.
