@@ -7,6 +7,7 @@
 #include "lang/check.hpp"
 #include "models/model.hpp"
 
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -30,6 +31,24 @@ struct Script::Impl {
 };
 
 namespace embed {
+
+/// An exception that reached the API's boundary, as an error.
+Status internal_error(const char* what);
+
+/// Runs `f` (which returns a Status or a Result) and turns any exception into an error: nothing
+/// thrown inside the library reaches the application.
+template <class F> auto guarded(F&& f) -> decltype(f()) {
+    try {
+        return f();
+    } catch (const std::exception& e) {
+        return internal_error(e.what());
+    } catch (...) {
+        return internal_error("unknown exception");
+    }
+}
+
+/// A failed check's rendered report as an error.
+Status check_failed(const lang::CheckResult& checked);
 
 /// The checker's diagnostics as the API's values.
 CheckReport to_report(const lang::CheckResult& checked);

@@ -52,6 +52,15 @@ std::vector<fs::path> search_roots(const Options& options) {
     return roots;
 }
 
+Status internal_error(const char* what) {
+    return Status::error(std::string("internal error: ") + what);
+}
+
+Status check_failed(const lang::CheckResult& checked) {
+    std::string text = checked.report();
+    return Status::error(text.empty() ? "the script did not check" : text);
+}
+
 CheckReport to_report(const lang::CheckResult& checked) {
     CheckReport report;
     report.ok = checked.ok();
@@ -77,20 +86,6 @@ CheckReport to_report(const lang::CheckResult& checked) {
 }
 
 } // namespace embed
-
-namespace {
-
-// The checked Program, or the rendered diagnostics as the error.
-Status failed_check(const lang::CheckResult& checked) {
-    std::string text = checked.report();
-    return Status::error(text.empty() ? "the script did not check" : text);
-}
-
-Status exception_status(const char* what) {
-    return Status::error(std::string("internal error: ") + what);
-}
-
-} // namespace
 
 std::string version() {
     return DIST_VERSION;
@@ -125,6 +120,7 @@ std::string find_stdlib(const Options& options) {
             if (fs::is_directory(root / "std", ec)) return root.string();
         }
     } catch (...) {
+        // Out of memory while building paths: no stdlib to report.
     }
     return {};
 }
@@ -142,21 +138,17 @@ Script& Script::operator=(Script&&) noexcept = default;
 Script::~Script() = default;
 
 Result<Script> Script::load(const std::string& path, const Options& options) {
-    try {
+    return embed::guarded([&]() -> Result<Script> {
         std::string text, error;
         if (!lang::read_source_file(path, text, error))
             return Status::error("cannot read `" + path + "`: " + error);
         return from_text(path, text, options);
-    } catch (const std::exception& e) {
-        return exception_status(e.what());
-    } catch (...) {
-        return exception_status("unknown exception");
-    }
+    });
 }
 
 Result<Script> Script::from_text(const std::string& name, const std::string& text,
                                  const Options& options) {
-    try {
+    return embed::guarded([&]() -> Result<Script> {
         if (text.size() > lang::max_source_bytes)
             return Status::error("`" + name + "` is larger than " +
                                  std::to_string(lang::max_source_bytes) + " bytes");
@@ -165,15 +157,11 @@ Result<Script> Script::from_text(const std::string& name, const std::string& tex
         impl->text = text;
         impl->roots = embed::search_roots(options);
         return Script(std::move(impl));
-    } catch (const std::exception& e) {
-        return exception_status(e.what());
-    } catch (...) {
-        return exception_status("unknown exception");
-    }
+    });
 }
 
 Status Script::set(const std::string& key, const std::string& value) {
-    try {
+    return embed::guarded([&]() -> Status {
         if (key.empty() || key.find('=') != std::string::npos)
             return Status::error("`" + key + "` is not a key");
         const std::string entry = key + "=" + value;
@@ -194,11 +182,7 @@ Status Script::set(const std::string& key, const std::string& value) {
         if (!errors.empty()) return Status::error(errors);
         impl_->overrides = std::move(next);
         return {};
-    } catch (const std::exception& e) {
-        return exception_status(e.what());
-    } catch (...) {
-        return exception_status("unknown exception");
-    }
+    });
 }
 
 std::vector<std::string> Script::overrides() const {
@@ -230,9 +214,9 @@ CheckReport Script::check() const {
 }
 
 Result<PlanSummary> Script::plan() const {
-    try {
+    return embed::guarded([&]() -> Result<PlanSummary> {
         lang::CheckResult checked = impl_->run_check();
-        if (!checked.ok()) return failed_check(checked);
+        if (!checked.ok()) return embed::check_failed(checked);
         plan::PlanResult planned = plan::lower(*checked.program);
         if (!planned.ok()) return Status::error(plan::render_errors(impl_->path, planned.errors));
         const plan::Graph& g = *planned.graph;
@@ -255,17 +239,13 @@ Result<PlanSummary> Script::plan() const {
         }
         s.text = plan::print(g);
         return s;
-    } catch (const std::exception& e) {
-        return exception_status(e.what());
-    } catch (...) {
-        return exception_status("unknown exception");
-    }
+    });
 }
 
 Result<SimFigures> Script::simulate() const {
-    try {
+    return embed::guarded([&]() -> Result<SimFigures> {
         lang::CheckResult checked = impl_->run_check();
-        if (!checked.ok()) return failed_check(checked);
+        if (!checked.ok()) return embed::check_failed(checked);
         const Program& p = *checked.program;
         plan::PlanResult planned = plan::lower(p);
         if (!planned.ok()) return Status::error(plan::render_errors(impl_->path, planned.errors));
@@ -283,11 +263,7 @@ Result<SimFigures> Script::simulate() const {
         f.fits = t.fits;
         f.text = sim::text_report(t);
         return f;
-    } catch (const std::exception& e) {
-        return exception_status(e.what());
-    } catch (...) {
-        return exception_status("unknown exception");
-    }
+    });
 }
 
 } // namespace dist

@@ -21,15 +21,6 @@ namespace dist {
 
 namespace {
 
-Status exception_status(const char* what) {
-    return Status::error(std::string("internal error: ") + what);
-}
-
-Status failed_check(const lang::CheckResult& checked) {
-    std::string text = checked.report();
-    return Status::error(text.empty() ? "the script did not check" : text);
-}
-
 StepInfo to_info(const models::StepMetrics& m) {
     StepInfo s;
     s.step = m.step;
@@ -63,9 +54,9 @@ std::string load_model(const Program& p, const std::string& dir,
 } // namespace embed
 
 Result<TrainSummary> Script::train(const TrainOptions& options) {
-    try {
+    return embed::guarded([&]() -> Result<TrainSummary> {
         lang::CheckResult checked = impl_->run_check();
-        if (!checked.ok()) return failed_check(checked);
+        if (!checked.ok()) return embed::check_failed(checked);
         const Program& p = *checked.program;
         plan::PlanResult planned = plan::lower(p);
         if (!planned.ok()) return Status::error(plan::render_errors(impl_->path, planned.errors));
@@ -145,17 +136,13 @@ Result<TrainSummary> Script::train(const TrainOptions& options) {
         impl_->trained_program = std::make_unique<Program>(p);
         impl_->trained = std::move(whole);
         return summary;
-    } catch (const std::exception& e) {
-        return exception_status(e.what());
-    } catch (...) {
-        return exception_status("unknown exception");
-    }
+    });
 }
 
 Result<EvalFigures> Script::evaluate(const std::string& data_file, const std::string& weights) {
-    try {
+    return embed::guarded([&]() -> Result<EvalFigures> {
         lang::CheckResult checked = impl_->run_check();
-        if (!checked.ok()) return failed_check(checked);
+        if (!checked.ok()) return embed::check_failed(checked);
         const Program& p = *checked.program;
         std::unique_ptr<models::Model> loaded;
         models::Model* model = nullptr;
@@ -185,72 +172,68 @@ Result<EvalFigures> Script::evaluate(const std::string& data_file, const std::st
         f.tokens = r.tokens;
         f.perplexity = std::exp(r.loss);
         return f;
-    } catch (const std::exception& e) {
-        return exception_status(e.what());
-    } catch (...) {
-        return exception_status("unknown exception");
-    }
+    });
 }
 
 Result<std::vector<std::string>> Script::generate(const std::vector<std::string>& prompts,
                                                   const GenerateOptions& options) {
-    try {
-        lang::CheckResult checked = impl_->run_check();
-        if (!checked.ok()) return failed_check(checked);
-        const Program* p = &*checked.program;
-        std::unique_ptr<models::Model> loaded;
-        const models::Model* model = nullptr;
-        if (!options.weights.empty()) {
-            std::string error = embed::load_model(*p, options.weights, loaded);
-            if (!error.empty()) return Status::error(error);
-            model = loaded.get();
-        } else if (impl_->trained) {
-            model = impl_->trained.get();
-            // Changed overrides may describe another model: then the trained one's program.
-            if (!same_model(p->model, impl_->trained_program->model))
-                p = impl_->trained_program.get();
-        } else {
-            return Status::error("no weights to generate with: train() first or give "
-                                 "GenerateOptions::weights");
+    return embed::guarded([&]() -> Result<std::vector<std::string>> {
+        try {
+            lang::CheckResult checked = impl_->run_check();
+            if (!checked.ok()) return embed::check_failed(checked);
+            const Program* p = &*checked.program;
+            std::unique_ptr<models::Model> loaded;
+            const models::Model* model = nullptr;
+            if (!options.weights.empty()) {
+                std::string error = embed::load_model(*p, options.weights, loaded);
+                if (!error.empty()) return Status::error(error);
+                model = loaded.get();
+            } else if (impl_->trained) {
+                model = impl_->trained.get();
+                // Changed overrides may describe another model: then the trained one's program.
+                if (!same_model(p->model, impl_->trained_program->model))
+                    p = impl_->trained_program.get();
+            } else {
+                return Status::error("no weights to generate with: train() first or give "
+                                     "GenerateOptions::weights");
+            }
+            if (p->model.vocab != 256)
+                return Status::error("prompts are read as bytes, which needs a vocabulary of 256; "
+                                     "the model has " +
+                                     std::to_string(p->model.vocab));
+            if (prompts.empty()) return std::vector<std::string>{};
+            plan::PlanResult planned = plan::lower(*p);
+            if (!planned.ok())
+                return Status::error(plan::render_errors(impl_->path, planned.errors));
+            GenerateSpec gen = p->generate;
+            if (options.temperature >= 0) gen.temperature = options.temperature;
+            if (options.top_k >= 0) gen.top_k = options.top_k;
+            if (options.max_tokens >= 0) gen.max_tokens = options.max_tokens;
+            std::vector<std::vector<int32_t>> tokens;
+            for (const auto& s : prompts) {
+                std::vector<int32_t> t;
+                for (char c : s) t.push_back(static_cast<int32_t>(static_cast<unsigned char>(c)));
+                tokens.push_back(std::move(t));
+            }
+            runtime::Generator generator(*p, *planned.graph, *model);
+            std::function<void(size_t, int32_t)> on_token;
+            if (options.on_text)
+                on_token = [&](size_t row, int32_t t) {
+                    options.on_text(row, std::string(1, static_cast<char>(t)));
+                };
+            auto out =
+                generator.generate(tokens, gen, static_cast<uint64_t>(p->train.seed), on_token);
+            std::vector<std::string> texts;
+            for (const auto& t : out) {
+                std::string s;
+                for (int32_t c : t) s.push_back(static_cast<char>(c));
+                texts.push_back(std::move(s));
+            }
+            return texts;
+        } catch (const std::invalid_argument& e) {
+            return Status::error(e.what()); // a prompt the model cannot take
         }
-        if (p->model.vocab != 256)
-            return Status::error("prompts are read as bytes, which needs a vocabulary of 256; "
-                                 "the model has " +
-                                 std::to_string(p->model.vocab));
-        if (prompts.empty()) return std::vector<std::string>{};
-        plan::PlanResult planned = plan::lower(*p);
-        if (!planned.ok()) return Status::error(plan::render_errors(impl_->path, planned.errors));
-        GenerateSpec gen = p->generate;
-        if (options.temperature >= 0) gen.temperature = options.temperature;
-        if (options.top_k >= 0) gen.top_k = options.top_k;
-        if (options.max_tokens >= 0) gen.max_tokens = options.max_tokens;
-        std::vector<std::vector<int32_t>> tokens;
-        for (const auto& s : prompts) {
-            std::vector<int32_t> t;
-            for (char c : s) t.push_back(static_cast<int32_t>(static_cast<unsigned char>(c)));
-            tokens.push_back(std::move(t));
-        }
-        runtime::Generator generator(*p, *planned.graph, *model);
-        std::function<void(size_t, int32_t)> on_token;
-        if (options.on_text)
-            on_token = [&](size_t row, int32_t t) {
-                options.on_text(row, std::string(1, static_cast<char>(t)));
-            };
-        auto out = generator.generate(tokens, gen, static_cast<uint64_t>(p->train.seed), on_token);
-        std::vector<std::string> texts;
-        for (const auto& t : out) {
-            std::string s;
-            for (int32_t c : t) s.push_back(static_cast<char>(c));
-            texts.push_back(std::move(s));
-        }
-        return texts;
-    } catch (const std::invalid_argument& e) {
-        return Status::error(e.what()); // a prompt the model cannot take
-    } catch (const std::exception& e) {
-        return exception_status(e.what());
-    } catch (...) {
-        return exception_status("unknown exception");
-    }
+    });
 }
 
 } // namespace dist

@@ -102,7 +102,9 @@ struct StepInfo {
 };
 
 struct TrainOptions {
-    /// Called after every step; return false to stop the run after that step.
+    /// Called after every step, one call at a time, on one of the library's threads while
+    /// train() waits; return false to stop the run after that step. An exception it throws ends
+    /// the run and becomes train()'s error. Keep it short: the ranks wait for it.
     std::function<bool(const StepInfo&)> on_step;
     /// Save a checkpoint here at the end (and every `train.checkpoint.every` steps); empty: the
     /// script's `train.checkpoint.dir`, if any.

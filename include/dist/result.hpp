@@ -44,18 +44,17 @@ template <class T> class Result {
     const std::string& error() const { return status_.message(); }
 
     /// The value; throws std::logic_error when there is none (check ok() first).
-    T& value() & { return checked(); }
-    const T& value() const& { return const_cast<Result*>(this)->checked(); }
-    T&& value() && { return std::move(checked()); }
-    T& operator*() & { return checked(); }
-    const T& operator*() const& { return const_cast<Result*>(this)->checked(); }
-    T* operator->() { return &checked(); }
-    const T* operator->() const { return &const_cast<Result*>(this)->checked(); }
+    T& value() & { return (check(), *value_); }
+    const T& value() const& { return (check(), *value_); }
+    T&& value() && { return (check(), std::move(*value_)); }
+    T& operator*() & { return value(); }
+    const T& operator*() const& { return value(); }
+    T* operator->() { return &value(); }
+    const T* operator->() const { return &value(); }
 
   private:
-    T& checked() {
+    void check() const {
         if (!value_) throw std::logic_error("dist::Result has no value: " + status_.message());
-        return *value_;
     }
 
     std::optional<T> value_;

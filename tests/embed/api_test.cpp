@@ -75,6 +75,19 @@ TEST(EmbedApi, VersionAndDefaultRoots) {
     for (const auto& r : dist::default_search_roots())
         if (fs::exists(fs::path(r) / "std" / "gpt.dist")) found = true;
     EXPECT_TRUE(found);
+    EXPECT_TRUE(fs::exists(fs::path(dist::find_stdlib()) / "std" / "gpt.dist"));
+}
+
+TEST(EmbedApi, AnExplicitStdlibReplacesTheDefaults) {
+    EXPECT_EQ(dist::find_stdlib(source_stdlib()), std::string(DIST_SOURCE_DIR) + "/stdlib");
+    dist::Options nowhere;
+    nowhere.stdlib_dir = "/nonexistent/stdlib";
+    EXPECT_EQ(dist::find_stdlib(nowhere), "");
+    auto s = dist::Script::from_text("t.dist", tiny_script, nowhere);
+    ASSERT_TRUE(s.ok()) << s.error();
+    dist::CheckReport r = s->check();
+    EXPECT_FALSE(r.ok);
+    EXPECT_NE(r.text.find("std/gpt.dist"), std::string::npos) << r.text;
 }
 
 TEST(EmbedApi, MissingFileIsAnError) {
