@@ -9,6 +9,7 @@
 #include "models/checkpoint.hpp"
 #include "models/trainer.hpp"
 
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <exception>
