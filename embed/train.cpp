@@ -1,0 +1,240 @@
+// train.cpp: the embedding API's back half: training on this machine through the actor
+// runtime (as `dist run` does), evaluation, and generation. The weights a run ends with are
+// gathered into one whole model that stays with the Script for evaluate() and generate().
+#include "embed/internal.hpp"
+
+#include "actors/plan/lower.hpp"
+#include "actors/runtime/generate.hpp"
+#include "actors/runtime/job.hpp"
+#include "models/checkpoint.hpp"
+#include "models/trainer.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <stdexcept>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace dist {
+
+namespace {
+
+StepInfo to_info(const models::StepMetrics& m) {
+    StepInfo s;
+    s.step = m.step;
+    s.loss = m.loss;
+    s.lr = m.lr;
+    s.grad_norm = m.grad_norm;
+    s.tokens = m.tokens;
+    s.tokens_per_s = m.tokens_per_s;
+    s.step_time_s = m.step_time_s;
+    return s;
+}
+
+// The same model (shapes and names), so weights trained with one serve the other.
+bool same_model(const ModelSpec& a, const ModelSpec& b) {
+    return a.template_name == b.template_name && a.vocab == b.vocab && a.context == b.context &&
+           a.parameters == b.parameters;
+}
+
+} // namespace
+
+namespace embed {
+
+std::string load_model(const Program& p, const std::string& dir,
+                       std::unique_ptr<models::Model>& out) {
+    auto model = std::make_unique<models::Model>(p.model, static_cast<uint64_t>(p.train.seed));
+    std::string error = models::load_weights(dir, *model);
+    if (error.empty()) out = std::move(model);
+    return error;
+}
+
+} // namespace embed
+
+Result<TrainSummary> Script::train(const TrainOptions& options) {
+    return embed::guarded([&]() -> Result<TrainSummary> {
+        lang::CheckResult checked = impl_->run_check();
+        if (!checked.ok()) return embed::check_failed(checked);
+        const Program& p = *checked.program;
+        plan::PlanResult planned = plan::lower(p);
+        if (!planned.ok()) return Status::error(plan::render_errors(impl_->path, planned.errors));
+        const plan::Graph& graph = *planned.graph;
+        models::TokenData data;
+        std::string error = models::load_data(p.train.data, p.model, data);
+        if (!error.empty()) return Status::error(error);
+        const uint64_t seed = static_cast<uint64_t>(p.train.seed);
+        auto whole = std::make_unique<models::Model>(p.model, seed, p.schedule.recompute);
+        int64_t first = 0;
+        if (!options.resume_from.empty()) {
+            error = models::load_training_state(options.resume_from, *whole, first);
+            if (!error.empty()) return Status::error(error);
+        }
+        const int64_t last = p.train.stop_after > 0 ? p.train.stop_after : p.train.steps;
+        if (first >= last)
+            return Status::error("`" + options.resume_from + "` is at step " +
+                                 std::to_string(first) + "; the script stops at step " +
+                                 std::to_string(last));
+        const std::string save_dir =
+            !options.checkpoint_dir.empty() ? options.checkpoint_dir : p.train.checkpoint.dir;
+        if (!save_dir.empty()) {
+            std::error_code ec;
+            fs::create_directories(save_dir, ec);
+            if (ec || ::access(save_dir.c_str(), W_OK) != 0)
+                return Status::error("cannot save checkpoints into `" + save_dir +
+                                     "`: " + (ec ? ec.message() : std::strerror(errno)));
+        }
+
+        runtime::Job job(p, graph, data);
+        if (!options.resume_from.empty()) job.scatter(*whole);
+        TrainSummary summary;
+        summary.first_step = first + 1;
+        std::string step_error;
+        std::string callback_error;
+        runtime::JobOptions jo;
+        jo.first_step = first;
+        jo.end_step = last;
+        jo.on_step = [&](const runtime::StepReport& rep) {
+            const models::StepMetrics& m = rep.metrics;
+            summary.last_step = m.step;
+            summary.final_loss = m.loss;
+            if (!std::isfinite(m.loss)) {
+                step_error = "the loss became " + std::to_string(m.loss) + " at step " +
+                             std::to_string(m.step) +
+                             "; lower train.optimizer.lr or set train.clip";
+                return false;
+            }
+            bool go_on = true;
+            if (options.on_step) {
+                // The caller's exceptions end the run here, inside the library, not in an actor.
+                try {
+                    go_on = options.on_step(to_info(m));
+                } catch (const std::exception& e) {
+                    callback_error = std::string("the step callback threw: ") + e.what();
+                    return false;
+                } catch (...) {
+                    callback_error = "the step callback threw";
+                    return false;
+                }
+            }
+            if (!go_on && m.step < last) summary.stopped = true;
+            bool periodic = p.train.checkpoint.every > 0 && m.step % p.train.checkpoint.every == 0;
+            if (!save_dir.empty() && (periodic || m.step == last || !go_on)) {
+                job.gather(*whole);
+                step_error = models::save_checkpoint(save_dir, *whole, m.step, seed);
+                if (!step_error.empty()) return false;
+                summary.checkpoint_dir = save_dir;
+            }
+            return go_on;
+        };
+        error = job.run(jo);
+        if (error.empty()) error = callback_error;
+        if (error.empty()) error = step_error;
+        if (!error.empty()) return Status::error(error);
+        job.gather(*whole);
+        impl_->trained_program = std::make_unique<Program>(p);
+        impl_->trained = std::move(whole);
+        return summary;
+    });
+}
+
+Result<EvalFigures> Script::evaluate(const std::string& data_file, const std::string& weights) {
+    return embed::guarded([&]() -> Result<EvalFigures> {
+        lang::CheckResult checked = impl_->run_check();
+        if (!checked.ok()) return embed::check_failed(checked);
+        const Program& p = *checked.program;
+        std::unique_ptr<models::Model> loaded;
+        models::Model* model = nullptr;
+        if (!weights.empty()) {
+            std::string error = embed::load_model(p, weights, loaded);
+            if (!error.empty()) return Status::error(error);
+            model = loaded.get();
+        } else if (impl_->trained) {
+            model = impl_->trained.get();
+        } else {
+            return Status::error("no weights to evaluate: train() first or give a checkpoint "
+                                 "folder");
+        }
+        DataSpec spec;
+        spec.path = data_file;
+        spec.format =
+            fs::path(data_file).extension() == ".bin" ? DataFormat::tokens : DataFormat::text;
+        models::TokenData data;
+        std::string error = models::load_data(spec, model->spec(), data);
+        if (!error.empty()) return Status::error(error);
+        if (data.eval_windows(model->spec().context) == 0)
+            return Status::error("`" + data_file + "` is shorter than one window of " +
+                                 std::to_string(model->spec().context + 1) + " tokens");
+        models::EvalResult r = models::evaluate(*model, data);
+        EvalFigures f;
+        f.loss = r.loss;
+        f.tokens = r.tokens;
+        f.perplexity = std::exp(r.loss);
+        return f;
+    });
+}
+
+Result<std::vector<std::string>> Script::generate(const std::vector<std::string>& prompts,
+                                                  const GenerateOptions& options) {
+    return embed::guarded([&]() -> Result<std::vector<std::string>> {
+        try {
+            lang::CheckResult checked = impl_->run_check();
+            if (!checked.ok()) return embed::check_failed(checked);
+            const Program* p = &*checked.program;
+            std::unique_ptr<models::Model> loaded;
+            const models::Model* model = nullptr;
+            if (!options.weights.empty()) {
+                std::string error = embed::load_model(*p, options.weights, loaded);
+                if (!error.empty()) return Status::error(error);
+                model = loaded.get();
+            } else if (impl_->trained) {
+                model = impl_->trained.get();
+                // Changed overrides may describe another model: then the trained one's program.
+                if (!same_model(p->model, impl_->trained_program->model))
+                    p = impl_->trained_program.get();
+            } else {
+                return Status::error("no weights to generate with: train() first or give "
+                                     "GenerateOptions::weights");
+            }
+            if (p->model.vocab != 256)
+                return Status::error("prompts are read as bytes, which needs a vocabulary of 256; "
+                                     "the model has " +
+                                     std::to_string(p->model.vocab));
+            if (prompts.empty()) return std::vector<std::string>{};
+            plan::PlanResult planned = plan::lower(*p);
+            if (!planned.ok())
+                return Status::error(plan::render_errors(impl_->path, planned.errors));
+            GenerateSpec gen = p->generate;
+            if (options.temperature >= 0) gen.temperature = options.temperature;
+            if (options.top_k >= 0) gen.top_k = options.top_k;
+            if (options.max_tokens >= 0) gen.max_tokens = options.max_tokens;
+            std::vector<std::vector<int32_t>> tokens;
+            for (const auto& s : prompts) {
+                std::vector<int32_t> t;
+                for (char c : s) t.push_back(static_cast<int32_t>(static_cast<unsigned char>(c)));
+                tokens.push_back(std::move(t));
+            }
+            runtime::Generator generator(*p, *planned.graph, *model);
+            std::function<void(size_t, int32_t)> on_token;
+            if (options.on_text)
+                on_token = [&](size_t row, int32_t t) {
+                    options.on_text(row, std::string(1, static_cast<char>(t)));
+                };
+            auto out =
+                generator.generate(tokens, gen, static_cast<uint64_t>(p->train.seed), on_token);
+            std::vector<std::string> texts;
+            for (const auto& t : out) {
+                std::string s;
+                for (int32_t c : t) s.push_back(static_cast<char>(c));
+                texts.push_back(std::move(s));
+            }
+            return texts;
+        } catch (const std::invalid_argument& e) {
+            return Status::error(e.what()); // a prompt the model cannot take
+        }
+    });
+}
+
+} // namespace dist
