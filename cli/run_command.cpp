@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <ostream>
 #include <unistd.h>
 
@@ -67,11 +68,16 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
         return 1;
     }
     const uint64_t seed = static_cast<uint64_t>(p.train.seed);
-    // The whole model: what checkpoints are read into and consolidated from.
-    models::Model whole(p.model, seed, p.schedule.recompute);
+    // The whole model: what checkpoints are read into and consolidated from, made only when a
+    // checkpoint or a sample needs it (it doubles the parameters' memory).
+    std::optional<models::Model> whole_model;
+    auto whole = [&]() -> models::Model& {
+        if (!whole_model) whole_model.emplace(p.model, seed, p.schedule.recompute);
+        return *whole_model;
+    };
     int64_t first = 0;
-    if (!r.resume.empty()) error = models::load_training_state(r.resume, whole, first);
-    if (!r.load.empty()) error = models::load_weights(r.load, whole);
+    if (!r.resume.empty()) error = models::load_training_state(r.resume, whole(), first);
+    if (!r.load.empty()) error = models::load_weights(r.load, whole());
     if (!error.empty()) {
         err << "error: " << error << "\n";
         return 1;
@@ -103,7 +109,7 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
     }
 
     runtime::Job job(p, graph, data);
-    if (!r.resume.empty() || !r.load.empty()) job.scatter(whole);
+    if (!r.resume.empty() || !r.load.empty()) job.scatter(whole());
     bool tty = r.progress && ::isatty(STDERR_FILENO);
     double elapsed = 0.0;
     out << "training " << model_label(p) << " (" << p.model.parameters << " parameters) on "
@@ -135,8 +141,8 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
             err << line << "\n";
         bool periodic = p.train.checkpoint.every > 0 && m.step % p.train.checkpoint.every == 0;
         if (!save_dir.empty() && (periodic || m.step == last)) {
-            job.gather(whole);
-            step_error = models::save_checkpoint(save_dir, whole, m.step, seed);
+            job.gather(whole());
+            step_error = models::save_checkpoint(save_dir, whole(), m.step, seed);
             if (!step_error.empty()) return false;
         }
         return true;
@@ -176,11 +182,11 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
         }
     }
     if (r.sample_tokens > 0) {
-        job.gather(whole);
+        job.gather(whole());
         GenerateSpec gen = p.generate;
         gen.max_tokens = r.sample_tokens;
         std::vector<int32_t> tokens = {'\n'};
-        models::sample(whole, gen, seed, tokens);
+        models::sample(whole(), gen, seed, tokens);
         std::string text(tokens.begin() + 1, tokens.end());
         for (char& c : text)
             if ((c < 32 && c != '\n' && c != '\t') || c == 127) c = '?';

@@ -212,6 +212,11 @@ Job::~Job() = default;
 std::string Job::run(const JobOptions& options) {
     caf::actor_system_config cfg;
     cfg.add_message_type<StepOutcome>("StepOutcome");
+    // The workers are detached (a thread each); the scheduler runs only the coordinator. One
+    // thread that sleeps on a queue, not work-stealing threads that poll: on a small machine
+    // polling threads take the cores the ranks compute on.
+    cfg.set("scheduler.policy", caf::atom("sharing"));
+    cfg.set("scheduler.max-threads", size_t{1});
     caf::actor_system sys{cfg};
     int cores = std::max(1, omp_get_num_procs());
     int threads = std::max(1, cores / static_cast<int>(executors_.size()));
