@@ -174,6 +174,22 @@ const ReplEvaluation& ReplSession::current(bool simulate) {
     return current_;
 }
 
+const plan::Graph* ReplSession::current_graph() {
+    const ReplEvaluation& ev = current(false);
+    if (ev.graph) return &*ev.graph;
+    out_.flush();
+    err_ << ev.error;
+    return nullptr;
+}
+
+const sim::Timeline* ReplSession::current_timeline() {
+    const ReplEvaluation& ev = current(true);
+    if (ev.timeline) return &*ev.timeline;
+    out_.flush();
+    err_ << ev.error;
+    return nullptr;
+}
+
 void ReplSession::error(const std::string& message, const std::string& hint) {
     out_.flush();
     err_ << "error: " << message << "\n";

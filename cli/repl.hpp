@@ -69,6 +69,9 @@ class ReplSession {
     void finish(ReplEvaluation& ev, bool simulate) const;
     /// The current program's plan and timeline, computed on first use after a change.
     const ReplEvaluation& current(bool simulate);
+    /// The current plan (or timeline); null after printing why there is none.
+    const plan::Graph* current_graph();
+    const sim::Timeline* current_timeline();
     /// Other values to try with KEY=VALUE when it does not check alone: for a mesh axis of a
     /// script that writes its device count, the data-parallel size that keeps the device count,
     /// or the device count (and hosts) that the new axes make. Also the virtual stages that a

@@ -250,13 +250,9 @@ idle_of(const sim::Timeline& t, const Explainer& ex, int32_t rank) {
 } // namespace
 
 void ReplSession::cmd_explain() {
-    const ReplEvaluation& ev = current(true);
-    if (!ev.timeline) {
-        out_.flush();
-        err_ << ev.error;
-        return;
-    }
-    const sim::Timeline& t = *ev.timeline;
+    const sim::Timeline* timeline = current_timeline();
+    if (!timeline) return;
+    const sim::Timeline& t = *timeline;
     const plan::Graph& g = t.graph;
     Explainer ex(t);
     explain_critical_path(t, ex, out_);

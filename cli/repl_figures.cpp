@@ -56,27 +56,19 @@ std::vector<std::string> split_values(const std::string& text) {
 } // namespace
 
 void ReplSession::cmd_plan() {
-    const ReplEvaluation& ev = current(false);
-    if (!ev.graph) {
-        out_.flush();
-        err_ << ev.error;
-        return;
-    }
+    const plan::Graph* graph = current_graph();
+    if (!graph) return;
     // The checker's summary, less its schedule line: the plan shows the real partition.
     std::istringstream summary(lang::summary(*program_));
     for (std::string line; std::getline(summary, line);)
         if (line.rfind("schedule ", 0) != 0) out_ << line << "\n";
-    out_ << plan::print(*ev.graph);
+    out_ << plan::print(*graph);
 }
 
 void ReplSession::cmd_sim() {
-    const ReplEvaluation& ev = current(true);
-    if (!ev.timeline) {
-        out_.flush();
-        err_ << ev.error;
-        return;
-    }
-    const sim::Timeline& t = *ev.timeline;
+    const sim::Timeline* timeline = current_timeline();
+    if (!timeline) return;
+    const sim::Timeline& t = *timeline;
     out_ << sim::text_report(t);
     const sim::RankReport& top = fullest(t);
     out_ << "peak memory " << bytes_text(top.peak_memory_bytes) << " on rank " << top.rank
@@ -85,13 +77,9 @@ void ReplSession::cmd_sim() {
 }
 
 void ReplSession::cmd_memory() {
-    const ReplEvaluation& ev = current(true);
-    if (!ev.timeline) {
-        out_.flush();
-        err_ << ev.error;
-        return;
-    }
-    const sim::Timeline& t = *ev.timeline;
+    const sim::Timeline* timeline = current_timeline();
+    if (!timeline) return;
+    const sim::Timeline& t = *timeline;
     char buf[256];
     std::snprintf(buf, sizeof buf, "%-13s %10s %10s %10s %11s %10s %10s\n", "", "weights",
                   "gradients", "optimizer", "activations", "buffers", "peak");
@@ -155,13 +143,9 @@ void ReplSession::cmd_write(const std::string& what, const std::string& path) {
               what == "svg" ? "for example `svg step.svg`" : "for example `trace step.json`");
         return;
     }
-    const ReplEvaluation& ev = current(true);
-    if (!ev.timeline) {
-        out_.flush();
-        err_ << ev.error;
-        return;
-    }
-    std::string text = what == "svg" ? sim::svg(*ev.timeline) : sim::chrome_trace(*ev.timeline);
+    const sim::Timeline* timeline = current_timeline();
+    if (!timeline) return;
+    std::string text = what == "svg" ? sim::svg(*timeline) : sim::chrome_trace(*timeline);
     if (std::string e = models::write_file_atomically(path, {text}); !e.empty()) {
         error(e);
         return;

@@ -35,16 +35,12 @@ void ReplSession::cmd_run(const std::string& args) {
         error("`run` takes a number of steps", "for example `run 5`");
         return;
     }
-    const ReplEvaluation& ev = current(true);
-    if (!ev.timeline) {
-        out_.flush();
-        err_ << ev.error;
-        return;
-    }
+    const sim::Timeline* timeline = current_timeline();
+    if (!timeline) return;
     // Copies: the job keeps references to them while it runs.
     const Program p = *program_;
-    const plan::Graph graph = *ev.graph;
-    const sim::Timeline predicted = *ev.timeline;
+    const plan::Graph graph = timeline->graph;
+    const sim::Timeline predicted = *timeline;
     double need = train_bytes_per_parameter * static_cast<double>(p.model.parameters);
     double have = physical_memory_bytes();
     if (graph.ranks.size() > static_cast<size_t>(max_run_ranks) || (have > 0 && need > have / 2)) {

@@ -93,16 +93,7 @@ std::string version() {
 
 std::vector<std::string> default_search_roots() {
     std::vector<std::string> roots;
-    if (const char* env = std::getenv("DIST_PATH")) {
-        std::string s(env);
-        size_t start = 0;
-        while (start <= s.size()) {
-            size_t end = s.find(':', start);
-            if (end == std::string::npos) end = s.size();
-            if (end > start) embed::add_existing(roots, s.substr(start, end - start));
-            start = end + 1;
-        }
-    }
+    for (const fs::path& dir : lang::dist_path_roots()) embed::add_existing(roots, dir);
     fs::path lib = embed::library_dir();
     if (!lib.empty()) embed::add_existing(roots, lib.parent_path() / "share" / "dist" / "stdlib");
     embed::add_existing(roots, DIST_INSTALL_STDLIB);

@@ -12,7 +12,7 @@ namespace fs = std::filesystem;
 
 namespace dist::lang {
 
-std::vector<fs::path> default_search_roots() {
+std::vector<fs::path> dist_path_roots() {
     std::vector<fs::path> roots;
     if (const char* env = std::getenv("DIST_PATH")) {
         std::string s(env);
@@ -24,6 +24,11 @@ std::vector<fs::path> default_search_roots() {
             start = end + 1;
         }
     }
+    return roots;
+}
+
+std::vector<fs::path> default_search_roots() {
+    std::vector<fs::path> roots = dist_path_roots();
     std::error_code ec;
     fs::path exe = fs::read_symlink("/proc/self/exe", ec);
     if (!ec) {

@@ -36,6 +36,8 @@ struct CheckResult {
 
 /// DIST_PATH entries, then the stdlib installed beside the executable, then the source tree's.
 std::vector<std::filesystem::path> default_search_roots();
+/// The folders of the DIST_PATH environment variable (colon-separated), in order.
+std::vector<std::filesystem::path> dist_path_roots();
 
 CheckResult check_file(const std::filesystem::path& path, const FrontendOptions& options);
 

@@ -184,7 +184,7 @@ class RankExecutor::Reducer {
 RankExecutor::RankExecutor(const Program& program, const plan::Graph& graph, int32_t rank,
                            RankComms comms)
     : program_(program), graph_(graph), rank_(rank), me_(graph.ranks.at(static_cast<size_t>(rank))),
-      comms_(comms) {
+      comms_(comms), tied_name_(tied_embedding(program.model)) {
     for (const auto& a : me_.actions)
         if (plan::is_compute(a.kind) && !stages_.count(a.stage))
             stages_.emplace(
@@ -339,7 +339,7 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
 }
 
 void RankExecutor::sum_tied_gradients() {
-    std::string name = tied_embedding(program_.model);
+    const std::string& name = tied_name_;
     if (name.empty() || graph_.num_stages() < 2) return;
     std::vector<models::Parameter*> held;
     for (auto& [i, s] : stages_)
@@ -358,7 +358,6 @@ void RankExecutor::sum_tied_gradients() {
 }
 
 double RankExecutor::gradient_norm() {
-    std::string tied = tied_embedding(program_.model);
     double sq = 0.0;
     for (auto& [i, s] : stages_) {
         const auto& copies = s->stage.tied_copies();

@@ -104,6 +104,7 @@ class RankExecutor {
     int32_t rank_;
     plan::PlanRank me_;
     RankComms comms_;
+    std::string tied_name_; // the embedding a tied head shares, or ""
     std::map<int32_t, std::unique_ptr<StageState>> stages_;
     std::unique_ptr<Reducer> reducer_;
     kernels::Tensor tokens_, targets_; // this dp rank's rows of the step's batch

@@ -200,8 +200,7 @@ coordinator_actor::behavior_type coordinator(coordinator_pointer self, Coordinat
 
 Job::Job(const Program& program, const plan::Graph& graph, const models::TokenData& data,
          CollectivesBackend backend)
-    : program_(program), graph_(graph), data_(data),
-      comms_(std::make_unique<LocalComms>(graph, backend)) {
+    : program_(program), data_(data), comms_(std::make_unique<LocalComms>(graph, backend)) {
     for (const auto& r : graph.ranks)
         executors_.push_back(
             std::make_unique<RankExecutor>(program, graph, r.rank, comms_->for_rank(r.rank)));

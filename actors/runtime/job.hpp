@@ -63,7 +63,6 @@ class Job {
 
   private:
     const Program& program_;
-    const plan::Graph& graph_;
     const models::TokenData& data_;
     std::unique_ptr<LocalComms> comms_;
     std::vector<std::unique_ptr<RankExecutor>> executors_;

@@ -199,12 +199,11 @@ TEST(Failure, ARankThatThrowsMidStepEndsTheRunWithItsRankActionAndCause) {
     o.end_step = 3;
     int steps = 0;
     o.on_step = [&](const runtime::StepReport&) { return ++steps, true; };
-    auto start = std::chrono::steady_clock::now();
+    // No rank may stay blocked on the failed one: run() returning at all is the point (a hang
+    // would end at the test's ctest timeout).
     std::string result = job.run(o);
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_EQ(result, "rank 3 in 1B1: planted fault");
     EXPECT_EQ(steps, 1); // the first step completed and was reported; the second was not
-    EXPECT_LT(secs, 10.0);
 }
 
 TEST(Failure, TheWatchdogReportsWhatEveryRankIsWaitingFor) {
