@@ -38,8 +38,15 @@ struct RunOptions {
     int64_t sample_tokens = 0; // print this many sampled tokens at the end
     std::string trace;         // the last step as it ran, Chrome trace-event JSON ("" for none)
 };
-/// Trains the script's model for real on its mesh (one worker actor per rank, in this process).
+/// Trains the script's model for real on its mesh (one worker actor per rank). Within a job of
+/// several processes (DIST_RANK / DIST_WORLD_SIZE, Slurm or mpirun in the environment), this
+/// process's share of the ranks, with process 0 coordinating.
 int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, std::ostream& err);
+/// `dist run --procs N`: runs `args` (argv[0] first, without --procs) as N processes of one job
+/// on this host, forwarding their output with a "[i] " prefix; the exit status is the first
+/// failing process's (0 when all succeed).
+int launch_local(int procs, const std::vector<std::string>& args, std::ostream& out,
+                 std::ostream& err);
 /// The mean next-token loss of the weights in `load` over a data file.
 /// Continues prompts (given, or read one per line from `in`) with the model in `load`, on the
 /// script's mesh; the text goes to `out` as it is produced, tokens per second to `err`.

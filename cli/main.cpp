@@ -62,6 +62,10 @@ int main(int argc, char** argv) {
     run->add_flag("--quiet", quiet, "no progress line");
     run->add_option("--trace", run_options.trace,
                     "write the last step as it ran, a Chrome trace like `dist sim --trace`");
+    int procs = 0;
+    run->add_option("--procs", procs,
+                    "start this many processes on this host, the ranks divided among them")
+        ->check(CLI::Range(1, 1024));
 
     std::string generate_load, tokenizer;
     std::vector<std::string> prompts;
@@ -115,6 +119,20 @@ int main(int argc, char** argv) {
     if (*eval) return dist::cli::run_eval(common, eval_load, eval_data, json, std::cout, std::cerr);
     if (*repl) return dist::cli::run_repl(repl_file, repl_overrides, echo);
     if (*run) {
+        if (procs > 0) {
+            // The same command line without --procs, for each process.
+            std::vector<std::string> args;
+            for (int i = 0; i < argc; ++i) {
+                std::string a = argv[i];
+                if (a == "--procs") {
+                    ++i;
+                    continue;
+                }
+                if (a.rfind("--procs=", 0) == 0) continue;
+                args.push_back(a);
+            }
+            return dist::cli::launch_local(procs, args, std::cout, std::cerr);
+        }
         run_options.progress = !quiet;
         return dist::cli::run_train(common, run_options, std::cout, std::cerr);
     }

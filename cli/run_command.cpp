@@ -3,6 +3,7 @@
 // consolidated checkpoints, a trace of the real execution and its bubble beside the simulated.
 #include "cli/planned.hpp"
 
+#include "actors/plan/graph_json.hpp"
 #include "actors/plan/lower.hpp"
 #include "actors/runtime/job.hpp"
 #include "actors/runtime/measured.hpp"
@@ -12,12 +13,17 @@
 #include "models/atomic_file.hpp"
 #include "models/checkpoint.hpp"
 #include "models/trainer.hpp"
+#include "transport/launch.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <optional>
 #include <ostream>
 #include <unistd.h>
@@ -49,6 +55,79 @@ std::string progress_line(const models::StepMetrics& m, int64_t last, double eta
     return line;
 }
 
+// FNV-1a of the bytes: the plan's digest, compared between the processes of a job.
+std::string digest_of(const std::string& bytes) {
+    uint64_t h = 1469598103934665603ULL;
+    for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ULL;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    return hex;
+}
+
+const char* env(const char* name) {
+    const char* v = std::getenv(name);
+    return v && *v ? v : nullptr;
+}
+
+// This process's place in a job of several, from the launcher's environment; nullopt for a
+// job of one process. `error` says what is wrong with the environment.
+std::optional<runtime::ClusterOptions>
+cluster_from_environment(const CommonOptions& o, const plan::Graph& graph, std::string& error) {
+    std::optional<transport::LaunchInfo> launch =
+        transport::detect_launch([](const char* n) { return std::getenv(n); }, error);
+    if (!launch || launch->world_size <= 1) return std::nullopt;
+    runtime::ClusterOptions c;
+    c.process = launch->rank;
+    c.processes = launch->world_size;
+    c.host = launch->coordinator_host;
+    c.port = static_cast<uint16_t>(launch->coordinator_port);
+    // Processes on this host, to share its cores.
+    for (const char* name :
+         {"DIST_LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"})
+        if (const char* v = env(name)) {
+            c.local_processes = std::max(1, std::atoi(v));
+            break;
+        }
+    if (const char* t = env("DIST_JOB_TOKEN"))
+        c.token = t;
+    else if (const char* f = env("DIST_JOB_TOKEN_FILE")) {
+        std::ifstream in(f);
+        if (!in || !std::getline(in, c.token) || c.token.empty()) {
+            error = std::string("DIST_JOB_TOKEN_FILE: cannot read a token from `") + f + "`";
+            return std::nullopt;
+        }
+    }
+    // Every process must run the same plan of the same script with the same overrides.
+    std::ifstream script(o.file, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(script)), std::istreambuf_iterator<char>());
+    for (const auto& s : o.overrides) bytes += "\n--set " + s;
+    c.digest = digest_of(plan::to_json(graph).dump() + bytes);
+    c.log = [](const std::string& line) { std::cerr << "dist: " << line << "\n" << std::flush; };
+    return c;
+}
+
+// The step's traffic with other processes, for the metrics line.
+nlohmann::json traffic_json(const std::vector<runtime::RankTraffic>& traffic) {
+    nlohmann::json by_rank = nlohmann::json::array();
+    uint64_t total = 0;
+    for (size_t r = 0; r < traffic.size(); ++r) {
+        const auto& t = traffic[r];
+        nlohmann::json j = {{"rank", r}};
+        const char* kinds[2] = {"activations", "gradients"};
+        for (size_t d = 0; d < 2; ++d) {
+            j[std::string("sent_") + kinds[d]] = {{"messages", t.sent[d].messages},
+                                                  {"bytes", t.sent[d].bytes},
+                                                  {"seconds", t.sent[d].seconds}};
+            j[std::string("received_") + kinds[d]] = {{"messages", t.received[d].messages},
+                                                      {"bytes", t.received[d].bytes},
+                                                      {"wait_seconds", t.received[d].seconds}};
+            total += t.sent[d].bytes;
+        }
+        by_rank.push_back(j);
+    }
+    return {{"bytes", total}, {"by_rank", by_rank}};
+}
+
 } // namespace
 
 int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, std::ostream& err) {
@@ -61,8 +140,16 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
     const Program& p = plan->program;
     const plan::Graph& graph = plan->graph;
     if (!runs_here(p, err)) return 1;
+    std::string error;
+    std::optional<runtime::ClusterOptions> cluster = cluster_from_environment(o, graph, error);
+    if (!error.empty()) {
+        err << "error: " << error << "\n";
+        return 2;
+    }
+    // Only process 0 of a job of several writes: metrics, checkpoints, traces, the console.
+    const bool lead = !cluster || cluster->process == 0;
     models::TokenData data;
-    std::string error = models::load_data(p.train.data, p.model, data);
+    error = models::load_data(p.train.data, p.model, data);
     if (!error.empty()) {
         err << "error: " << error << "\n";
         return 1;
@@ -89,14 +176,14 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
         return 1;
     }
     std::ofstream metrics;
-    if (!r.metrics.empty()) {
+    if (!r.metrics.empty() && lead) {
         metrics.open(r.metrics, first > 0 ? std::ios::app : std::ios::trunc);
         if (!metrics) {
             err << "error: cannot write `" << r.metrics << "`: " << std::strerror(errno) << "\n";
             return 1;
         }
     }
-    const std::string save_dir = !r.save.empty() ? r.save : p.train.checkpoint.dir;
+    const std::string save_dir = !lead ? "" : !r.save.empty() ? r.save : p.train.checkpoint.dir;
     if (!save_dir.empty()) {
         // Find out now, not after hours of training, that the folder cannot be written.
         std::error_code ec;
@@ -108,14 +195,37 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
         }
     }
 
-    runtime::Job job(p, graph, data);
+    std::optional<runtime::Job> job_storage;
+    try {
+        if (cluster)
+            job_storage.emplace(p, graph, data, *cluster);
+        else
+            job_storage.emplace(p, graph, data);
+    } catch (const std::exception& e) {
+        err << "error: " << e.what() << "\n";
+        return 1;
+    }
+    runtime::Job& job = *job_storage;
     if (!r.resume.empty() || !r.load.empty()) job.scatter(whole());
+    if (!lead) {
+        // Serve this process's ranks until the coordinator ends the job.
+        runtime::JobOptions jo;
+        jo.first_step = first;
+        jo.end_step = last;
+        error = job.run(jo);
+        if (!error.empty()) {
+            err << "error: " << error << "\n";
+            return 1;
+        }
+        return 0;
+    }
     bool tty = r.progress && ::isatty(STDERR_FILENO);
     double elapsed = 0.0;
     out << "training " << model_label(p) << " (" << p.model.parameters << " parameters) on "
         << (first > 0 ? "steps " + std::to_string(first + 1) + " to " : "steps 1 to ") << last
         << ", " << p.train.batch << " x " << p.model.context << " tokens each, on "
-        << mesh_label(p, graph) << "\n"
+        << mesh_label(p, graph)
+        << (cluster ? ", in " + std::to_string(cluster->processes) + " processes" : "") << "\n"
         << std::flush;
     std::string step_error;
     runtime::StepReport last_report;
@@ -131,7 +241,15 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
             return false;
         }
         elapsed += m.step_time_s;
-        if (metrics) metrics << models::metrics_json(m) << "\n" << std::flush;
+        if (metrics) {
+            if (cluster) {
+                nlohmann::json j = nlohmann::json::parse(models::metrics_json(m));
+                j["p2p"] = traffic_json(rep.traffic);
+                metrics << j.dump() << "\n" << std::flush;
+            } else {
+                metrics << models::metrics_json(m) << "\n" << std::flush;
+            }
+        }
         double eta =
             elapsed / static_cast<double>(m.step - first) * static_cast<double>(last - m.step);
         std::string line = progress_line(m, last, eta);
@@ -140,8 +258,16 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
         else if (r.progress && (m.step == first + 1 || m.step % 10 == 0 || m.step == last))
             err << line << "\n";
         bool periodic = p.train.checkpoint.every > 0 && m.step % p.train.checkpoint.every == 0;
-        if (!save_dir.empty() && (periodic || m.step == last)) {
-            job.gather(whole());
+        bool checkpoint = !save_dir.empty() && (periodic || m.step == last);
+        // Across processes the others' parameters can be gathered only while the job runs.
+        bool sample_later = cluster && r.sample_tokens > 0 && m.step == last;
+        try {
+            if (checkpoint || sample_later) job.gather(whole());
+        } catch (const std::exception& e) {
+            step_error = e.what();
+            return false;
+        }
+        if (checkpoint) {
             step_error = models::save_checkpoint(save_dir, whole(), m.step, seed);
             if (!step_error.empty()) return false;
         }
@@ -182,7 +308,7 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
         }
     }
     if (r.sample_tokens > 0) {
-        job.gather(whole());
+        if (!cluster) job.gather(whole());
         GenerateSpec gen = p.generate;
         gen.max_tokens = r.sample_tokens;
         std::vector<int32_t> tokens = {'\n'};

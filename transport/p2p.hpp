@@ -47,6 +47,10 @@ class PointToPoint {
     virtual void send(int peer, const P2PTag& tag, const kernels::Tensor& t) = 0;
     /// The tensor `peer` sent under `tag`, waiting for it if needed.
     virtual kernels::Tensor recv(int peer, const P2PTag& tag) = 0;
+    /// Waits until every send has been delivered, where delivery needs this endpoint's help
+    /// (a transfer between processes moves on only while its sender's thread is inside the
+    /// endpoint): the end of a rank's step calls it.
+    virtual void flush() {}
 };
 
 /// Mailboxes shared by the ranks of one process.

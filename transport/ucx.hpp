@@ -95,7 +95,7 @@ class UcxEndpoint : public PointToPoint {
     /// message waits unmatched.)
     virtual void post_recv(int peer, const P2PTag& tag) = 0;
     /// Waits (up to the timeout) until every send has completed.
-    virtual void flush() = 0;
+    void flush() override = 0;
     /// Fails every waiting and later call with `why`; callable from any thread.
     virtual void abort(const std::string& why) = 0;
     /// From the endpoint's own thread.

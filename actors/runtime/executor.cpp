@@ -244,6 +244,7 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
         result.timings.push_back({i, since(t0), since(clock::now())});
         ++progress_;
     }
+    comms_.p2p->flush(); // sends to other processes complete before the step is over
     {
         std::lock_guard lock(current_mutex_);
         current_.clear();

@@ -1,19 +1,43 @@
-// job.cpp: the coordinator and worker actors (CAF 0.17) around the rank executors.
+// job.cpp: the coordinator, worker and member actors (CAF 0.17) around the rank executors, and
+// the control plane between processes (CAF's middleman).
 #include "actors/runtime/job.hpp"
 
+#include <arpa/inet.h>
 #include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <netdb.h>
 #include <omp.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
+#include <future>
+#include <map>
+#include <set>
+#include <stdexcept>
 #include <thread>
 
 namespace dist::runtime {
 
 namespace {
 
+// The control plane's protocol: a peer that speaks another is refused at hello.
+constexpr int32_t protocol_version = 1;
+
 using run_atom = caf::atom_constant<caf::atom("run")>;
 using start_atom = caf::atom_constant<caf::atom("start")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using hello_atom = caf::atom_constant<caf::atom("hello")>;
+using worker_atom = caf::atom_constant<caf::atom("worker")>;
+using ready_atom = caf::atom_constant<caf::atom("ready")>;
+using beat_atom = caf::atom_constant<caf::atom("beat")>;
+using set_atom = caf::atom_constant<caf::atom("store_set")>;
+using get_atom = caf::atom_constant<caf::atom("store_get")>;
+using abort_atom = caf::atom_constant<caf::atom("abort")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+using gather_atom = caf::atom_constant<caf::atom("gather")>;
+using ok_atom = caf::atom_constant<caf::atom("ok")>;
 
 /// A worker's answer to "run step s".
 struct StepOutcome {
@@ -24,20 +48,55 @@ struct StepOutcome {
     int64_t loss_microbatches = 0;
     double grad_norm = 0, lr = 0, step_time_s = 0;
     std::vector<double> timings; // (action index, start, end) triples
+    /// This step's traffic with other processes: per direction, sent (messages, bytes,
+    /// seconds) then received (messages, bytes, seconds).
+    std::vector<double> traffic;
 };
 
 template <class Inspector> typename Inspector::result_type inspect(Inspector& f, StepOutcome& x) {
     return f(caf::meta::type_name("StepOutcome"), x.rank, x.ok, x.action, x.cause, x.loss_sum,
-             x.loss_microbatches, x.grad_norm, x.lr, x.step_time_s, x.timings);
+             x.loss_microbatches, x.grad_norm, x.lr, x.step_time_s, x.timings, x.traffic);
+}
+
+std::vector<double> encode(const RankTraffic& t) {
+    std::vector<double> v;
+    for (size_t d = 0; d < 2; ++d)
+        for (const auto* x : {&t.sent[d], &t.received[d]})
+            v.insert(v.end(),
+                     {static_cast<double>(x->messages), static_cast<double>(x->bytes), x->seconds});
+    return v;
+}
+
+RankTraffic decode(const std::vector<double>& v) {
+    RankTraffic t;
+    if (v.size() != 12) return t;
+    size_t i = 0;
+    for (size_t d = 0; d < 2; ++d)
+        for (auto* x : {&t.sent[d], &t.received[d]}) {
+            x->messages = static_cast<uint64_t>(v[i++]);
+            x->bytes = static_cast<uint64_t>(v[i++]);
+            x->seconds = v[i++];
+        }
+    return t;
+}
+
+RankTraffic minus(const RankTraffic& a, const RankTraffic& b) {
+    RankTraffic t = a;
+    for (size_t d = 0; d < 2; ++d)
+        for (auto [x, y] : {std::pair{&t.sent[d], &b.sent[d]}, {&t.received[d], &b.received[d]}}) {
+            x->messages -= y->messages;
+            x->bytes -= y->bytes;
+            x->seconds -= y->seconds;
+        }
+    return t;
 }
 
 // The contract between the coordinator and the workers.
 using worker_actor = caf::typed_actor<caf::replies_to<run_atom, int64_t>::with<StepOutcome>>;
-using coordinator_actor =
-    caf::typed_actor<caf::replies_to<start_atom>::with<std::string>, caf::reacts_to<tick_atom>>;
 
 worker_actor::behavior_type worker(worker_actor::pointer, RankExecutor* ex,
-                                   const models::TokenData* data, int threads) {
+                                   const models::TokenData* data, int threads, LocalComms* comms) {
+    auto last = std::make_shared<RankTraffic>();
     return {[=](run_atom, int64_t step) -> StepOutcome {
         // The worker's share of the cores (an OpenMP setting of this thread only).
         omp_set_num_threads(threads);
@@ -54,6 +113,9 @@ worker_actor::behavior_type worker(worker_actor::pointer, RankExecutor* ex,
             for (const auto& t : r.timings)
                 o.timings.insert(o.timings.end(),
                                  {static_cast<double>(t.action), t.start_s, t.end_s});
+            RankTraffic now = comms->traffic(ex->rank());
+            o.traffic = encode(minus(now, *last));
+            *last = now;
         } catch (const std::exception& e) {
             o.action = ex->current_action();
             o.cause = e.what();
@@ -65,37 +127,137 @@ worker_actor::behavior_type worker(worker_actor::pointer, RankExecutor* ex,
     }};
 }
 
+// A process other than 0, as the coordinator knows it.
+struct Member {
+    caf::actor actor;
+    std::string host;
+    int32_t pid = 0;
+    bool ready = false;
+    std::chrono::steady_clock::time_point last_beat;
+    uint64_t progress = 0;
+    std::string actions; // "rank 4 in 1F3; rank 5 finished its step"
+};
+
 struct CoordinatorState {
-    std::vector<worker_actor> workers;
-    std::vector<RankExecutor*> executors;
-    LocalComms* comms = nullptr;
-    JobOptions options;
-    int64_t tokens_per_step = 0;
+    Job::Net* net = nullptr;
+    std::vector<worker_actor> workers; // by rank
+    std::map<int32_t, Member> members; // by process
+    std::set<caf::node_id> accepted;   // nodes whose messages are heard
+    bool own_ready = false;
+    bool start_requested = false, started = false;
+    std::chrono::steady_clock::time_point created;
+    std::map<std::string, std::string> store;
+    std::map<std::string, std::vector<caf::response_promise>> waiting;
     int64_t step = 0;
     size_t pending = 0;
     std::vector<StepOutcome> replies;
     std::string failure;
     bool finished = false;
-    caf::typed_response_promise<std::string> promise;
+    caf::response_promise promise;
     uint64_t last_progress = 0;
     std::chrono::steady_clock::time_point last_change;
     std::chrono::steady_clock::time_point step_start;
 };
 
-using coordinator_pointer = coordinator_actor::stateful_pointer<CoordinatorState>;
+using coordinator_pointer = caf::stateful_actor<CoordinatorState>*;
+
+} // namespace
+
+// What the actors of this process share: the actor system, the job's parts and options.
+struct Job::Net {
+    caf::actor_system_config cfg;
+    std::unique_ptr<caf::actor_system> sys;
+    caf::actor coordinator; // here (process 0) or a proxy
+    caf::actor member;      // this process's member actor (processes other than 0)
+    std::map<int32_t, caf::actor> member_actors; // process 0: the others' (by the coordinator)
+    std::vector<int32_t> process_of;
+    ClusterOptions cluster;
+    JobOptions options;
+    LocalComms* comms = nullptr;
+    std::vector<RankExecutor*> executors; // this process's
+    int64_t tokens_per_step = 0;
+    std::promise<std::string> member_done;
+    std::atomic<bool> member_finished{false};
+    bool ran = false;
+    std::function<std::string()> gather_local; // this process's parameter shards, serialised
+    /// The job's store (UCX endpoints read peers' addresses from it when they first connect).
+    std::unique_ptr<transport::KeyValueStore> store;
+
+    ~Net() {
+        // The actor system's destructor waits for every actor: end this process's own first.
+        if (!sys) return;
+        if (coordinator && coordinator.node() == sys->node())
+            caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
+        if (member) caf::anon_send_exit(member, caf::exit_reason::user_shutdown);
+    }
+
+    std::string ranks_of(int32_t process) const {
+        std::vector<int32_t> r;
+        for (size_t i = 0; i < process_of.size(); ++i)
+            if (process_of[i] == process) r.push_back(static_cast<int32_t>(i));
+        if (r.empty()) return "no ranks";
+        if (r.size() == 1) return "rank " + std::to_string(r.front());
+        return "ranks " + std::to_string(r.front()) + "-" + std::to_string(r.back());
+    }
+};
+
+namespace {
+
+std::string local_actions(const std::vector<RankExecutor*>& executors) {
+    std::string s;
+    for (auto* ex : executors) {
+        std::string at = ex->current_action();
+        if (!s.empty()) s += "; ";
+        s += "rank " + std::to_string(ex->rank()) + " " +
+             (at.empty() ? "finished its step" : "in " + at);
+    }
+    return s;
+}
 
 void fail(coordinator_pointer self, const std::string& why) {
     auto& st = self->state;
     if (!st.failure.empty()) return;
     st.failure = why;
-    // Wake every rank blocked on a peer: they end the step with an error instead of hanging.
-    st.comms->abort(why);
+    // Wake every rank blocked on a peer, here and in every other process: they end the step
+    // with an error instead of hanging.
+    st.net->comms->abort(why);
+    for (auto& [p, m] : st.members) self->send(m.actor, abort_atom::value, why);
+}
+
+// Process `p` is gone or silent: the failure names it and what its ranks were doing.
+void lost(coordinator_pointer self, int32_t p, const std::string& how) {
+    auto& st = self->state;
+    auto it = st.members.find(p);
+    std::string who = "process " + std::to_string(p) + " (" + st.net->ranks_of(p);
+    if (it != st.members.end())
+        who += ", host " + it->second.host + ", pid " + std::to_string(it->second.pid);
+    who += ")";
+    std::string doing = it != st.members.end() && !it->second.actions.empty()
+                            ? "; last heard: " + it->second.actions
+                            : "";
+    fail(self, who + " " + how + doing);
 }
 
 void finish(coordinator_pointer self, const std::string& result) {
-    self->state.finished = true;
-    self->state.promise.deliver(result);
-    self->quit();
+    auto& st = self->state;
+    if (st.finished) return;
+    st.finished = true;
+    // Every other process hears the end and acknowledges it before this one returns (and may
+    // exit): otherwise they would see the coordinator vanish and report it lost.
+    auto remaining = std::make_shared<size_t>(st.members.size());
+    auto deliver = [self, result, remaining] {
+        if (*remaining > 0 && --*remaining > 0) return;
+        self->state.promise.deliver(result);
+        self->quit();
+    };
+    if (st.members.empty()) {
+        st.promise.deliver(result);
+        self->quit();
+        return;
+    }
+    for (auto& [p, m] : st.members)
+        self->request(m.actor, std::chrono::seconds(5), done_atom::value, result)
+            .then([deliver](ok_atom) { deliver(); }, [deliver](caf::error&) { deliver(); });
 }
 
 void start_step(coordinator_pointer self);
@@ -107,12 +269,14 @@ void step_done(coordinator_pointer self) {
     double loss = 0, secs = 0;
     int64_t n = 0;
     report.timings.resize(st.replies.size());
+    report.traffic.resize(st.replies.size());
     for (const auto& o : st.replies) {
         loss += o.loss_sum;
         n += o.loss_microbatches;
         auto& t = report.timings[static_cast<size_t>(o.rank)];
         for (size_t i = 0; i + 2 < o.timings.size(); i += 3)
             t.push_back({static_cast<size_t>(o.timings[i]), o.timings[i + 1], o.timings[i + 2]});
+        report.traffic[static_cast<size_t>(o.rank)] = decode(o.traffic);
     }
     secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - st.step_start).count();
     const StepOutcome& any = st.replies.front();
@@ -121,11 +285,12 @@ void step_done(coordinator_pointer self) {
     m.loss = n > 0 ? loss / static_cast<double>(n) : 0.0;
     m.lr = any.lr;
     m.grad_norm = any.grad_norm;
-    m.tokens = st.tokens_per_step;
+    m.tokens = st.net->tokens_per_step;
     m.step_time_s = secs;
     m.tokens_per_s = secs > 0 ? static_cast<double>(m.tokens) / secs : 0.0;
-    bool go_on = !st.options.on_step || st.options.on_step(report);
-    if (!go_on || st.step + 1 >= st.options.end_step) return finish(self, "");
+    const JobOptions& options = st.net->options;
+    bool go_on = !options.on_step || options.on_step(report);
+    if (!go_on || st.step + 1 >= options.end_step) return finish(self, "");
     ++st.step;
     start_step(self);
 }
@@ -144,6 +309,10 @@ void start_step(coordinator_pointer self) {
         };
         self->request(st.workers[i], caf::infinite, run_atom::value, st.step)
             .then(on_reply, [self, on_reply, i](caf::error& e) {
+                auto& s = self->state;
+                int32_t p = s.net->process_of[i];
+                if (p != s.net->cluster.process)
+                    lost(self, p, "was lost: " + self->system().render(e));
                 StepOutcome o;
                 o.rank = static_cast<int32_t>(i);
                 o.cause = "the worker is gone: " + self->system().render(e);
@@ -152,89 +321,539 @@ void start_step(coordinator_pointer self) {
     }
 }
 
-coordinator_actor::behavior_type coordinator(coordinator_pointer self, CoordinatorState setup) {
-    self->state = std::move(setup);
+void maybe_start(coordinator_pointer self) {
+    auto& st = self->state;
+    if (st.started || !st.start_requested || !st.own_ready) return;
+    for (auto& [p, m] : st.members)
+        if (!m.ready) return;
+    if (st.members.size() + 1 < static_cast<size_t>(st.net->cluster.processes)) return;
+    st.started = true;
+    st.step = st.net->options.first_step;
+    st.last_change = std::chrono::steady_clock::now();
+    if (st.step >= st.net->options.end_step) return finish(self, "");
+    start_step(self);
+}
+
+// Whether the message being handled comes from this process or an accepted one.
+bool heard(coordinator_pointer self) {
+    const auto& sender = self->current_sender();
+    return sender && (sender->node() == self->node() || self->state.accepted.count(sender->node()));
+}
+
+// Whether it comes from this process (delayed messages to itself carry no sender).
+bool own(coordinator_pointer self) {
+    const auto& sender = self->current_sender();
+    return !sender || sender->node() == self->node();
+}
+
+// Exit messages from other processes are ignored: only this process ends its actors.
+template <class Self> void ignore_remote_exits(Self* self) {
+    self->set_exit_handler([self](caf::exit_msg& m) {
+        if (m.source.node() == self->node()) self->quit(m.reason);
+    });
+}
+
+caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
+    auto& st0 = self->state;
+    st0.net = net;
+    st0.workers.resize(net->process_of.size());
+    st0.created = std::chrono::steady_clock::now();
+    ignore_remote_exits(self);
+    self->set_down_handler([self](caf::down_msg& dm) {
+        auto& st = self->state;
+        if (st.finished) return;
+        for (auto& [p, m] : st.members)
+            if (m.actor.address() == dm.source)
+                return lost(self, p, "was lost: " + self->system().render(dm.reason));
+    });
+    self->delayed_send(self, std::chrono::milliseconds(200), tick_atom::value);
     return {
-        [self](start_atom) -> caf::typed_response_promise<std::string> {
+        [self](hello_atom, int32_t protocol, const std::string& token, const std::string& digest,
+               int32_t process, int32_t pid, const std::string& host,
+               const caf::actor& member) -> std::string {
             auto& st = self->state;
-            st.promise = self->make_response_promise<std::string>();
-            st.step = st.options.first_step;
-            st.last_change = std::chrono::steady_clock::now();
-            if (st.step >= st.options.end_step) {
-                finish(self, "");
-                return st.promise;
+            const ClusterOptions& c = st.net->cluster;
+            std::string who = "a peer on " + host + " (pid " + std::to_string(pid) + ")";
+            std::string refusal;
+            if (protocol != protocol_version)
+                refusal = "it speaks protocol version " + std::to_string(protocol) +
+                          ", this coordinator " + std::to_string(protocol_version);
+            else if (token != c.token)
+                refusal = "it did not present this job's token";
+            else if (digest != c.digest)
+                refusal = "it runs a different plan (digest " + digest + ", this job's " +
+                          c.digest + ": another script, overrides or mesh)";
+            else if (process <= 0 || process >= c.processes)
+                refusal = "it claims process " + std::to_string(process) + " of a job of " +
+                          std::to_string(c.processes);
+            else if (st.members.count(process))
+                refusal = "process " + std::to_string(process) + " has joined already";
+            else if (st.started)
+                refusal = "the job has started";
+            if (!refusal.empty()) {
+                if (c.log) c.log("refused " + who + ": " + refusal);
+                return "refused by the coordinator: " + refusal;
             }
-            self->delayed_send(self, std::chrono::milliseconds(200), tick_atom::value);
-            start_step(self);
-            return st.promise;
+            if (self->current_sender()) st.accepted.insert(self->current_sender()->node());
+            Member m;
+            m.actor = member;
+            m.host = host;
+            m.pid = pid;
+            m.last_beat = std::chrono::steady_clock::now();
+            st.members[process] = m;
+            st.net->member_actors[process] = member;
+            self->monitor(member);
+            return "";
+        },
+        [self](worker_atom, int32_t rank, const caf::actor& w) {
+            auto& st = self->state;
+            if (!heard(self) || rank < 0 || static_cast<size_t>(rank) >= st.workers.size()) return;
+            st.workers[static_cast<size_t>(rank)] = caf::actor_cast<worker_actor>(w);
+        },
+        [self](ready_atom, int32_t process) {
+            auto& st = self->state;
+            if (!heard(self)) return;
+            if (process == st.net->cluster.process)
+                st.own_ready = true;
+            else if (auto it = st.members.find(process); it != st.members.end())
+                it->second.ready = true;
+            maybe_start(self);
+        },
+        [self](beat_atom, int32_t process, uint64_t progress, const std::string& actions) {
+            auto& st = self->state;
+            auto it = st.members.find(process);
+            if (!heard(self) || it == st.members.end()) return;
+            it->second.last_beat = std::chrono::steady_clock::now();
+            it->second.progress = progress;
+            it->second.actions = actions;
+        },
+        [self](set_atom, const std::string& key, const std::string& value) -> caf::result<ok_atom> {
+            auto& st = self->state;
+            if (!heard(self)) return caf::sec::request_receiver_down;
+            st.store[key] = value;
+            if (auto it = st.waiting.find(key); it != st.waiting.end()) {
+                for (auto& p : it->second) p.deliver(value);
+                st.waiting.erase(it);
+            }
+            return ok_atom::value;
+        },
+        [self](get_atom, const std::string& key) -> caf::result<std::string> {
+            auto& st = self->state;
+            if (!heard(self)) return caf::sec::request_receiver_down;
+            if (auto it = st.store.find(key); it != st.store.end()) return it->second;
+            auto promise = self->make_response_promise();
+            st.waiting[key].push_back(promise);
+            return caf::delegated<std::string>();
+        },
+        [self](start_atom) -> caf::result<std::string> {
+            auto& st = self->state;
+            if (!own(self) || st.start_requested) return caf::sec::unexpected_message;
+            st.promise = self->make_response_promise();
+            st.start_requested = true;
+            maybe_start(self);
+            return caf::delegated<std::string>();
         },
         [self](tick_atom) {
             auto& st = self->state;
-            if (st.finished) return;
-            uint64_t progress = 0;
-            for (auto* ex : st.executors) progress += ex->progress();
+            if (st.finished || !own(self)) return;
+            self->delayed_send(self, std::chrono::milliseconds(200), tick_atom::value);
             auto now = std::chrono::steady_clock::now();
+            const ClusterOptions& c = st.net->cluster;
+            if (!st.started) {
+                if (st.start_requested && st.failure.empty() && now - st.created > c.join_timeout) {
+                    std::string missing;
+                    for (int32_t p = 1; p < c.processes; ++p)
+                        if (!st.members.count(p) || !st.members[p].ready)
+                            missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+                    st.failure = "process(es) " + missing + " did not join within " +
+                                 std::to_string(c.join_timeout.count() / 1000) + " s";
+                    finish(self, st.failure);
+                }
+                return;
+            }
+            for (auto& [p, m] : st.members)
+                if (st.failure.empty() && now - m.last_beat > c.heartbeat_timeout)
+                    lost(self, p,
+                         "stopped answering: no heartbeat for " +
+                             std::to_string(
+                                 std::chrono::duration_cast<std::chrono::seconds>(now - m.last_beat)
+                                     .count()) +
+                             " s");
+            uint64_t progress = 0;
+            for (auto* ex : st.net->executors) progress += ex->progress();
+            for (auto& [p, m] : st.members) progress += m.progress;
             if (progress != st.last_progress) {
                 st.last_progress = progress;
                 st.last_change = now;
-            } else if (st.failure.empty() && now - st.last_change > st.options.watchdog) {
+            } else if (st.failure.empty() && now - st.last_change > st.net->options.watchdog) {
                 std::string why = "watchdog: no action completed on any rank for " +
                                   std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
-                                                     st.options.watchdog)
+                                                     st.net->options.watchdog)
                                                      .count()) +
-                                  " s;";
-                for (auto* ex : st.executors) {
-                    std::string at = ex->current_action();
-                    why += " rank " + std::to_string(ex->rank()) + " " +
-                           (at.empty() ? "finished its step" : "in " + at) + ";";
-                }
-                why.pop_back();
+                                  " s; " + local_actions(st.net->executors);
+                for (auto& [p, m] : st.members) why += "; " + m.actions;
                 fail(self, why);
             }
-            self->delayed_send(self, std::chrono::milliseconds(200), tick_atom::value);
         },
     };
+}
+
+// A process other than 0: hears the coordinator's abort and end, sends heartbeats and its
+// parameter shards.
+struct MemberState {
+    Job::Net* net = nullptr;
+};
+
+caf::behavior member(caf::stateful_actor<MemberState>* self, Job::Net* net) {
+    self->state.net = net;
+    ignore_remote_exits(self);
+    self->monitor(net->coordinator);
+    auto end = [net](const std::string& result) {
+        if (!net->member_finished.exchange(true)) net->member_done.set_value(result);
+    };
+    self->set_down_handler([self, net, end](caf::down_msg& dm) {
+        std::string why = "lost the coordinator at " + net->cluster.host + ":" +
+                          std::to_string(net->cluster.port) + " (" +
+                          self->system().render(dm.reason) + ")";
+        net->comms->abort(why);
+        end(why);
+        self->quit();
+    });
+    self->send(self, tick_atom::value);
+    return {
+        [net](abort_atom, const std::string& why) { net->comms->abort(why); },
+        [self, end](done_atom, const std::string& result) {
+            end(result);
+            self->quit();
+            return ok_atom::value;
+        },
+        [net](gather_atom) { return net->gather_local(); },
+        [self, net](tick_atom) {
+            if (self->current_sender() && self->current_sender()->node() != self->node()) return;
+            uint64_t progress = 0;
+            for (auto* ex : net->executors) progress += ex->progress();
+            self->send(net->coordinator, beat_atom::value, net->cluster.process, progress,
+                       local_actions(net->executors));
+            self->delayed_send(self, std::chrono::milliseconds(250), tick_atom::value);
+        },
+    };
+}
+
+// The job's key-value store, kept by the coordinator.
+class ControlStore final : public transport::KeyValueStore {
+  public:
+    ControlStore(caf::actor_system& sys, caf::actor coordinator)
+        : sys_(sys), coordinator_(std::move(coordinator)) {}
+    void set(const std::string& key, const std::vector<char>& value) override {
+        caf::scoped_actor self{sys_};
+        std::string error;
+        self->request(coordinator_, std::chrono::seconds(30), set_atom::value, key,
+                      std::string(value.begin(), value.end()))
+            .receive([](ok_atom) {}, [&](caf::error& e) { error = sys_.render(e); });
+        if (!error.empty())
+            throw std::runtime_error("the job's store did not take `" + key + "`: " + error);
+    }
+    std::vector<char> get(const std::string& key, std::chrono::milliseconds timeout) override {
+        caf::scoped_actor self{sys_};
+        std::vector<char> value;
+        std::string error;
+        self->request(coordinator_, timeout, get_atom::value, key)
+            .receive([&](std::string& v) { value.assign(v.begin(), v.end()); },
+                     [&](caf::error& e) { error = sys_.render(e); });
+        if (!error.empty())
+            throw std::runtime_error("the job's store has no `" + key + "` after " +
+                                     std::to_string(timeout.count()) + " ms: " + error);
+        return value;
+    }
+
+  private:
+    caf::actor_system& sys_;
+    caf::actor coordinator_;
+};
+
+bool loopback(const std::string& host) {
+    return host == "127.0.0.1" || host == "localhost" || host == "::1" ||
+           host.rfind("127.", 0) == 0;
+}
+
+// The address of this host's interface that reaches `host` (where Gloo should listen).
+std::string address_towards(const std::string& host, uint16_t port);
+
+// Parameter shards as bytes: for each parameter, its name, full shape, shard and the values
+// and AdamW moments of this process's part.
+void put_bytes(std::string& out, const void* p, size_t n) {
+    out.append(static_cast<const char*>(p), n);
+}
+template <typename T> void put(std::string& out, T x) {
+    put_bytes(out, &x, sizeof x);
+}
+void put(std::string& out, const std::string& s) {
+    put<uint64_t>(out, s.size());
+    out += s;
+}
+
+struct Reader {
+    const std::string& in;
+    size_t at = 0;
+    void bytes(void* p, size_t n) {
+        if (at + n > in.size()) throw std::runtime_error("a truncated parameter message");
+        std::memcpy(p, in.data() + at, n);
+        at += n;
+    }
+    template <typename T> T get() {
+        T x;
+        bytes(&x, sizeof x);
+        return x;
+    }
+    std::string str() {
+        std::string s(get<uint64_t>(), '\0');
+        bytes(s.data(), s.size());
+        return s;
+    }
+};
+
+std::string serialise_shards(const std::vector<RankExecutor*>& executors) {
+    std::string out;
+    for (auto* ex : executors)
+        for (auto& [index, stage] : ex->stages())
+            for (const models::Parameter& p : stage->params().all()) {
+                const auto& skip = stage->tied_copies();
+                if (std::find(skip.begin(), skip.end(), p.name) != skip.end()) continue;
+                put<uint8_t>(out, 1);
+                put(out, p.name);
+                put<uint64_t>(out, p.full_shape.size());
+                for (int64_t d : p.full_shape) put(out, d);
+                put<int32_t>(out, p.shard.dim);
+                put<uint64_t>(out, p.shard.ranges.size());
+                for (auto [b, e] : p.shard.ranges) {
+                    put(out, b);
+                    put(out, e);
+                }
+                const size_t n = static_cast<size_t>(p.value.numel()) * sizeof(float);
+                put_bytes(out, p.value.data<float>(), n);
+                put_bytes(out, p.m.data<float>(), n);
+                put_bytes(out, p.v.data<float>(), n);
+            }
+    put<uint8_t>(out, 0);
+    return out;
+}
+
+void deserialise_shards(const std::string& in, models::ParameterStore& whole) {
+    Reader r{in};
+    models::ParameterStore part;
+    while (r.get<uint8_t>() == 1) {
+        std::string name = r.str();
+        std::vector<int64_t> shape(r.get<uint64_t>());
+        for (auto& d : shape) d = r.get<int64_t>();
+        models::Shard shard;
+        shard.dim = r.get<int32_t>();
+        shard.ranges.resize(r.get<uint64_t>());
+        for (auto& [b, e] : shard.ranges) {
+            b = r.get<int64_t>();
+            e = r.get<int64_t>();
+        }
+        models::Parameter& p = part.add(name, shape, models::Init{}, false, 0, shard);
+        const size_t n = static_cast<size_t>(p.value.numel()) * sizeof(float);
+        r.bytes(p.value.data<float>(), n);
+        r.bytes(p.m.data<float>(), n);
+        r.bytes(p.v.data<float>(), n);
+    }
+    models::copy_to_whole(part, whole);
+}
+
+} // namespace
+
+std::vector<int32_t> process_of_ranks(int32_t ranks, int32_t processes) {
+    std::vector<int32_t> out(static_cast<size_t>(ranks));
+    for (int32_t r = 0; r < ranks; ++r)
+        out[static_cast<size_t>(r)] =
+            static_cast<int32_t>(static_cast<int64_t>(r) * processes / ranks);
+    return out;
+}
+
+namespace {
+
+std::string address_towards(const std::string& host, uint16_t port) {
+    if (loopback(host)) return "127.0.0.1";
+    // A UDP "connection" sends nothing; it makes the kernel pick the route and so the
+    // interface's address.
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_DGRAM;
+    if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
+        return "127.0.0.1";
+    std::string out = "127.0.0.1";
+    int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+    if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+        sockaddr_in me{};
+        socklen_t len = sizeof me;
+        char text[INET_ADDRSTRLEN] = {};
+        if (::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0 &&
+            ::inet_ntop(AF_INET, &me.sin_addr, text, sizeof text))
+            out = text;
+    }
+    if (fd >= 0) ::close(fd);
+    freeaddrinfo(res);
+    return out;
+}
+
+void configure(caf::actor_system_config& cfg, bool middleman) {
+    cfg.add_message_type<StepOutcome>("StepOutcome");
+    // The workers are detached (a thread each); the scheduler runs the coordinator (and the
+    // member actor). Threads that sleep on a queue, not work-stealing threads that poll: on a
+    // small machine polling threads take the cores the ranks compute on.
+    cfg.set("scheduler.policy", caf::atom("sharing"));
+    cfg.set("scheduler.max-threads", static_cast<size_t>(middleman ? 2 : 1));
+    if (middleman) {
+        cfg.load<caf::io::middleman>();
+        cfg.set("middleman.enable-automatic-connections", false);
+    }
 }
 
 } // namespace
 
 Job::Job(const Program& program, const plan::Graph& graph, const models::TokenData& data,
          CollectivesBackend backend)
-    : program_(program), data_(data), comms_(std::make_unique<LocalComms>(graph, backend)) {
-    for (const auto& r : graph.ranks)
-        executors_.push_back(
-            std::make_unique<RankExecutor>(program, graph, r.rank, comms_->for_rank(r.rank)));
+    : program_(program), data_(data), net_(std::make_unique<Net>()) {
+    configure(net_->cfg, false);
+    net_->sys = std::make_unique<caf::actor_system>(net_->cfg);
+    net_->process_of.assign(graph.ranks.size(), 0);
+    comms_ = std::make_unique<LocalComms>(graph, backend);
+    build_executors(graph);
 }
 
-Job::~Job() = default;
+Job::Job(const Program& program, const plan::Graph& graph, const models::TokenData& data,
+         const ClusterOptions& cluster)
+    : program_(program), data_(data), cluster_(cluster), net_(std::make_unique<Net>()) {
+    Net& net = *net_;
+    net.cluster = cluster;
+    const int32_t ranks = static_cast<int32_t>(graph.ranks.size());
+    if (cluster.processes < 1 || cluster.process < 0 || cluster.process >= cluster.processes)
+        throw std::runtime_error("process " + std::to_string(cluster.process) + " of " +
+                                 std::to_string(cluster.processes) +
+                                 " is not a process of the job");
+    if (cluster.processes > ranks)
+        throw std::runtime_error(std::to_string(cluster.processes) + " processes for " +
+                                 std::to_string(ranks) +
+                                 " ranks: every process needs at least one rank");
+    if (!loopback(cluster.host) && cluster.token.empty())
+        throw std::runtime_error(
+            "the coordinator " + cluster.host +
+            " is not on loopback: every process needs the job's token (DIST_JOB_TOKEN or "
+            "DIST_JOB_TOKEN_FILE)");
+    net.process_of = process_of_ranks(ranks, cluster.processes);
+    configure(net.cfg, true);
+    net.sys = std::make_unique<caf::actor_system>(net.cfg);
+    caf::actor_system& sys = *net.sys;
+    const std::string where = cluster.host + ":" + std::to_string(cluster.port);
+    if (cluster.process == 0) {
+        net.coordinator = sys.spawn(coordinator, &net);
+        auto port = sys.middleman().publish(net.coordinator, cluster.port,
+                                            loopback(cluster.host) ? "127.0.0.1" : nullptr, true);
+        if (!port) {
+            caf::anon_send_exit(net.coordinator, caf::exit_reason::user_shutdown);
+            throw std::runtime_error("the coordinator cannot listen on " + where + ": " +
+                                     sys.render(port.error()));
+        }
+    } else {
+        // The coordinator may not be listening yet: try until the join timeout.
+        auto deadline = std::chrono::steady_clock::now() + cluster.join_timeout;
+        std::string last;
+        for (;;) {
+            auto coord = sys.middleman().remote_actor(cluster.host, cluster.port);
+            if (coord) {
+                net.coordinator = *coord;
+                break;
+            }
+            last = sys.render(coord.error());
+            if (std::chrono::steady_clock::now() > deadline)
+                throw std::runtime_error("cannot reach the coordinator at " + where + " within " +
+                                         std::to_string(cluster.join_timeout.count() / 1000) +
+                                         " s: " + last);
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
+    }
+    // The member actor exists before hello, so the coordinator can monitor it from then on; it
+    // starts its heartbeats at once.
+    if (cluster.process != 0) net.member = sys.spawn(member, &net);
+    if (cluster.process != 0) {
+        char host[256] = {};
+        ::gethostname(host, sizeof host - 1);
+        caf::scoped_actor self{sys};
+        std::string refusal;
+        self->request(net.coordinator, std::chrono::seconds(30), hello_atom::value,
+                      protocol_version, cluster.token, cluster.digest, cluster.process,
+                      static_cast<int32_t>(::getpid()), std::string(host), net.member)
+            .receive([&](std::string& r) { refusal = r; },
+                     [&](caf::error& e) { refusal = "no answer to hello: " + sys.render(e); });
+        if (!refusal.empty()) {
+            caf::anon_send_exit(net.member, caf::exit_reason::user_shutdown);
+            throw std::runtime_error("joining the job at " + where + ": " + refusal);
+        }
+    }
+    net.store = std::make_unique<ControlStore>(sys, net.coordinator);
+    CommsLayout layout;
+    layout.process_of = net.process_of;
+    layout.process = cluster.process;
+    layout.store = net.store.get();
+    layout.gloo_host = address_towards(cluster.host, cluster.port);
+    layout.ucx = cluster.ucx;
+    comms_ = std::make_unique<LocalComms>(graph, layout);
+    build_executors(graph);
+}
+
+void Job::build_executors(const plan::Graph& graph) {
+    for (const auto& r : graph.ranks)
+        if (net_->process_of[static_cast<size_t>(r.rank)] == cluster_.process)
+            executors_.push_back(
+                std::make_unique<RankExecutor>(program_, graph, r.rank, comms_->for_rank(r.rank)));
+    net_->comms = comms_.get();
+    for (auto& ex : executors_) net_->executors.push_back(ex.get());
+    net_->tokens_per_step = program_.train.batch * program_.model.context;
+    net_->gather_local = [this] { return serialise_shards(net_->executors); };
+}
+
+Job::~Job() {
+    // The executors and communication go before the actor system (net_, declared first).
+    executors_.clear();
+    comms_.reset();
+}
+
+RankExecutor& Job::executor(int32_t rank) {
+    for (auto& ex : executors_)
+        if (ex->rank() == rank) return *ex;
+    throw std::out_of_range("rank " + std::to_string(rank) + " is not a rank of this process");
+}
 
 std::string Job::run(const JobOptions& options) {
-    caf::actor_system_config cfg;
-    cfg.add_message_type<StepOutcome>("StepOutcome");
-    // The workers are detached (a thread each); the scheduler runs only the coordinator. One
-    // thread that sleeps on a queue, not work-stealing threads that poll: on a small machine
-    // polling threads take the cores the ranks compute on.
-    cfg.set("scheduler.policy", caf::atom("sharing"));
-    cfg.set("scheduler.max-threads", size_t{1});
-    caf::actor_system sys{cfg};
-    int cores = std::max(1, omp_get_num_procs());
-    int threads = std::max(1, cores / static_cast<int>(executors_.size()));
-    std::vector<worker_actor> workers;
-    for (auto& ex : executors_)
-        workers.push_back(sys.spawn<caf::detached>(worker, ex.get(), &data_, threads));
-    CoordinatorState setup;
-    setup.workers = workers;
-    for (auto& ex : executors_) setup.executors.push_back(ex.get());
-    setup.comms = comms_.get();
-    setup.options = options;
-    setup.tokens_per_step = program_.train.batch * program_.model.context;
-    auto coord = sys.spawn(coordinator, std::move(setup));
+    Net& net = *net_;
+    caf::actor_system& sys = *net.sys;
+    net.options = options;
+    int cores = std::max(1, omp_get_num_procs() / std::max(1, cluster_.local_processes));
+    int threads = std::max(1, cores / static_cast<int>(std::max<size_t>(1, executors_.size())));
+    if (cluster_.processes == 1) // a fresh coordinator for every run
+        net.coordinator = sys.spawn(coordinator, &net);
+    else if (net.ran)
+        throw std::logic_error("a job of several processes runs once");
+    net.ran = true;
+    std::vector<caf::actor> workers;
     std::string result;
     {
         caf::scoped_actor self{sys};
-        self->request(coord, caf::infinite, start_atom::value)
-            .receive([&](std::string& r) { result = r; },
-                     [&](caf::error& e) { result = "the coordinator failed: " + sys.render(e); });
+        for (auto& ex : executors_) {
+            auto w = sys.spawn<caf::detached>(worker, ex.get(), &data_, threads, comms_.get());
+            workers.push_back(caf::actor_cast<caf::actor>(w));
+            self->send(net.coordinator, worker_atom::value, ex->rank(), workers.back());
+        }
+        self->send(net.coordinator, ready_atom::value, cluster_.process);
+        if (coordinating()) {
+            self->request(net.coordinator, caf::infinite, start_atom::value)
+                .receive(
+                    [&](std::string& r) { result = r; },
+                    [&](caf::error& e) { result = "the coordinator failed: " + sys.render(e); });
+        } else {
+            result = net.member_done.get_future().get();
+        }
         for (auto& w : workers) self->send_exit(w, caf::exit_reason::user_shutdown);
     }
     return result;
@@ -244,6 +863,28 @@ void Job::gather(models::Model& whole) {
     for (auto& ex : executors_)
         for (auto& [index, stage] : ex->stages())
             models::copy_to_whole(stage->params(), whole.params(), stage->tied_copies());
+    if (cluster_.processes == 1 || !coordinating()) return;
+    // The other processes' shards, asked of their member actors from here: on_step runs inside
+    // the coordinator (which keeps member_actors), so the requests go out from a scoped actor
+    // that waits for the answers.
+    caf::actor_system& sys = *net_->sys;
+    caf::scoped_actor self{sys};
+    for (auto& [p, actor] : net_->member_actors) {
+        std::string error;
+        self->request(actor, std::chrono::minutes(2), gather_atom::value)
+            .receive(
+                [&](std::string& shards) {
+                    try {
+                        deserialise_shards(shards, whole.params());
+                    } catch (const std::exception& e) {
+                        error = e.what();
+                    }
+                },
+                [&](caf::error& e) { error = sys.render(e); });
+        if (!error.empty())
+            throw std::runtime_error("gathering the parameters of process " + std::to_string(p) +
+                                     ": " + error);
+    }
 }
 
 void Job::scatter(models::Model& whole) {

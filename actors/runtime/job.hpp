@@ -1,4 +1,5 @@
-// job.hpp: a training run on a mesh, executed by CAF actors in this process.
+// job.hpp: a training run on a mesh, executed by CAF actors in this process or spread over
+// several processes (and hosts).
 //
 // A coordinator actor and one detached worker actor per rank. Each worker owns its rank's
 // RankExecutor (its stages, shard of the parameters and optimizer state) and runs the plan's
@@ -8,6 +9,15 @@
 // communication is aborted, so no rank stays blocked) and the run, with the rank, the action
 // and the cause; a watchdog that sees no action complete for a while reports what every rank
 // is waiting for and ends the run the same way. Nothing calls exit(); errors are returned.
+//
+// Across processes (ClusterOptions): process 0 hosts the coordinator and publishes it through
+// CAF's middleman; every other process connects, says hello (protocol version, job token, the
+// plan's digest, its process number, host and pid) and is refused unless all of them match;
+// only then are its messages heard. The coordinator serves the job's key-value store (where
+// UCX and Gloo meet), hands out steps to every rank's worker wherever it lives, hears a
+// heartbeat from each process, and notices a process that dies (CAF's monitor of its member
+// actor) or stops answering (no heartbeat): the run ends naming the process's ranks, host, pid
+// and what its ranks were running, and every process is told to abort.
 #pragma once
 
 #include "actors/plan/graph.hpp"
@@ -30,7 +40,37 @@ struct StepReport {
     models::StepMetrics metrics;
     /// Per rank: when each action ran, relative to the start of the rank's step.
     std::vector<std::vector<ActionTiming>> timings;
+    /// Per rank: its point-to-point traffic with other processes in this step.
+    std::vector<RankTraffic> traffic;
 };
+
+/// This process's place in a job of several processes.
+struct ClusterOptions {
+    int32_t process = 0;
+    int32_t processes = 1;
+    /// Processes of this job on this host (they share its cores).
+    int32_t local_processes = 1;
+    /// Where process 0's coordinator listens (and binds: loopback stays loopback).
+    std::string host = "127.0.0.1";
+    uint16_t port = 29400;
+    /// The job's shared secret: a peer that does not present it is refused.
+    std::string token;
+    /// The plan's digest: every process must run the same plan.
+    std::string digest;
+    /// How long a process tries to reach the coordinator, and how long the coordinator waits
+    /// for every process to join.
+    std::chrono::milliseconds join_timeout = std::chrono::seconds(60);
+    /// A process whose heartbeat has not arrived for this long is lost.
+    std::chrono::milliseconds heartbeat_timeout = std::chrono::seconds(10);
+    /// Where the coordinator reports refused peers (stderr in `dist run`).
+    std::function<void(const std::string&)> log;
+    /// This process's data-plane options.
+    transport::UcxOptions ucx;
+};
+
+/// The process of every rank when `ranks` ranks are divided among `processes` processes:
+/// contiguous blocks, sizes differing by at most one.
+std::vector<int32_t> process_of_ranks(int32_t ranks, int32_t processes);
 
 struct JobOptions {
     int64_t first_step = 0; // 0-based: the first step to run
@@ -46,24 +86,44 @@ class Job {
     /// Builds every rank's executor (and parameters) and the communication among them.
     Job(const Program& program, const plan::Graph& graph, const models::TokenData& data,
         CollectivesBackend backend = CollectivesBackend::inprocess);
+    /// This process's part of a job of several: joins the control plane (process 0 publishes
+    /// it), then builds the ranks of this process and their communication. Throws
+    /// std::runtime_error when the job cannot form (coordinator unreachable, refused, a peer
+    /// missing after the join timeout).
+    Job(const Program& program, const plan::Graph& graph, const models::TokenData& data,
+        const ClusterOptions& cluster);
     ~Job();
 
+    /// Process 0 (or the only process): runs on_step, gathers checkpoints.
+    bool coordinating() const { return cluster_.process == 0; }
+
     /// Runs steps [first_step, end_step). "" on success (also when on_step stopped the run),
-    /// else the failure: "rank R in ACTION: cause".
+    /// else the failure: "rank R in ACTION: cause". In a process other than 0, serves its
+    /// ranks' steps until the coordinator ends the job (options.on_step is not called there).
     std::string run(const JobOptions& options);
 
-    /// The rank's executor (tests plant faults through its action hook).
-    RankExecutor& executor(int32_t rank) { return *executors_.at(static_cast<size_t>(rank)); }
+    /// The executor of `rank`, a rank of this process (tests plant faults through its action
+    /// hook).
+    RankExecutor& executor(int32_t rank);
 
     /// Copies every rank's part of the parameters, gradients' optimizer moments included, into
-    /// `whole` (a model of the full shapes): a consolidated checkpoint of any mesh.
+    /// `whole` (a model of the full shapes): a consolidated checkpoint of any mesh. Across
+    /// processes, on process 0, between steps (from on_step): the other processes send theirs.
     void gather(models::Model& whole);
-    /// The inverse: every rank takes its part of `whole`'s values and optimizer moments.
+    /// The inverse: every rank of this process takes its part of `whole`'s values and
+    /// optimizer moments.
     void scatter(models::Model& whole);
 
+    /// The actor system and the control plane (job.cpp).
+    struct Net;
+
   private:
+    void build_executors(const plan::Graph& graph);
+
     const Program& program_;
     const models::TokenData& data_;
+    ClusterOptions cluster_;
+    std::unique_ptr<Net> net_; // the actor system and the control plane
     std::unique_ptr<LocalComms> comms_;
     std::vector<std::unique_ptr<RankExecutor>> executors_;
 };

@@ -1,85 +1,186 @@
-// local_comms.cpp: building the groups of a graph inside one process.
+// local_comms.cpp: building the groups of a graph's ranks in this process.
 #include "actors/runtime/local_comms.hpp"
 
 #include "transport/gloo.hpp"
 
 #include <algorithm>
 #include <future>
+#include <set>
 
 namespace dist::runtime {
 
-// One group: its members' handles, created together (Gloo's members must join concurrently).
+// One group: the handles of its members in this process, created together (Gloo's members
+// must join concurrently).
 struct LocalComms::Group {
     std::vector<int32_t> ranks;
     std::unique_ptr<transport::InProcessGroup> inprocess;
-    std::vector<std::unique_ptr<transport::Collectives>> members;
+    std::map<int32_t, std::unique_ptr<transport::Collectives>> members;
+};
+
+// A rank's point-to-point handle when peers live in other processes: the in-process fabric for
+// ranks of this process, UCX for the others.
+class LocalComms::Routed final : public transport::PointToPoint {
+  public:
+    Routed(std::unique_ptr<transport::PointToPoint> near,
+           std::unique_ptr<transport::UcxEndpoint> far, const LocalComms& comms)
+        : near_(std::move(near)), far_(std::move(far)), comms_(comms) {}
+    int rank() const override { return near_->rank(); }
+    void send(int peer, const transport::P2PTag& tag, const kernels::Tensor& t) override {
+        (comms_.local(peer) ? *near_ : static_cast<PointToPoint&>(*far_)).send(peer, tag, t);
+    }
+    kernels::Tensor recv(int peer, const transport::P2PTag& tag) override {
+        return (comms_.local(peer) ? *near_ : static_cast<PointToPoint&>(*far_)).recv(peer, tag);
+    }
+    void flush() override { far_->flush(); }
+    transport::UcxEndpoint* far() { return far_.get(); }
+
+  private:
+    std::unique_ptr<transport::PointToPoint> near_;
+    std::unique_ptr<transport::UcxEndpoint> far_;
+    const LocalComms& comms_;
 };
 
 LocalComms::LocalComms(const plan::Graph& graph, CollectivesBackend backend,
                        std::chrono::milliseconds timeout)
     : graph_(graph), backend_(backend), timeout_(timeout), fabric_(timeout) {
-    for (const auto& r : graph.ranks) endpoints_.push_back(fabric_.endpoint(r.rank));
+    for (const auto& r : graph.ranks) endpoints_[r.rank] = fabric_.endpoint(r.rank);
+    form_groups();
+}
+
+LocalComms::LocalComms(const plan::Graph& graph, const CommsLayout& layout,
+                       std::chrono::milliseconds timeout)
+    : graph_(graph), backend_(CollectivesBackend::inprocess), timeout_(timeout), layout_(layout),
+      fabric_(timeout) {
+    if (layout.process_of.size() != graph.ranks.size() || !layout.store)
+        throw std::logic_error("LocalComms: a layout needs every rank's process and a store");
+    const int size = static_cast<int>(graph.ranks.size());
+    bool spread = std::any_of(layout.process_of.begin(), layout.process_of.end(),
+                              [&](int32_t p) { return p != layout.process; });
+    transport::UcxOptions ucx = layout.ucx;
+    ucx.timeout = timeout;
+    for (const auto& r : graph.ranks) {
+        if (!local(r.rank)) continue;
+        auto near = fabric_.endpoint(r.rank);
+        if (!spread) {
+            endpoints_[r.rank] = std::move(near);
+            continue;
+        }
+        auto routed = std::make_unique<Routed>(
+            std::move(near),
+            transport::make_ucx_endpoint(*layout.store, layout.prefix, r.rank, size, ucx), *this);
+        ucx_[r.rank] = routed->far();
+        endpoints_[r.rank] = std::move(routed);
+    }
+    form_groups();
 }
 
 LocalComms::~LocalComms() = default;
 
-transport::Collectives* LocalComms::join(const std::vector<int32_t>& key, int32_t rank,
-                                         const std::string& name) {
-    // key = a kind tag, then the members' ranks: two kinds of group over the same ranks differ.
-    std::vector<int32_t> ranks(key.begin() + 1, key.end());
-    if (ranks.size() < 2) return nullptr;
-    auto& g = groups_[key];
-    if (!g) {
-        g = std::make_unique<Group>();
-        g->ranks = ranks;
-        int size = static_cast<int>(ranks.size());
-        if (backend_ == CollectivesBackend::inprocess) {
-            g->inprocess = std::make_unique<transport::InProcessGroup>(size, name, timeout_);
-            for (int i = 0; i < size; ++i) g->members.push_back(g->inprocess->member(i));
-        } else {
-            std::string prefix = name;
-            for (int32_t r : ranks) prefix += "." + std::to_string(r);
-            std::vector<std::future<std::unique_ptr<transport::Collectives>>> joining;
-            for (int i = 0; i < size; ++i)
-                joining.push_back(std::async(std::launch::async, [&, i] {
-                    transport::GlooOptions o;
-                    o.timeout = timeout_;
-                    return transport::make_gloo_collectives(store_, prefix, i, size, o);
-                }));
-            for (auto& j : joining) g->members.push_back(j.get());
-        }
+bool LocalComms::local(int32_t rank) const {
+    return !layout_ || layout_->process_of.at(static_cast<size_t>(rank)) == layout_->process;
+}
+
+namespace {
+
+// The groups of `r`: a kind tag, then the members' ranks (two kinds of group over the same
+// ranks differ), with the group's name.
+std::vector<std::pair<std::vector<int32_t>, std::string>> groups_of(const plan::Graph& graph,
+                                                                    const plan::PlanRank& me) {
+    std::vector<int32_t> tp{0}, dp{1}, model{2};
+    for (const auto& r : graph.ranks) {
+        if (r.dp == me.dp && r.pp == me.pp) tp.push_back(r.rank);
+        if (r.pp == me.pp && r.tp == me.tp) dp.push_back(r.rank);
+        if (r.dp == me.dp) model.push_back(r.rank);
     }
-    auto it = std::find(g->ranks.begin(), g->ranks.end(), rank);
-    return g->members[static_cast<size_t>(it - g->ranks.begin())].get();
+    std::vector<std::pair<std::vector<int32_t>, std::string>> out = {
+        {tp, "tp group"}, {dp, "dp group"}, {model, "model group"}};
+    if (!graph.stages.empty()) {
+        int32_t first = graph.stages.front().pp, last = graph.stages.back().pp;
+        if (first != last && (me.pp == first || me.pp == last))
+            out.push_back(
+                {{3, graph.rank_of(me.dp, first, me.tp), graph.rank_of(me.dp, last, me.tp)},
+                 "tied embedding group"});
+    }
+    return out;
+}
+
+} // namespace
+
+void LocalComms::form_groups() {
+    // Every process walks the same groups in the same order (the ranks', then each rank's
+    // kinds), forming those it has members in.
+    std::set<std::vector<int32_t>> seen;
+    for (const auto& me : graph_.ranks)
+        for (auto& [key, name] : groups_of(graph_, me)) {
+            if (key.size() < 3 || !seen.insert(key).second) continue;
+            std::vector<int32_t> ranks(key.begin() + 1, key.end());
+            std::vector<int32_t> mine;
+            for (int32_t r : ranks)
+                if (local(r)) mine.push_back(r);
+            if (mine.empty()) continue;
+            auto g = std::make_unique<Group>();
+            g->ranks = ranks;
+            const int size = static_cast<int>(ranks.size());
+            auto index = [&](int32_t r) {
+                return static_cast<int>(std::find(ranks.begin(), ranks.end(), r) - ranks.begin());
+            };
+            const bool within = mine.size() == ranks.size();
+            if (within && backend_ == CollectivesBackend::inprocess) {
+                g->inprocess = std::make_unique<transport::InProcessGroup>(size, name, timeout_);
+                for (int32_t r : ranks) g->members[r] = g->inprocess->member(index(r));
+            } else {
+                transport::KeyValueStore& store = within ? store_ : *layout_->store;
+                std::string prefix = (layout_ ? layout_->prefix + "/" : std::string()) + name;
+                for (int32_t r : ranks) prefix += "." + std::to_string(r);
+                transport::GlooOptions o;
+                o.timeout = timeout_;
+                if (layout_) o.hostname = layout_->gloo_host;
+                std::vector<std::future<std::unique_ptr<transport::Collectives>>> joining;
+                for (int32_t r : mine)
+                    joining.push_back(std::async(std::launch::async, [&, r] {
+                        return transport::make_gloo_collectives(store, prefix, index(r), size, o);
+                    }));
+                for (size_t i = 0; i < mine.size(); ++i) g->members[mine[i]] = joining[i].get();
+            }
+            groups_[key] = std::move(g);
+        }
+}
+
+transport::Collectives* LocalComms::member(const std::vector<int32_t>& key, int32_t rank) const {
+    auto it = groups_.find(key);
+    if (it == groups_.end()) return nullptr; // a group of one
+    return it->second->members.at(rank).get();
 }
 
 RankComms LocalComms::for_rank(int32_t rank) {
     const plan::PlanRank& me = graph_.ranks.at(static_cast<size_t>(rank));
     RankComms c;
-    c.p2p = endpoints_.at(static_cast<size_t>(rank)).get();
-    std::vector<int32_t> tp{0}, dp{1}, model{2};
-    for (const auto& r : graph_.ranks) {
-        if (r.dp == me.dp && r.pp == me.pp) tp.push_back(r.rank);
-        if (r.pp == me.pp && r.tp == me.tp) dp.push_back(r.rank);
-        if (r.dp == me.dp) model.push_back(r.rank);
-    }
-    c.tp = join(tp, rank, "tp group");
-    c.dp = join(dp, rank, "dp group");
-    c.model = join(model, rank, "model group");
-    if (!graph_.stages.empty()) {
-        int32_t first = graph_.stages.front().pp, last = graph_.stages.back().pp;
-        if (first != last && (me.pp == first || me.pp == last))
-            c.tied =
-                join({3, graph_.rank_of(me.dp, first, me.tp), graph_.rank_of(me.dp, last, me.tp)},
-                     rank, "tied embedding group");
-    }
+    c.p2p = endpoints_.at(rank).get();
+    auto groups = groups_of(graph_, me);
+    c.tp = member(groups[0].first, rank);
+    c.dp = member(groups[1].first, rank);
+    c.model = member(groups[2].first, rank);
+    if (groups.size() > 3) c.tied = member(groups[3].first, rank);
     return c;
 }
 
 void LocalComms::abort(const std::string& why) {
     fabric_.abort(why);
+    for (auto& [rank, ucx] : ucx_) ucx->abort(why);
     for (auto& [key, g] : groups_)
         if (g->inprocess) g->inprocess->abort(why);
+}
+
+RankTraffic LocalComms::traffic(int32_t rank) const {
+    RankTraffic t;
+    auto it = ucx_.find(rank);
+    if (it == ucx_.end()) return t;
+    transport::UcxStats s = it->second->stats();
+    for (const auto& by_kind : s.sent)
+        for (size_t d = 0; d < 2; ++d) t.sent[d] += by_kind[d];
+    for (const auto& by_kind : s.received)
+        for (size_t d = 0; d < 2; ++d) t.received[d] += by_kind[d];
+    return t;
 }
 
 } // namespace dist::runtime

@@ -1,6 +1,14 @@
-// local_comms.hpp: the communication groups of a graph's ranks when all of them are threads of
-// this process: one in-process fabric for point-to-point, and one collectives group per
-// tensor-parallel, data-parallel, model-replica and tied-embedding group, in-process or Gloo.
+// local_comms.hpp: the communication groups of a graph's ranks in this process: point-to-point
+// handles and one collectives group per tensor-parallel, data-parallel, model-replica and
+// tied-embedding group.
+//
+// With every rank in this process: one in-process fabric for point-to-point, and in-process or
+// Gloo collectives. With the ranks spread over processes (a CommsLayout): ranks of this process
+// still talk to each other through the in-process fabric, and to ranks elsewhere through UCX
+// (one endpoint per rank, meeting in the layout's store); a group with members in other
+// processes reduces through Gloo, meeting in the same store, and a group wholly inside this
+// process stays in-process. Groups are formed in one order that every process follows, so no
+// two processes wait for each other's groups.
 #pragma once
 
 #include "actors/plan/graph.hpp"
@@ -8,10 +16,13 @@
 #include "transport/inprocess.hpp"
 #include "transport/p2p.hpp"
 #include "transport/store.hpp"
+#include "transport/ucx.hpp"
 
+#include <array>
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,28 +30,59 @@ namespace dist::runtime {
 
 enum class CollectivesBackend { inprocess, gloo };
 
+/// Where the ranks of a job live when they are spread over processes.
+struct CommsLayout {
+    /// The process of every rank, and this process's number.
+    std::vector<int32_t> process_of;
+    int32_t process = 0;
+    /// Shared by every process of the job (the control plane's store).
+    transport::KeyValueStore* store = nullptr;
+    /// Keys in the store start with it (a job's own namespace).
+    std::string prefix = "job";
+    /// The address this process's Gloo members listen on (reachable by the other processes).
+    std::string gloo_host = "127.0.0.1";
+    transport::UcxOptions ucx;
+};
+
+/// Bytes and time of one rank's point-to-point traffic with other processes, by direction of
+/// the pipeline (0 activations, 1 gradients), summed over peers: a step's transfer statistics.
+struct RankTraffic {
+    std::array<transport::UcxTraffic, 2> sent, received;
+};
+
 class LocalComms {
   public:
+    /// Every rank of `graph` in this process.
     LocalComms(const plan::Graph& graph, CollectivesBackend backend = CollectivesBackend::inprocess,
+               std::chrono::milliseconds timeout = std::chrono::minutes(5));
+    /// The ranks of `layout.process` only, the others reached across processes.
+    LocalComms(const plan::Graph& graph, const CommsLayout& layout,
                std::chrono::milliseconds timeout = std::chrono::minutes(5));
     ~LocalComms();
 
-    /// The handles of `rank` (valid while this object lives).
+    /// The handles of `rank`, a rank of this process (valid while this object lives).
     RankComms for_rank(int32_t rank);
     /// Fails every pending and later transfer and in-process collective with `why`.
     void abort(const std::string& why);
+    /// The traffic of `rank` with other processes so far (zero within one process). From the
+    /// rank's own thread, between its steps.
+    RankTraffic traffic(int32_t rank) const;
 
   private:
     struct Group;
-    transport::Collectives* join(const std::vector<int32_t>& key, int32_t rank,
-                                 const std::string& name);
+    class Routed;
+    void form_groups();
+    transport::Collectives* member(const std::vector<int32_t>& key, int32_t rank) const;
+    bool local(int32_t rank) const;
 
     const plan::Graph& graph_;
     CollectivesBackend backend_;
     std::chrono::milliseconds timeout_;
+    std::optional<CommsLayout> layout_;
     transport::InProcessFabric fabric_;
     transport::MemoryStore store_;
-    std::vector<std::unique_ptr<transport::PointToPoint>> endpoints_;
+    std::map<int32_t, std::unique_ptr<transport::PointToPoint>> endpoints_;
+    std::map<int32_t, transport::UcxEndpoint*> ucx_; // inside the Routed endpoints
     std::map<std::vector<int32_t>, std::unique_ptr<Group>> groups_;
 };
 
