@@ -121,7 +121,7 @@ int launch_local(int procs, const std::vector<std::string>& args, std::ostream& 
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
 
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_handler = on_signal;
     ::sigaction(SIGINT, &sa, nullptr);
     ::sigaction(SIGTERM, &sa, nullptr);
@@ -190,8 +190,10 @@ int launch_local(int procs, const std::vector<std::string>& args, std::ostream& 
                 who.push_back({&c, false});
             }
         }
-        if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
-        else ::usleep(100 * 1000);
+        if (!fds.empty())
+            ::poll(fds.data(), fds.size(), 100);
+        else
+            ::usleep(100 * 1000);
         for (size_t k = 0; k < fds.size(); ++k) {
             if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
             auto [c, is_out] = who[k];

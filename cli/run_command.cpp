@@ -103,6 +103,12 @@ cluster_from_environment(const CommonOptions& o, const plan::Graph& graph, std::
     for (const auto& s : o.overrides) bytes += "\n--set " + s;
     c.digest = digest_of(plan::to_json(graph).dump() + bytes);
     c.log = [](const std::string& line) { std::cerr << "dist: " << line << "\n" << std::flush; };
+    c.abandon = [](const std::string& why) {
+        std::cerr << "error: " << why << "\n(ranks of this process were still waiting on their "
+                  << "peers; ending it)\n"
+                  << std::flush;
+        std::_Exit(1);
+    };
     return c;
 }
 

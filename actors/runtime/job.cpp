@@ -38,6 +38,7 @@ using abort_atom = caf::atom_constant<caf::atom("abort")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;
 using gather_atom = caf::atom_constant<caf::atom("gather")>;
 using ok_atom = caf::atom_constant<caf::atom("ok")>;
+using leave_atom = caf::atom_constant<caf::atom("leave")>;
 
 /// A worker's answer to "run step s".
 struct StepOutcome {
@@ -133,6 +134,8 @@ struct Member {
     std::string host;
     int32_t pid = 0;
     bool ready = false;
+    bool lost = false;    // gone: no end to tell it
+    bool leaving = false; // said it ends itself after the job failed (not a cause)
     std::chrono::steady_clock::time_point last_beat;
     uint64_t progress = 0;
     std::string actions; // "rank 4 in 1F3; rank 5 finished its step"
@@ -150,8 +153,10 @@ struct CoordinatorState {
     std::map<std::string, std::vector<caf::response_promise>> waiting;
     int64_t step = 0;
     size_t pending = 0;
+    std::vector<bool> replied; // by rank, this step
     std::vector<StepOutcome> replies;
     std::string failure;
+    std::string lost_note; // the first lost process, which the final failure names first
     bool finished = false;
     caf::response_promise promise;
     uint64_t last_progress = 0;
@@ -178,6 +183,7 @@ struct Job::Net {
     int64_t tokens_per_step = 0;
     std::promise<std::string> member_done;
     std::atomic<bool> member_finished{false};
+    std::atomic<bool> abandon_armed{false};
     bool ran = false;
     std::function<std::string()> gather_local; // this process's parameter shards, serialised
     /// The job's store (UCX endpoints read peers' addresses from it when they first connect).
@@ -224,7 +230,23 @@ void fail(coordinator_pointer self, const std::string& why) {
     for (auto& [p, m] : st.members) self->send(m.actor, abort_atom::value, why);
 }
 
-// Process `p` is gone or silent: the failure names it and what its ranks were doing.
+void step_done(coordinator_pointer self);
+void finish(coordinator_pointer self, const std::string& result);
+
+// Takes `o` as rank o.rank's answer to this step, unless it has answered already (a lost
+// process's ranks are answered for; their late replies are dropped).
+void take_reply(coordinator_pointer self, StepOutcome o) {
+    auto& s = self->state;
+    auto r = static_cast<size_t>(o.rank);
+    if (!s.started || s.finished || r >= s.replied.size() || s.replied[r]) return;
+    s.replied[r] = true;
+    if (!o.ok) fail(self, RankFailure{o.rank, o.action, o.cause}.str());
+    s.replies.push_back(std::move(o));
+    if (--s.pending == 0) step_done(self);
+}
+
+// Process `p` is gone or silent: the failure names it and what its ranks were doing; its ranks'
+// answers to the step will never come, so they are taken as failed.
 void lost(coordinator_pointer self, int32_t p, const std::string& how) {
     auto& st = self->state;
     auto it = st.members.find(p);
@@ -235,29 +257,50 @@ void lost(coordinator_pointer self, int32_t p, const std::string& how) {
     std::string doing = it != st.members.end() && !it->second.actions.empty()
                             ? "; last heard: " + it->second.actions
                             : "";
-    fail(self, who + " " + how + doing);
+    const bool cause = it == st.members.end() || !it->second.leaving;
+    if (it != st.members.end()) it->second.lost = true;
+    if (cause && st.lost_note.empty()) st.lost_note = who + " " + how + doing;
+    if (cause) fail(self, who + " " + how + doing);
+    if (!st.started) {
+        if (st.start_requested) finish(self, st.failure);
+        return;
+    }
+    for (size_t r = 0; r < st.net->process_of.size(); ++r)
+        if (st.net->process_of[r] == p && !st.replied[r]) {
+            StepOutcome o;
+            o.rank = static_cast<int32_t>(r);
+            o.cause = "its process was lost";
+            take_reply(self, o);
+        }
 }
 
-void finish(coordinator_pointer self, const std::string& result) {
+void finish(coordinator_pointer self, const std::string& outcome) {
     auto& st = self->state;
     if (st.finished) return;
     st.finished = true;
+    // A lost process is the cause of what its peers then saw: name it first.
+    std::string result = outcome;
+    if (!result.empty() && !st.lost_note.empty() && result != st.lost_note)
+        result = st.lost_note + "\n  (then: " + result + ")";
     // Every other process hears the end and acknowledges it before this one returns (and may
     // exit): otherwise they would see the coordinator vanish and report it lost.
-    auto remaining = std::make_shared<size_t>(st.members.size());
+    size_t alive = 0;
+    for (auto& [p, m] : st.members) alive += !m.lost;
+    auto remaining = std::make_shared<size_t>(alive);
     auto deliver = [self, result, remaining] {
         if (*remaining > 0 && --*remaining > 0) return;
         self->state.promise.deliver(result);
         self->quit();
     };
-    if (st.members.empty()) {
+    if (alive == 0) {
         st.promise.deliver(result);
         self->quit();
         return;
     }
     for (auto& [p, m] : st.members)
-        self->request(m.actor, std::chrono::seconds(5), done_atom::value, result)
-            .then([deliver](ok_atom) { deliver(); }, [deliver](caf::error&) { deliver(); });
+        if (!m.lost)
+            self->request(m.actor, std::chrono::seconds(2), done_atom::value, result)
+                .then([deliver](ok_atom) { deliver(); }, [deliver](caf::error&) { deliver(); });
 }
 
 void start_step(coordinator_pointer self);
@@ -299,14 +342,10 @@ void start_step(coordinator_pointer self) {
     auto& st = self->state;
     st.replies.clear();
     st.pending = st.workers.size();
+    st.replied.assign(st.workers.size(), false);
     st.step_start = std::chrono::steady_clock::now();
     for (size_t i = 0; i < st.workers.size(); ++i) {
-        auto on_reply = [self](StepOutcome& o) {
-            auto& s = self->state;
-            if (!o.ok) fail(self, RankFailure{o.rank, o.action, o.cause}.str());
-            s.replies.push_back(std::move(o));
-            if (--s.pending == 0) step_done(self);
-        };
+        auto on_reply = [self](StepOutcome& o) { take_reply(self, std::move(o)); };
         self->request(st.workers[i], caf::infinite, run_atom::value, st.step)
             .then(on_reply, [self, on_reply, i](caf::error& e) {
                 auto& s = self->state;
@@ -323,7 +362,9 @@ void start_step(coordinator_pointer self) {
 
 void maybe_start(coordinator_pointer self) {
     auto& st = self->state;
-    if (st.started || !st.start_requested || !st.own_ready) return;
+    if (st.started || !st.start_requested) return;
+    if (!st.failure.empty()) return finish(self, st.failure);
+    if (!st.own_ready) return;
     for (auto& [p, m] : st.members)
         if (!m.ready) return;
     if (st.members.size() + 1 < static_cast<size_t>(st.net->cluster.processes)) return;
@@ -361,10 +402,14 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
     ignore_remote_exits(self);
     self->set_down_handler([self](caf::down_msg& dm) {
         auto& st = self->state;
-        if (st.finished) return;
         for (auto& [p, m] : st.members)
-            if (m.actor.address() == dm.source)
+            if (m.actor.address() == dm.source) {
+                if (st.finished || m.lost) {
+                    m.lost = true;
+                    return;
+                }
                 return lost(self, p, "was lost: " + self->system().render(dm.reason));
+            }
     });
     self->delayed_send(self, std::chrono::milliseconds(200), tick_atom::value);
     return {
@@ -418,6 +463,11 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
             else if (auto it = st.members.find(process); it != st.members.end())
                 it->second.ready = true;
             maybe_start(self);
+        },
+        [self](leave_atom, int32_t process) {
+            auto& st = self->state;
+            if (auto it = st.members.find(process); heard(self) && it != st.members.end())
+                it->second.leaving = true;
         },
         [self](beat_atom, int32_t process, uint64_t progress, const std::string& actions) {
             auto& st = self->state;
@@ -521,7 +571,24 @@ caf::behavior member(caf::stateful_actor<MemberState>* self, Job::Net* net) {
     });
     self->send(self, tick_atom::value);
     return {
-        [net](abort_atom, const std::string& why) { net->comms->abort(why); },
+        [net](abort_atom, const std::string& why) {
+            net->comms->abort(why);
+            if (!net->cluster.abandon || net->abandon_armed.exchange(true)) return;
+            // Ranks that are still inside the step after a while wait on Gloo for peers that
+            // gave up: end this process (its caller says how).
+            std::thread([net, why] {
+                auto deadline = std::chrono::steady_clock::now() + net->cluster.abandon_after;
+                while (std::chrono::steady_clock::now() < deadline) {
+                    bool busy = false;
+                    for (auto* ex : net->executors) busy |= !ex->current_action().empty();
+                    if (!busy) return;
+                    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                }
+                caf::anon_send(net->coordinator, leave_atom::value, net->cluster.process);
+                std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                net->cluster.abandon(why);
+            }).detach();
+        },
         [self, end](done_atom, const std::string& result) {
             end(result);
             self->quit();

@@ -1,0 +1,485 @@
+// cluster_test.cpp: one job spread over operating-system processes, as users run it: `dist run
+// --procs N`, processes started by mpirun or by hand (DIST_RANK ...), two network namespaces as
+// two hosts; the same losses as one process; a killed process ends the job cleanly and the run
+// resumes from its last checkpoint; peers without the token, of another plan, or speaking
+// random bytes are refused while the job carries on.
+#include "actors/runtime/job.hpp"
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <netinet/in.h>
+#include <optional>
+#include <sstream>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+namespace {
+
+const char* gpt_script = R"(import "std/gpt.dist"
+model = gpt(vocab: 32, context: 8, layers: 4, heads: 4, width: 16)
+mesh {
+    devices: cpu
+}
+train {
+    data: synthetic()
+    batch: 8
+    steps: 400
+    seed: 7
+    optimizer {
+        lr: 1e-2
+        weight_decay: 0.1
+    }
+    clip: 0.5
+}
+)";
+
+const char* llama_script = R"(import "std/llama.dist"
+model = llama(vocab: 32, context: 8, layers: 4, heads: 4, kv_heads: 2, width: 16, hidden: 24)
+mesh {
+    devices: cpu
+}
+train {
+    data: synthetic()
+    batch: 8
+    steps: 400
+    seed: 11
+    optimizer {
+        lr: 1e-2
+    }
+}
+)";
+
+std::string slurp(const fs::path& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// A fresh folder per test, with the two scripts in it.
+struct Dir {
+    fs::path path;
+    explicit Dir(const std::string& name) {
+        path = fs::temp_directory_path() / ("dist_cluster_" + name + "_" + std::to_string(::getpid()));
+        fs::remove_all(path);
+        fs::create_directories(path);
+        std::ofstream(path / "gpt.dist") << gpt_script;
+        std::ofstream(path / "llama.dist") << llama_script;
+    }
+    ~Dir() { fs::remove_all(path); }
+    std::string operator/(const std::string& f) const { return (path / f).string(); }
+};
+
+// A process of the dist binary: its arguments after `dist`, extra environment, and where its
+// output goes.
+struct Proc {
+    pid_t pid = -1;
+    std::string out, err; // files
+
+    Proc(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+         const std::string& out_file, const std::string& err_file, const std::string& program = DIST_BINARY)
+        : out(out_file), err(err_file) {
+        pid = ::fork();
+        if (pid != 0) return;
+        for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+        if (!std::freopen(out_file.c_str(), "w", stdout) ||
+            !std::freopen(err_file.c_str(), "w", stderr))
+            ::_exit(126);
+        std::vector<char*> argv;
+        argv.push_back(const_cast<char*>(program.c_str()));
+        for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        ::execvp(argv[0], argv.data());
+        ::_exit(127);
+    }
+
+    /// The exit status (-signal when killed), or nullopt when it is still running after
+    /// `timeout` (then it is killed).
+    std::optional<int> wait(std::chrono::milliseconds timeout) {
+        auto deadline = std::chrono::steady_clock::now() + timeout;
+        for (;;) {
+            int st = 0;
+            pid_t r = ::waitpid(pid, &st, WNOHANG);
+            if (r == pid) {
+                pid = -1;
+                return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+            }
+            if (std::chrono::steady_clock::now() > deadline) {
+                ::kill(pid, SIGKILL);
+                ::waitpid(pid, &st, 0);
+                pid = -1;
+                return std::nullopt;
+            }
+            std::this_thread::sleep_for(20ms);
+        }
+    }
+    ~Proc() {
+        if (pid > 0) {
+            ::kill(pid, SIGKILL);
+            ::waitpid(pid, nullptr, 0);
+        }
+    }
+};
+
+std::vector<std::string> run_args(const std::string& script, const std::vector<std::string>& sets,
+                                  const std::string& metrics, int steps) {
+    std::vector<std::string> a = {"run", script, "--quiet", "--metrics", metrics};
+    std::vector<std::string> all = sets;
+    all.push_back("train.stop_after=" + std::to_string(steps));
+    for (const auto& s : all) {
+        a.push_back("--set");
+        a.push_back(s);
+    }
+    return a;
+}
+
+struct Step {
+    double loss = 0, grad_norm = 0;
+};
+
+std::vector<Step> steps_of(const std::string& metrics) {
+    std::vector<Step> out;
+    std::ifstream in(metrics);
+    std::string line;
+    while (std::getline(in, line)) {
+        auto loss = line.find("\"loss\":"), norm = line.find("\"grad_norm\":");
+        if (loss == std::string::npos || norm == std::string::npos) continue;
+        out.push_back({std::stod(line.substr(loss + 7)), std::stod(line.substr(norm + 12))});
+    }
+    return out;
+}
+
+void expect_same_steps(const std::vector<Step>& a, const std::vector<Step>& b,
+                       const std::string& what) {
+    ASSERT_EQ(a.size(), b.size()) << what;
+    ASSERT_FALSE(a.empty()) << what;
+    for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_NEAR(a[i].loss, b[i].loss, 1e-5 * std::abs(a[i].loss)) << what << " step " << i + 1;
+        EXPECT_NEAR(a[i].grad_norm, b[i].grad_norm, 1e-4 * std::abs(a[i].grad_norm))
+            << what << " step " << i + 1;
+    }
+}
+
+// A TCP port on loopback that nobody listens on now.
+int free_port() {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+struct Mesh {
+    std::string name, script;
+    std::vector<std::string> sets;
+    int ranks;
+};
+
+std::vector<std::string> mesh_sets(int dp, int tp, int pp, const std::string& kind, int m,
+                                   int v = 1) {
+    std::vector<std::string> s = {"mesh.dp=" + std::to_string(dp), "mesh.tp=" + std::to_string(tp),
+                                  "mesh.pp=" + std::to_string(pp), "schedule.kind=" + kind,
+                                  "schedule.microbatches=" + std::to_string(m)};
+    if (v > 1) s.push_back("schedule.virtual_stages=" + std::to_string(v));
+    return s;
+}
+
+} // namespace
+
+TEST(Cluster, RanksAreDividedInContiguousBlocks) {
+    using dist::runtime::process_of_ranks;
+    EXPECT_EQ(process_of_ranks(8, 2), (std::vector<int32_t>{0, 0, 0, 0, 1, 1, 1, 1}));
+    EXPECT_EQ(process_of_ranks(8, 4), (std::vector<int32_t>{0, 0, 1, 1, 2, 2, 3, 3}));
+    EXPECT_EQ(process_of_ranks(5, 2), (std::vector<int32_t>{0, 0, 0, 1, 1}));
+    EXPECT_EQ(process_of_ranks(3, 3), (std::vector<int32_t>{0, 1, 2}));
+    EXPECT_EQ(process_of_ranks(4, 1), (std::vector<int32_t>{0, 0, 0, 0}));
+}
+
+// The runtime's equivalence cases, with the ranks spread over 2 and 4 processes: pipeline
+// neighbours in different processes (UCX), data- and tensor-parallel groups across processes
+// (Gloo), the tied embedding's group across processes.
+TEST(Cluster, SameLossesOverTwoAndFourProcessesAsInOne) {
+    Dir dir("equivalence");
+    const std::vector<Mesh> meshes = {
+        {"dp2 pp2 1f1b", "gpt.dist", mesh_sets(2, 1, 2, "1f1b", 2), 4},
+        {"tp2 pp2 gpipe", "gpt.dist", mesh_sets(1, 2, 2, "gpipe", 2), 4},
+        {"tp4", "gpt.dist", mesh_sets(1, 4, 1, "1f1b", 1), 4},
+        {"pp2 zb_h1", "gpt.dist", mesh_sets(1, 1, 2, "zb_h1", 4), 2},
+        {"pp2 interleaved v2", "gpt.dist", mesh_sets(1, 1, 2, "interleaved_1f1b", 4, 2), 2},
+        {"pp2 zbv", "gpt.dist", mesh_sets(1, 1, 2, "zbv", 4, 2), 2},
+        {"pp4 1f1b", "gpt.dist", mesh_sets(1, 1, 4, "1f1b", 4), 4},
+        {"dp2 tp2 pp2", "gpt.dist", mesh_sets(2, 2, 2, "1f1b", 2), 8},
+        {"llama tp2 pp2", "llama.dist", mesh_sets(1, 2, 2, "1f1b", 2), 4},
+    };
+    for (const Mesh& m : meshes) {
+        std::string one = dir / "one.jsonl";
+        fs::remove(one);
+        Proc ref(run_args(dir / m.script, m.sets, one, 3), {}, dir / "one.out", dir / "one.err");
+        ASSERT_EQ(ref.wait(120s), 0) << m.name << ": " << slurp(dir / "one.err");
+        std::vector<Step> expected = steps_of(one);
+        ASSERT_EQ(expected.size(), 3u) << m.name;
+        for (int procs : {2, 4}) {
+            if (procs > m.ranks) continue;
+            std::string many = dir / "many.jsonl";
+            fs::remove(many);
+            auto args = run_args(dir / m.script, m.sets, many, 3);
+            args.push_back("--procs");
+            args.push_back(std::to_string(procs));
+            Proc job(args, {}, dir / "many.out", dir / "many.err");
+            std::string what = m.name + " over " + std::to_string(procs) + " processes";
+            ASSERT_EQ(job.wait(120s), 0) << what << ": " << slurp(dir / "many.err");
+            EXPECT_NE(slurp(dir / "many.out").find("in " + std::to_string(procs) + " processes"),
+                      std::string::npos)
+                << slurp(dir / "many.out");
+            expect_same_steps(expected, steps_of(many), what);
+        }
+    }
+}
+
+TEST(Cluster, ActivationsBetweenProcessesAreCountedInTheMetrics) {
+    Dir dir("traffic");
+    auto args = run_args(dir / "gpt.dist", mesh_sets(1, 1, 2, "1f1b", 2), dir / "m.jsonl", 2);
+    args.insert(args.end(), {"--procs", "2"});
+    Proc job(args, {}, dir / "out", dir / "err");
+    ASSERT_EQ(job.wait(120s), 0) << slurp(dir / "err");
+    std::string metrics = slurp(dir / "m.jsonl");
+    // Stage 0 (rank 0, process 0) sends two microbatches of (4 rows x 8 tokens x 16 floats)
+    // activations to rank 1 each step, and rank 1 sends as many gradients back.
+    const std::string act = "\"sent_activations\":{\"bytes\":" + std::to_string(2 * 4 * 8 * 16 * 4) +
+                            ",\"messages\":2";
+    EXPECT_NE(metrics.find(act), std::string::npos) << metrics;
+    const std::string grad = "\"sent_gradients\":{\"bytes\":" + std::to_string(2 * 4 * 8 * 16 * 4) +
+                             ",\"messages\":2";
+    EXPECT_NE(metrics.find(grad), std::string::npos) << metrics;
+}
+
+TEST(Cluster, ProcessesStartedByMpirunJoin) {
+    if (std::system("command -v mpirun > /dev/null 2>&1") != 0)
+        GTEST_SKIP() << "mpirun is not installed (Debian: openmpi-bin)";
+    Dir dir("mpirun");
+    auto sets = mesh_sets(2, 1, 2, "1f1b", 2);
+    Proc ref(run_args(dir / "gpt.dist", sets, dir / "one.jsonl", 3), {}, dir / "one.out",
+             dir / "one.err");
+    ASSERT_EQ(ref.wait(120s), 0) << slurp(dir / "one.err");
+    std::vector<std::string> args = {"--allow-run-as-root", "--oversubscribe", "-np", "2", "-x",
+                                     "DIST_COORDINATOR=127.0.0.1:" + std::to_string(free_port()),
+                                     "--mca", "btl", "self,tcp", DIST_BINARY};
+    for (const auto& a : run_args(dir / "gpt.dist", sets, dir / "mpi.jsonl", 3)) args.push_back(a);
+    Proc job(args, {}, dir / "mpi.out", dir / "mpi.err", "mpirun");
+    ASSERT_EQ(job.wait(180s), 0) << slurp(dir / "mpi.err") << slurp(dir / "mpi.out");
+    EXPECT_NE(slurp(dir / "mpi.out").find("in 2 processes"), std::string::npos)
+        << slurp(dir / "mpi.out");
+    expect_same_steps(steps_of(dir / "one.jsonl"), steps_of(dir / "mpi.jsonl"), "under mpirun");
+}
+
+namespace {
+
+std::vector<pid_t> children_of(pid_t pid) {
+    std::vector<pid_t> out;
+    std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+    pid_t c;
+    while (in >> c) out.push_back(c);
+    return out;
+}
+
+bool alive(pid_t pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    if (!stat) return false;
+    std::string s;
+    std::getline(stat, s);
+    auto close = s.rfind(')');
+    return close != std::string::npos && close + 2 < s.size() && s[close + 2] != 'Z';
+}
+
+int64_t checkpoint_step(const fs::path& dir) {
+    std::string state = slurp(dir / "state.json");
+    auto at = state.find("\"step\":");
+    return at == std::string::npos ? -1 : std::stoll(state.substr(at + 7));
+}
+
+} // namespace
+
+// Kill -9 one process of a running 4-process job: the job ends within 15 s naming it, no
+// process is left, and --resume continues from the last checkpoint with the losses of an
+// uninterrupted run.
+TEST(Cluster, KilledProcessEndsTheJobAndTheRunResumes) {
+    Dir dir("kill");
+    auto sets = mesh_sets(2, 2, 2, "1f1b", 2);
+    sets.push_back("train.checkpoint.every=3");
+    sets.push_back("train.checkpoint.dir=\"" + (dir / "ck") + "\"");
+    auto args = run_args(dir / "gpt.dist", sets, dir / "a.jsonl", 400);
+    args.insert(args.end(), {"--procs", "4"});
+    Proc job(args, {}, dir / "a.out", dir / "a.err");
+    // Wait for a checkpoint, then a few more steps.
+    auto deadline = std::chrono::steady_clock::now() + 120s;
+    while (checkpoint_step(dir.path / "ck") < 3 && std::chrono::steady_clock::now() < deadline &&
+           ::waitpid(job.pid, nullptr, WNOHANG) == 0)
+        std::this_thread::sleep_for(50ms);
+    ASSERT_GE(checkpoint_step(dir.path / "ck"), 3) << slurp(dir / "a.err");
+    std::this_thread::sleep_for(300ms);
+    std::vector<pid_t> procs = children_of(job.pid);
+    ASSERT_EQ(procs.size(), 4u);
+    const pid_t victim = procs[2];
+    ASSERT_EQ(::kill(victim, SIGKILL), 0);
+    auto killed_at = std::chrono::steady_clock::now();
+    std::optional<int> status = job.wait(60s);
+    double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+    ASSERT_TRUE(status.has_value()) << "the job did not end";
+    EXPECT_NE(*status, 0);
+    EXPECT_LT(took, 15.0);
+    std::string err = slurp(dir / "a.err");
+    EXPECT_NE(err.find("pid " + std::to_string(victim)), std::string::npos) << err;
+    EXPECT_NE(err.find("was killed by signal 9"), std::string::npos) << err;
+    EXPECT_NE(err.find("ranks "), std::string::npos) << err; // the lost process's ranks
+    for (pid_t p : procs) EXPECT_FALSE(alive(p)) << "process " << p << " is left behind";
+
+    // Resume from the checkpoint for three steps, on 4 processes again, and compare with an
+    // uninterrupted single-process run of as many steps.
+    const int64_t at = checkpoint_step(dir.path / "ck");
+    ASSERT_GE(at, 3);
+    std::vector<std::string> plain;
+    for (const auto& s : sets)
+        if (s.rfind("train.checkpoint", 0) != 0) plain.push_back(s);
+    Proc ref(run_args(dir / "gpt.dist", plain, dir / "ref.jsonl", static_cast<int>(at) + 3), {},
+             dir / "ref.out", dir / "ref.err");
+    ASSERT_EQ(ref.wait(120s), 0) << slurp(dir / "ref.err");
+    auto resume = run_args(dir / "gpt.dist", plain, dir / "b.jsonl", static_cast<int>(at) + 3);
+    resume.insert(resume.end(), {"--procs", "4", "--resume", dir / "ck"});
+    Proc again(resume, {}, dir / "b.out", dir / "b.err");
+    ASSERT_EQ(again.wait(120s), 0) << slurp(dir / "b.err");
+    std::vector<Step> ref_steps = steps_of(dir / "ref.jsonl");
+    ASSERT_EQ(ref_steps.size(), static_cast<size_t>(at + 3));
+    std::vector<Step> tail(ref_steps.end() - 3, ref_steps.end());
+    std::vector<Step> resumed = steps_of(dir / "b.jsonl");
+    // b.jsonl: the resumed steps only (a fresh file).
+    expect_same_steps(tail, resumed, "resumed after the kill");
+}
+
+namespace {
+
+// Processes of a 2-process job started by hand, as a launcher would.
+std::map<std::string, std::string> member_env(int rank, int port, const std::string& token) {
+    return {{"DIST_RANK", std::to_string(rank)},
+            {"DIST_WORLD_SIZE", "2"},
+            {"DIST_COORDINATOR", "127.0.0.1:" + std::to_string(port)},
+            {"DIST_JOB_TOKEN", token}};
+}
+
+void send_random_bytes(int port) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int i = 0; i < 100 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0; ++i)
+        std::this_thread::sleep_for(100ms);
+    std::string junk(4096, '\0');
+    uint32_t x = 12345;
+    for (char& c : junk) c = static_cast<char>((x = x * 1664525 + 1013904223) >> 24);
+    (void)::write(fd, junk.data(), junk.size());
+    std::this_thread::sleep_for(200ms);
+    ::close(fd);
+}
+
+} // namespace
+
+TEST(Cluster, PeersWithoutTheTokenOrOfAnotherPlanAreRefusedAndTheJobCarriesOn) {
+    Dir dir("refuse");
+    const int port = free_port();
+    auto sets = mesh_sets(1, 1, 2, "1f1b", 2);
+    Proc lead(run_args(dir / "gpt.dist", sets, dir / "m.jsonl", 3), member_env(0, port, "s3cret"),
+              dir / "0.out", dir / "0.err");
+    send_random_bytes(port);
+    {
+        Proc intruder(run_args(dir / "gpt.dist", sets, dir / "x.jsonl", 3),
+                      member_env(1, port, "guess"), dir / "x.out", dir / "x.err");
+        EXPECT_EQ(intruder.wait(60s), 1) << slurp(dir / "x.err");
+        EXPECT_NE(slurp(dir / "x.err").find("refused by the coordinator: it did not present this "
+                                            "job's token"),
+                  std::string::npos)
+            << slurp(dir / "x.err");
+    }
+    {
+        auto other = sets;
+        other.push_back("train.optimizer.lr=0.5");
+        Proc stranger(run_args(dir / "gpt.dist", other, dir / "y.jsonl", 3),
+                      member_env(1, port, "s3cret"), dir / "y.out", dir / "y.err");
+        EXPECT_EQ(stranger.wait(60s), 1) << slurp(dir / "y.err");
+        EXPECT_NE(slurp(dir / "y.err").find("runs a different plan"), std::string::npos)
+            << slurp(dir / "y.err");
+    }
+    send_random_bytes(port);
+    Proc member(run_args(dir / "gpt.dist", sets, dir / "n.jsonl", 3), member_env(1, port, "s3cret"),
+                dir / "1.out", dir / "1.err");
+    EXPECT_EQ(member.wait(120s), 0) << slurp(dir / "1.err");
+    EXPECT_EQ(lead.wait(120s), 0) << slurp(dir / "0.err");
+    EXPECT_EQ(steps_of(dir / "m.jsonl").size(), 3u);
+    std::string log = slurp(dir / "0.err");
+    EXPECT_NE(log.find("refused a peer"), std::string::npos) << log;
+}
+
+// Two hosts on one machine: network namespaces joined by a veth pair, one process in each, UCX
+// and Gloo over TCP between them, the coordinator on a non-loopback address (so the token is
+// required).
+TEST(Cluster, TwoNetworkNamespacesActAsTwoHosts) {
+    const std::string a = "distA" + std::to_string(::getpid() % 100000),
+                      b = "distB" + std::to_string(::getpid() % 100000);
+    const std::string va = "dva" + std::to_string(::getpid() % 100000),
+                      vb = "dvb" + std::to_string(::getpid() % 100000);
+    std::string setup = "ip netns add " + a + " && ip netns add " + b + " && ip link add " + va +
+                        " type veth peer name " + vb + " && ip link set " + va + " netns " + a +
+                        " && ip link set " + vb + " netns " + b + " && ip -n " + a +
+                        " addr add 10.231.7.1/24 dev " + va + " && ip -n " + b +
+                        " addr add 10.231.7.2/24 dev " + vb + " && ip -n " + a + " link set " +
+                        va + " up && ip -n " + b + " link set " + vb + " up && ip -n " + a +
+                        " link set lo up && ip -n " + b + " link set lo up";
+    std::string teardown = "ip netns del " + a + " 2>/dev/null; ip netns del " + b + " 2>/dev/null";
+    if (std::system((setup + " > /dev/null 2>&1").c_str()) != 0) {
+        std::system(teardown.c_str());
+        GTEST_SKIP() << "network namespaces cannot be created here (needs root and iproute2)";
+    }
+    Dir dir("netns");
+    auto pp = mesh_sets(1, 1, 2, "1f1b", 2); // stage 0 on host A, stage 1 on host B: UCX
+    Proc ref(run_args(dir / "gpt.dist", pp, dir / "one.jsonl", 3), {}, dir / "one.out",
+             dir / "one.err");
+    ASSERT_EQ(ref.wait(120s), 0) << slurp(dir / "one.err");
+    auto host = [&](const std::string& ns, int rank, const std::string& dev,
+                    const std::string& metrics) {
+        std::vector<std::string> args = {"netns", "exec", ns, "env",
+                                         "DIST_RANK=" + std::to_string(rank), "DIST_WORLD_SIZE=2",
+                                         "DIST_COORDINATOR=10.231.7.1:29411",
+                                         "DIST_JOB_TOKEN=two-hosts", "UCX_TLS=tcp,self",
+                                         "UCX_NET_DEVICES=" + dev, DIST_BINARY};
+        for (const auto& x : run_args(dir / "gpt.dist", pp, metrics, 3)) args.push_back(x);
+        return args;
+    };
+    {
+        Proc pa(host(a, 0, va, dir / "a.jsonl"), {}, dir / "a.out", dir / "a.err", "ip");
+        Proc pb(host(b, 1, vb, dir / "b.jsonl"), {}, dir / "b.out", dir / "b.err", "ip");
+        auto sb = pb.wait(120s);
+        auto sa = pa.wait(120s);
+        std::system(teardown.c_str());
+        ASSERT_EQ(sa, 0) << slurp(dir / "a.err");
+        ASSERT_EQ(sb, 0) << slurp(dir / "b.err");
+    }
+    EXPECT_NE(slurp(dir / "a.out").find("in 2 processes"), std::string::npos);
+    std::string metrics = slurp(dir / "a.jsonl");
+    EXPECT_NE(metrics.find("\"messages\":2"), std::string::npos) << metrics; // over UCX
+    expect_same_steps(steps_of(dir / "one.jsonl"), steps_of(dir / "a.jsonl"), "two namespaces");
+}
