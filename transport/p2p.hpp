@@ -51,6 +51,12 @@ class PointToPoint {
     /// (a transfer between processes moves on only while its sender's thread is inside the
     /// endpoint): the end of a rank's step calls it.
     virtual void flush() {}
+    /// Announces a receive that will follow, so that a transport can post it ahead (UCX then
+    /// moves the data in as it arrives, instead of holding it as unexpected). Optional.
+    virtual void expect(int peer, const P2PTag& tag) {
+        (void)peer;
+        (void)tag;
+    }
 };
 
 /// Mailboxes shared by the ranks of one process.

@@ -229,6 +229,15 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
         s->clear();
         s->stage.params().zero_grads();
     }
+    // The step's receives, posted ahead where the transport can (UCX across processes).
+    for (const plan::PlanAction& a : me_.actions) {
+        if (a.kind == plan::ActionKind::recv_forward)
+            comms_.p2p->expect(a.peer,
+                               {step, a.stage - 1, a.microbatch, transport::Direction::activation});
+        else if (a.kind == plan::ActionKind::recv_backward)
+            comms_.p2p->expect(a.peer,
+                               {step, a.stage + 1, a.microbatch, transport::Direction::gradient});
+    }
     for (size_t i = 0; i < me_.actions.size(); ++i) {
         const plan::PlanAction& a = me_.actions[i];
         {

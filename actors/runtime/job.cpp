@@ -38,7 +38,7 @@ using abort_atom = caf::atom_constant<caf::atom("abort")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;
 using gather_atom = caf::atom_constant<caf::atom("gather")>;
 using ok_atom = caf::atom_constant<caf::atom("ok")>;
-using leave_atom = caf::atom_constant<caf::atom("leave")>;
+using abandon_atom = caf::atom_constant<caf::atom("abandon")>;
 
 /// A worker's answer to "run step s".
 struct StepOutcome {
@@ -183,7 +183,6 @@ struct Job::Net {
     int64_t tokens_per_step = 0;
     std::promise<std::string> member_done;
     std::atomic<bool> member_finished{false};
-    std::atomic<bool> abandon_armed{false};
     bool ran = false;
     std::function<std::string()> gather_local; // this process's parameter shards, serialised
     /// The job's store (UCX endpoints read peers' addresses from it when they first connect).
@@ -228,6 +227,8 @@ void fail(coordinator_pointer self, const std::string& why) {
     // with an error instead of hanging.
     st.net->comms->abort(why);
     for (auto& [p, m] : st.members) self->send(m.actor, abort_atom::value, why);
+    if (!st.members.empty())
+        self->delayed_send(self, st.net->cluster.abandon_after, abandon_atom::value);
 }
 
 void step_done(coordinator_pointer self);
@@ -464,10 +465,16 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
                 it->second.ready = true;
             maybe_start(self);
         },
-        [self](leave_atom, int32_t process) {
+        [self](abandon_atom) {
+            // The job failed a while ago and ranks are still inside the step: they wait in
+            // Gloo for peers that gave up. The other processes end themselves, which frees them.
             auto& st = self->state;
-            if (auto it = st.members.find(process); heard(self) && it != st.members.end())
-                it->second.leaving = true;
+            if (!own(self) || st.finished || st.pending == 0) return;
+            for (auto& [p, m] : st.members)
+                if (!m.lost) {
+                    m.leaving = true;
+                    self->send(m.actor, abandon_atom::value, st.failure);
+                }
         },
         [self](beat_atom, int32_t process, uint64_t progress, const std::string& actions) {
             auto& st = self->state;
@@ -567,15 +574,9 @@ caf::behavior member(caf::stateful_actor<MemberState>* self, Job::Net* net) {
                           self->system().render(dm.reason) + ")";
         net->comms->abort(why);
         end(why);
-        self->quit();
-    });
-    self->send(self, tick_atom::value);
-    return {
-        [net](abort_atom, const std::string& why) {
-            net->comms->abort(why);
-            if (!net->cluster.abandon || net->abandon_armed.exchange(true)) return;
-            // Ranks that are still inside the step after a while wait on Gloo for peers that
-            // gave up: end this process (its caller says how).
+        // Without a coordinator nobody says when to give up: ranks still busy after a while
+        // wait in Gloo for peers that are gone.
+        if (net->cluster.abandon)
             std::thread([net, why] {
                 auto deadline = std::chrono::steady_clock::now() + net->cluster.abandon_after;
                 while (std::chrono::steady_clock::now() < deadline) {
@@ -584,10 +585,18 @@ caf::behavior member(caf::stateful_actor<MemberState>* self, Job::Net* net) {
                     if (!busy) return;
                     std::this_thread::sleep_for(std::chrono::milliseconds(50));
                 }
-                caf::anon_send(net->coordinator, leave_atom::value, net->cluster.process);
-                std::this_thread::sleep_for(std::chrono::milliseconds(200));
                 net->cluster.abandon(why);
             }).detach();
+        self->quit();
+    });
+    self->send(self, tick_atom::value);
+    return {
+        [net](abort_atom, const std::string& why) { net->comms->abort(why); },
+        [net](abandon_atom, const std::string& why) {
+            // Ranks somewhere are still inside the failed step, waiting in Gloo for peers that
+            // gave up: this process ends (its caller says how), and its closed sockets free
+            // them.
+            if (net->cluster.abandon) net->cluster.abandon(why);
         },
         [self, end](done_atom, const std::string& result) {
             end(result);

@@ -64,11 +64,12 @@ struct ClusterOptions {
     std::chrono::milliseconds heartbeat_timeout = std::chrono::seconds(10);
     /// Where the coordinator reports refused peers (stderr in `dist run`).
     std::function<void(const std::string&)> log;
-    /// Called (with the failure) in a process other than 0 whose ranks are still inside their
-    /// step `abandon_after` after the job failed: a rank can wait in a Gloo collective for a
-    /// peer that already gave up, and Gloo cannot be interrupted. `dist run` ends the process
-    /// (its sockets close, which frees the ranks waiting on it elsewhere); without it the rank
-    /// waits for Gloo's timeout.
+    /// Called (with the failure) in the processes other than 0 when ranks are still inside
+    /// their step `abandon_after` after the job failed (or, without a coordinator, when this
+    /// process's are): a rank can wait in a Gloo collective for a peer that already gave up,
+    /// and Gloo cannot be interrupted. `dist run` ends the process (its sockets close, which
+    /// frees the ranks waiting on it elsewhere); without it such a rank waits for Gloo's
+    /// timeout.
     std::function<void(const std::string&)> abandon;
     std::chrono::milliseconds abandon_after = std::chrono::seconds(3);
     /// This process's data-plane options.

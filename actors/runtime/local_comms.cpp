@@ -32,6 +32,9 @@ class LocalComms::Routed final : public transport::PointToPoint {
         return (comms_.local(peer) ? *near_ : static_cast<PointToPoint&>(*far_)).recv(peer, tag);
     }
     void flush() override { far_->flush(); }
+    void expect(int peer, const transport::P2PTag& tag) override {
+        if (!comms_.local(peer)) far_->post_recv(peer, tag);
+    }
     transport::UcxEndpoint* far() { return far_.get(); }
 
   private:

@@ -72,7 +72,8 @@ std::string slurp(const fs::path& p) {
 struct Dir {
     fs::path path;
     explicit Dir(const std::string& name) {
-        path = fs::temp_directory_path() / ("dist_cluster_" + name + "_" + std::to_string(::getpid()));
+        path =
+            fs::temp_directory_path() / ("dist_cluster_" + name + "_" + std::to_string(::getpid()));
         fs::remove_all(path);
         fs::create_directories(path);
         std::ofstream(path / "gpt.dist") << gpt_script;
@@ -89,7 +90,8 @@ struct Proc {
     std::string out, err; // files
 
     Proc(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
-         const std::string& out_file, const std::string& err_file, const std::string& program = DIST_BINARY)
+         const std::string& out_file, const std::string& err_file,
+         const std::string& program = DIST_BINARY)
         : out(out_file), err(err_file) {
         pid = ::fork();
         if (pid != 0) return;
@@ -261,11 +263,11 @@ TEST(Cluster, ActivationsBetweenProcessesAreCountedInTheMetrics) {
     std::string metrics = slurp(dir / "m.jsonl");
     // Stage 0 (rank 0, process 0) sends two microbatches of (4 rows x 8 tokens x 16 floats)
     // activations to rank 1 each step, and rank 1 sends as many gradients back.
-    const std::string act = "\"sent_activations\":{\"bytes\":" + std::to_string(2 * 4 * 8 * 16 * 4) +
-                            ",\"messages\":2";
+    const std::string act =
+        "\"sent_activations\":{\"bytes\":" + std::to_string(2 * 4 * 8 * 16 * 4) + ",\"messages\":2";
     EXPECT_NE(metrics.find(act), std::string::npos) << metrics;
-    const std::string grad = "\"sent_gradients\":{\"bytes\":" + std::to_string(2 * 4 * 8 * 16 * 4) +
-                             ",\"messages\":2";
+    const std::string grad =
+        "\"sent_gradients\":{\"bytes\":" + std::to_string(2 * 4 * 8 * 16 * 4) + ",\"messages\":2";
     EXPECT_NE(metrics.find(grad), std::string::npos) << metrics;
 }
 
@@ -277,9 +279,16 @@ TEST(Cluster, ProcessesStartedByMpirunJoin) {
     Proc ref(run_args(dir / "gpt.dist", sets, dir / "one.jsonl", 3), {}, dir / "one.out",
              dir / "one.err");
     ASSERT_EQ(ref.wait(120s), 0) << slurp(dir / "one.err");
-    std::vector<std::string> args = {"--allow-run-as-root", "--oversubscribe", "-np", "2", "-x",
+    std::vector<std::string> args = {"--allow-run-as-root",
+                                     "--oversubscribe",
+                                     "-np",
+                                     "2",
+                                     "-x",
                                      "DIST_COORDINATOR=127.0.0.1:" + std::to_string(free_port()),
-                                     "--mca", "btl", "self,tcp", DIST_BINARY};
+                                     "--mca",
+                                     "btl",
+                                     "self,tcp",
+                                     DIST_BINARY};
     for (const auto& a : run_args(dir / "gpt.dist", sets, dir / "mpi.jsonl", 3)) args.push_back(a);
     Proc job(args, {}, dir / "mpi.out", dir / "mpi.err", "mpirun");
     ASSERT_EQ(job.wait(180s), 0) << slurp(dir / "mpi.err") << slurp(dir / "mpi.out");
@@ -339,7 +348,8 @@ TEST(Cluster, KilledProcessEndsTheJobAndTheRunResumes) {
     ASSERT_EQ(::kill(victim, SIGKILL), 0);
     auto killed_at = std::chrono::steady_clock::now();
     std::optional<int> status = job.wait(60s);
-    double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+    double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
     ASSERT_TRUE(status.has_value()) << "the job did not end";
     EXPECT_NE(*status, 0);
     EXPECT_LT(took, 15.0);
@@ -410,8 +420,9 @@ TEST(Cluster, PeersWithoutTheTokenOrOfAnotherPlanAreRefusedAndTheJobCarriesOn) {
         Proc intruder(run_args(dir / "gpt.dist", sets, dir / "x.jsonl", 3),
                       member_env(1, port, "guess"), dir / "x.out", dir / "x.err");
         EXPECT_EQ(intruder.wait(60s), 1) << slurp(dir / "x.err");
-        EXPECT_NE(slurp(dir / "x.err").find("refused by the coordinator: it did not present this "
-                                            "job's token"),
+        EXPECT_NE(slurp(dir / "x.err")
+                      .find("refused by the coordinator: it did not present this "
+                            "job's token"),
                   std::string::npos)
             << slurp(dir / "x.err");
     }
@@ -446,8 +457,8 @@ TEST(Cluster, TwoNetworkNamespacesActAsTwoHosts) {
                         " type veth peer name " + vb + " && ip link set " + va + " netns " + a +
                         " && ip link set " + vb + " netns " + b + " && ip -n " + a +
                         " addr add 10.231.7.1/24 dev " + va + " && ip -n " + b +
-                        " addr add 10.231.7.2/24 dev " + vb + " && ip -n " + a + " link set " +
-                        va + " up && ip -n " + b + " link set " + vb + " up && ip -n " + a +
+                        " addr add 10.231.7.2/24 dev " + vb + " && ip -n " + a + " link set " + va +
+                        " up && ip -n " + b + " link set " + vb + " up && ip -n " + a +
                         " link set lo up && ip -n " + b + " link set lo up";
     std::string teardown = "ip netns del " + a + " 2>/dev/null; ip netns del " + b + " 2>/dev/null";
     if (std::system((setup + " > /dev/null 2>&1").c_str()) != 0) {
@@ -461,11 +472,17 @@ TEST(Cluster, TwoNetworkNamespacesActAsTwoHosts) {
     ASSERT_EQ(ref.wait(120s), 0) << slurp(dir / "one.err");
     auto host = [&](const std::string& ns, int rank, const std::string& dev,
                     const std::string& metrics) {
-        std::vector<std::string> args = {"netns", "exec", ns, "env",
-                                         "DIST_RANK=" + std::to_string(rank), "DIST_WORLD_SIZE=2",
+        std::vector<std::string> args = {"netns",
+                                         "exec",
+                                         ns,
+                                         "env",
+                                         "DIST_RANK=" + std::to_string(rank),
+                                         "DIST_WORLD_SIZE=2",
                                          "DIST_COORDINATOR=10.231.7.1:29411",
-                                         "DIST_JOB_TOKEN=two-hosts", "UCX_TLS=tcp,self",
-                                         "UCX_NET_DEVICES=" + dev, DIST_BINARY};
+                                         "DIST_JOB_TOKEN=two-hosts",
+                                         "UCX_TLS=tcp,self",
+                                         "UCX_NET_DEVICES=" + dev,
+                                         DIST_BINARY};
         for (const auto& x : run_args(dir / "gpt.dist", pp, metrics, 3)) args.push_back(x);
         return args;
     };
