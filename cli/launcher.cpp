@@ -175,7 +175,10 @@ int launch_local(int procs, const std::vector<std::string>& args, std::ostream& 
     };
     auto signal_all = [&](int sig) {
         for (auto& c : children)
-            if (c.running) ::kill(c.pid, sig);
+            if (c.running) {
+                ::kill(c.pid, sig);
+                ::kill(c.pid, SIGCONT); // a stopped process takes its signal only when woken
+            }
     };
     while (running() > 0) {
         std::vector<pollfd> fds;
@@ -237,9 +240,10 @@ int launch_local(int procs, const std::vector<std::string>& args, std::ostream& 
             term_sent = clock::now();
         }
         // The others normally stop by themselves within seconds of a failure (the coordinator
-        // tells them); those that do not are terminated, then killed.
+        // tells them, or they see it go); those that do not are terminated, then killed.
         auto now = clock::now();
-        if (ending && !termed && now - end_started > std::chrono::seconds(10)) {
+        const auto grace = children[0].running ? std::chrono::seconds(10) : std::chrono::seconds(3);
+        if (ending && !termed && now - end_started > grace) {
             signal_all(SIGTERM);
             termed = true;
             term_sent = now;

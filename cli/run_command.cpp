@@ -88,6 +88,16 @@ cluster_from_environment(const CommonOptions& o, const plan::Graph& graph, std::
             c.local_processes = std::max(1, std::atoi(v));
             break;
         }
+    if (const char* s = env("DIST_HEARTBEAT_TIMEOUT")) {
+        char* end = nullptr;
+        double seconds = std::strtod(s, &end);
+        if (end == s || *end != '\0' || !(seconds > 0) || seconds > 86400) {
+            error = std::string("DIST_HEARTBEAT_TIMEOUT: `") + s +
+                    "` is not a number of seconds (0 < s <= 86400)";
+            return std::nullopt;
+        }
+        c.heartbeat_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+    }
     if (const char* t = env("DIST_JOB_TOKEN"))
         c.token = t;
     else if (const char* f = env("DIST_JOB_TOKEN_FILE")) {

@@ -39,6 +39,7 @@ using done_atom = caf::atom_constant<caf::atom("done")>;
 using gather_atom = caf::atom_constant<caf::atom("gather")>;
 using ok_atom = caf::atom_constant<caf::atom("ok")>;
 using abandon_atom = caf::atom_constant<caf::atom("abandon")>;
+using give_up_atom = caf::atom_constant<caf::atom("give_up")>;
 
 /// A worker's answer to "run step s".
 struct StepOutcome {
@@ -275,14 +276,18 @@ void lost(coordinator_pointer self, int32_t p, const std::string& how) {
         }
 }
 
+// The run's failure as reported: a lost process is the cause of what its peers then saw, so
+// it comes first.
+std::string reported(const CoordinatorState& st, const std::string& outcome) {
+    if (outcome.empty() || st.lost_note.empty() || outcome == st.lost_note) return outcome;
+    return st.lost_note + "\n  (then: " + outcome + ")";
+}
+
 void finish(coordinator_pointer self, const std::string& outcome) {
     auto& st = self->state;
     if (st.finished) return;
     st.finished = true;
-    // A lost process is the cause of what its peers then saw: name it first.
-    std::string result = outcome;
-    if (!result.empty() && !st.lost_note.empty() && result != st.lost_note)
-        result = st.lost_note + "\n  (then: " + result + ")";
+    const std::string result = reported(st, outcome);
     // Every other process hears the end and acknowledges it before this one returns (and may
     // exit): otherwise they would see the coordinator vanish and report it lost.
     size_t alive = 0;
@@ -475,6 +480,14 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
                     m.leaving = true;
                     self->send(m.actor, abandon_atom::value, st.failure);
                 }
+            self->delayed_send(self, st.net->cluster.abandon_after, give_up_atom::value);
+        },
+        [self](give_up_atom) {
+            // Ranks of this process still wait, on a peer that can neither answer nor end (a
+            // stopped or unreachable host): this process ends too, as the others did.
+            auto& st = self->state;
+            if (!own(self) || st.finished || st.pending == 0) return;
+            if (st.net->cluster.abandon) st.net->cluster.abandon(reported(st, st.failure));
         },
         [self](beat_atom, int32_t process, uint64_t progress, const std::string& actions) {
             auto& st = self->state;

@@ -5,6 +5,8 @@
 // random bytes are refused while the job carries on.
 #include "actors/runtime/job.hpp"
 
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -445,6 +447,49 @@ TEST(Cluster, PeersWithoutTheTokenOrOfAnotherPlanAreRefusedAndTheJobCarriesOn) {
     EXPECT_NE(log.find("refused a peer"), std::string::npos) << log;
 }
 
+// A peer that speaks CAF but not this protocol's version, sends messages of no known shape, or
+// asks for the job's store without having joined: refused, and the job carries on.
+TEST(Cluster, ForeignPeersSpeakingCafAreRefusedAndTheJobCarriesOn) {
+    using hello_atom = caf::atom_constant<caf::atom("hello")>;
+    using get_atom = caf::atom_constant<caf::atom("store_get")>;
+    Dir dir("foreign");
+    const int port = free_port();
+    auto sets = mesh_sets(1, 1, 2, "1f1b", 2);
+    Proc lead(run_args(dir / "gpt.dist", sets, dir / "m.jsonl", 3), member_env(0, port, "s3cret"),
+              dir / "0.out", dir / "0.err");
+    caf::actor_system_config cfg;
+    cfg.load<caf::io::middleman>();
+    caf::actor_system sys{cfg};
+    caf::expected<caf::actor> coordinator = caf::sec::runtime_error;
+    for (int i = 0; i < 300 && !coordinator; ++i) {
+        coordinator = sys.middleman().remote_actor("127.0.0.1", static_cast<uint16_t>(port));
+        if (!coordinator) std::this_thread::sleep_for(100ms);
+    }
+    ASSERT_TRUE(coordinator) << sys.render(coordinator.error());
+    caf::scoped_actor self{sys};
+    std::string answer;
+    self->request(*coordinator, 10s, hello_atom::value, int32_t{999}, std::string("s3cret"),
+                  std::string("digest"), int32_t{1}, static_cast<int32_t>(::getpid()),
+                  std::string("test"), caf::actor{})
+        .receive([&](std::string& r) { answer = r; },
+                 [&](caf::error& e) { answer = "error: " + sys.render(e); });
+    EXPECT_NE(answer.find("it speaks protocol version 999"), std::string::npos) << answer;
+    bool refused = false;
+    self->request(*coordinator, 10s, std::string("what is this"), 42.0)
+        .receive([&](caf::message&) {}, [&](caf::error&) { refused = true; });
+    EXPECT_TRUE(refused) << "a message of no known shape was answered";
+    refused = false;
+    self->request(*coordinator, 10s, get_atom::value, std::string("job/ucx/0"))
+        .receive([&](std::string&) {}, [&](caf::error&) { refused = true; });
+    EXPECT_TRUE(refused) << "the store answered a peer that did not join";
+
+    Proc member(run_args(dir / "gpt.dist", sets, dir / "n.jsonl", 3), member_env(1, port, "s3cret"),
+                dir / "1.out", dir / "1.err");
+    EXPECT_EQ(member.wait(120s), 0) << slurp(dir / "1.err");
+    EXPECT_EQ(lead.wait(120s), 0) << slurp(dir / "0.err");
+    EXPECT_EQ(steps_of(dir / "m.jsonl").size(), 3u);
+}
+
 // Two hosts on one machine: network namespaces joined by a veth pair, one process in each, UCX
 // and Gloo over TCP between them, the coordinator on a non-loopback address (so the token is
 // required).
@@ -499,4 +544,32 @@ TEST(Cluster, TwoNetworkNamespacesActAsTwoHosts) {
     std::string metrics = slurp(dir / "a.jsonl");
     EXPECT_NE(metrics.find("\"messages\":2"), std::string::npos) << metrics; // over UCX
     expect_same_steps(steps_of(dir / "one.jsonl"), steps_of(dir / "a.jsonl"), "two namespaces");
+}
+
+// A process that stops answering (here: stopped with SIGSTOP, its connections open) is lost
+// once its heartbeats stay away for DIST_HEARTBEAT_TIMEOUT.
+TEST(Cluster, AProcessThatStopsAnsweringIsLostAfterTheHeartbeatTimeout) {
+    Dir dir("silent");
+    auto args = run_args(dir / "gpt.dist", mesh_sets(1, 1, 2, "1f1b", 2), dir / "m.jsonl", 400);
+    args.insert(args.end(), {"--procs", "2", "--set", "train.steps=100000"});
+    Proc job(args, {{"DIST_HEARTBEAT_TIMEOUT", "2"}}, dir / "out", dir / "err");
+    auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (steps_of(dir / "m.jsonl").size() < 3 && std::chrono::steady_clock::now() < deadline &&
+           ::waitpid(job.pid, nullptr, WNOHANG) == 0)
+        std::this_thread::sleep_for(50ms);
+    ASSERT_GE(steps_of(dir / "m.jsonl").size(), 3u) << slurp(dir / "err");
+    std::vector<pid_t> procs = children_of(job.pid);
+    ASSERT_EQ(procs.size(), 2u);
+    ASSERT_EQ(::kill(procs[1], SIGSTOP), 0);
+    auto stopped_at = std::chrono::steady_clock::now();
+    std::optional<int> status = job.wait(60s);
+    double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+    ASSERT_TRUE(status.has_value()) << "the job did not end";
+    EXPECT_NE(*status, 0);
+    EXPECT_LT(took, 15.0);
+    std::string err = slurp(dir / "err");
+    EXPECT_NE(err.find("process 1 (rank 1, host"), std::string::npos) << err;
+    EXPECT_NE(err.find("stopped answering: no heartbeat for"), std::string::npos) << err;
+    for (pid_t p : procs) EXPECT_FALSE(alive(p)) << "process " << p << " is left behind";
 }
