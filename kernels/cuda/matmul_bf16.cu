@@ -6,11 +6,8 @@
 // and the backward's gradients add into float accumulators across microbatches, which bf16
 // would round away. As in ops.cu, each row-major product is computed as its column-major
 // transpose. One cuBLASLt handle and one 32 MiB workspace for the process, made on first use
-// on the device current then. The heuristic's choice is kept per shape, transposes and
-// alignments (asking again costs more host time than a small product's kernel), and the
-// forward's bias is added in the matmul's epilogue. Where cuBLASLt's heuristic offers no kernel
-// (odd shapes), the product goes through cublasGemmEx with the same types instead, and a
-// kernel adds the bias.
+// on the device current then. Where cuBLASLt's heuristic offers no kernel (odd shapes), the
+// product goes through cublasGemmEx with the same types instead.
 #include "kernels/cuda/ops.hpp"
 
 #include "kernels/cuda/common.cuh"
@@ -20,10 +17,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <map>
 #include <mutex>
 #include <string>
-#include <tuple>
 
 namespace dist::kernels::cuda {
 
@@ -37,12 +32,6 @@ struct LtState {
     void* workspace = nullptr;
     size_t workspace_bytes = size_t(32) << 20;
     std::string error;
-    // The heuristic's answers: (transposes, m, n, k, leading dimensions, alignments, bias) ->
-    // the algorithm, or none found (then cublasGemmEx).
-    using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t,
-                           uint32_t, uint32_t, uint32_t>;
-    std::mutex mutex;
-    std::map<Key, std::pair<bool, cublasLtMatmulAlgo_t>> algos;
 };
 
 std::string lt_state(LtState** out) {
@@ -89,30 +78,14 @@ uint32_t alignment(const void* p) {
     return align;
 }
 
-// d (m,n) column-major with leading dimension ldd: d[j * ldd + i] += bias[i]. Blocks of 256
-// rows of d (consecutive in memory) by one column each.
-__global__ void add_bias_kernel(float* d, const float* bias, int64_t m, int64_t n, int64_t ldd) {
-    int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-    for (int64_t j = blockIdx.y; j < n; j += gridDim.y)
-        if (i < m) d[j * ldd + i] += bias[i];
-}
-
-std::string add_bias(float* d, const float* bias, int64_t m, int64_t n, int64_t ldd) {
-    dim3 grid(static_cast<unsigned>((m + 255) / 256), static_cast<unsigned>(n < 65535 ? n : 65535));
-    add_bias_kernel<<<grid, 256>>>(d, bias, m, n, ldd);
-    DIST_LAUNCHED();
-    return {};
-}
-
-// Column-major d (m,n) = op(a) (m,k) . op(b) (k,n) + beta * d (+ bias (m) in every column when
-// given); a, b bf16, d and bias float.
+// Column-major d (m,n) = op(a) (m,k) . op(b) (k,n) + beta * d; a, b bf16, d float.
 std::string lt_gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
                     const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
-                    float* d, int64_t ldd, const float* bias = nullptr) {
+                    float* d, int64_t ldd) {
     if (m == 0 || n == 0) return {};
     if (k == 0) { // an empty sum: d = beta * d, and beta is 0 or 1 here
         if (beta == 0.0f) DIST_CUDA(cudaMemset2D(d, ldd * sizeof(float), 0, m * sizeof(float), n));
-        return bias ? add_bias(d, bias, m, n, ldd) : std::string();
+        return {};
     }
     LtState* lt = nullptr;
     if (std::string e = lt_state(&lt); !e.empty()) return e;
@@ -121,13 +94,6 @@ std::string lt_gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64
     DIST_CUBLAS(cublasLtMatmulDescCreate(&op.d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     DIST_CUBLAS(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     DIST_CUBLAS(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    if (bias) { // the bias vector has D's type (float) and m elements, one per row of d
-        const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-        DIST_CUBLAS(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                                   sizeof(epilogue)));
-        DIST_CUBLAS(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                   sizeof(bias)));
-    }
     // Layouts describe the matrices as stored: op(a) is (m,k), so a stored transposed is (k,m).
     Layout la, lb, ld;
     const bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N;
@@ -135,56 +101,42 @@ std::string lt_gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64
     DIST_CUBLAS(cublasLtMatrixLayoutCreate(&lb.d, CUDA_R_16BF, nb ? k : n, nb ? n : k, ldb));
     DIST_CUBLAS(cublasLtMatrixLayoutCreate(&ld.d, CUDA_R_32F, m, n, ldd));
 
-    const uint32_t align_a = alignment(a), align_b = alignment(b), align_d = alignment(d),
-                   align_bias = bias ? alignment(bias) : 0;
-    const LtState::Key key{ta, tb, m, n, k, lda, ldb, ldd, align_a, align_b, align_d, align_bias};
-    bool found = false;
-    cublasLtMatmulAlgo_t algo = {};
-    {
-        std::lock_guard<std::mutex> lock(lt->mutex);
-        auto it = lt->algos.find(key);
-        if (it != lt->algos.end()) std::tie(found, algo) = it->second;
-    }
-    if (!found) {
-        Preference pref;
-        DIST_CUBLAS(cublasLtMatmulPreferenceCreate(&pref.d));
-        const uint64_t ws = lt->workspace_bytes;
-        DIST_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
-            pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-        DIST_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
-            pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
-        DIST_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
-            pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
-        DIST_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
-            pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)));
-        DIST_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
-            pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
-        cublasLtMatmulHeuristicResult_t result = {};
-        int count = 0;
-        const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
-            lt->handle, op.d, la.d, lb.d, ld.d, ld.d, pref.d, 1, &result, &count);
-        if (heuristic != CUBLAS_STATUS_SUCCESS && heuristic != CUBLAS_STATUS_NOT_SUPPORTED)
-            return detail::where(__FILE__, __LINE__) +
-                   "cublasLtMatmulAlgoGetHeuristic: " + cublasGetStatusString(heuristic);
-        // NOT_SUPPORTED: no kernel for these sizes or alignments, the fallback below.
-        found = heuristic == CUBLAS_STATUS_SUCCESS && count > 0 &&
-                result.state == CUBLAS_STATUS_SUCCESS;
-        algo = result.algo;
-        std::lock_guard<std::mutex> lock(lt->mutex);
-        lt->algos[key] = {found, algo};
-    }
+    Preference pref;
+    DIST_CUBLAS(cublasLtMatmulPreferenceCreate(&pref.d));
+    const uint64_t ws = lt->workspace_bytes;
+    DIST_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    const uint32_t align_a = alignment(a), align_b = alignment(b), align_d = alignment(d);
+    DIST_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
+    DIST_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
+    DIST_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)));
+    DIST_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
+
+    cublasLtMatmulHeuristicResult_t result = {};
+    int found = 0;
+    const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
+        lt->handle, op.d, la.d, lb.d, ld.d, ld.d, pref.d, 1, &result, &found);
+    if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED)
+        found = 0; // no kernel: the fallback below
+    else if (heuristic != CUBLAS_STATUS_SUCCESS)
+        return detail::where(__FILE__, __LINE__) +
+               "cublasLtMatmulAlgoGetHeuristic: " + cublasGetStatusString(heuristic);
     const float alpha = 1.0f;
-    if (!found) {
+    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
         // No cuBLASLt kernel for these sizes or alignments (odd leading dimensions defeat the
         // vector loads): cublasGemmEx computes the same product, bf16 in, float accumulation.
         DIST_CUBLAS(cublasGemmEx(lt->fallback, ta, tb, static_cast<int>(m), static_cast<int>(n),
                                  static_cast<int>(k), &alpha, a, CUDA_R_16BF, static_cast<int>(lda),
                                  b, CUDA_R_16BF, static_cast<int>(ldb), &beta, d, CUDA_R_32F,
                                  static_cast<int>(ldd), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        return bias ? add_bias(d, bias, m, n, ldd) : std::string();
+        return {};
     }
     DIST_CUBLAS(cublasLtMatmul(lt->handle, op.d, &alpha, a, la.d, b, lb.d, &beta, d, ld.d, d, ld.d,
-                               &algo, lt->workspace, lt->workspace_bytes, nullptr));
+                               &result.algo, lt->workspace, lt->workspace_bytes, nullptr));
     return {};
 }
 
@@ -198,6 +150,12 @@ __global__ void from_bf16_kernel(const uint16_t* x, int64_t n, float* out) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
          i += int64_t(gridDim.x) * blockDim.x)
         out[i] = __bfloat162float(__ushort_as_bfloat16(x[i]));
+}
+
+__global__ void add_bias_kernel(float* out, const float* bias, int64_t N, int64_t OC) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N * OC;
+         i += int64_t(gridDim.x) * blockDim.x)
+        out[i] += bias[i % OC];
 }
 
 // Column sums of dout (N,OC): a block owns 32 columns (threadIdx.x, coalesced reads) and
@@ -236,8 +194,16 @@ std::string from_bf16(const uint16_t* x, int64_t n, float* out) {
 
 std::string matmul_forward_bf16(const uint16_t* inp, const uint16_t* weight, const float* bias,
                                 int64_t N, int64_t C, int64_t OC, float* out) {
-    // out^T (OC,N) = weight (OC,C) . inp^T (C,N) + bias in every column
-    return lt_gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, 0.0f, out, OC, bias);
+    // out^T (OC,N) = weight (OC,C) . inp^T (C,N)
+    if (std::string e =
+            lt_gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, 0.0f, out, OC);
+        !e.empty())
+        return e;
+    if (bias && N * OC > 0) {
+        add_bias_kernel<<<blocks_for(N * OC, 256), 256>>>(out, bias, N, OC);
+        DIST_LAUNCHED();
+    }
+    return {};
 }
 
 std::string matmul_backward_input_bf16(const uint16_t* dout, const uint16_t* weight, int64_t N,
