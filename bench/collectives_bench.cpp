@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
 
     std::printf("all-reduce (sum) of float buffers, %d members, %u hardware threads\n\n", size,
                 std::thread::hardware_concurrency());
-    std::printf("| size | in-process ms | Gloo ms | Gloo / in-process | in-process GB/s | Gloo GB/s |\n");
+    std::printf(
+        "| size | in-process ms | Gloo ms | Gloo / in-process | in-process GB/s | Gloo GB/s |\n");
     std::printf("| --- | --- | --- | --- | --- | --- |\n");
     for (int64_t k : kib) {
         const int64_t n = k * 1024 / 4;

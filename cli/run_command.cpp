@@ -144,6 +144,29 @@ nlohmann::json traffic_json(const std::vector<runtime::RankTraffic>& traffic) {
     return {{"bytes", total}, {"by_rank", by_rank}};
 }
 
+// The trace with each rank's transfers to and from other processes in the step, as an instant
+// event at the end of the rank's step (its args: the same figures as the metrics' `p2p`).
+std::string with_transfers(const std::string& trace, const runtime::StepReport& report) {
+    const std::string end = "\n]}\n";
+    if (trace.size() < end.size() || trace.compare(trace.size() - end.size(), end.size(), end) != 0)
+        return trace;
+    nlohmann::json ranks = traffic_json(report.traffic)["by_rank"];
+    std::string events;
+    for (size_t r = 0; r < report.timings.size() && r < ranks.size(); ++r) {
+        double last = 0;
+        for (const auto& t : report.timings[r]) last = std::max(last, t.end_s);
+        nlohmann::json e = {{"name", "transfers between processes"},
+                            {"ph", "i"},
+                            {"s", "t"},
+                            {"pid", 0},
+                            {"tid", r},
+                            {"ts", last * 1e6},
+                            {"args", ranks[r]}};
+        events += ",\n" + e.dump();
+    }
+    return trace.substr(0, trace.size() - end.size()) + events + end;
+}
+
 } // namespace
 
 int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, std::ostream& err) {
@@ -312,10 +335,10 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
             out << "\n";
         }
         if (!r.trace.empty()) {
-            std::string e = models::write_file_atomically(
-                r.trace,
-                {sim::chrome_trace(measured, "dist run: " + std::string(to_string(graph.schedule)) +
-                                                 " (measured)")});
+            std::string trace = sim::chrome_trace(
+                measured, "dist run: " + std::string(to_string(graph.schedule)) + " (measured)");
+            if (cluster) trace = with_transfers(trace, last_report);
+            std::string e = models::write_file_atomically(r.trace, {trace});
             if (!e.empty()) {
                 err << "error: " << e << "\n";
                 return 1;

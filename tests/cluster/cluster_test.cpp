@@ -189,6 +189,29 @@ int free_port() {
     return ntohs(a.sin_port);
 }
 
+std::vector<pid_t> children_of(pid_t pid) {
+    std::vector<pid_t> out;
+    std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+    pid_t c;
+    while (in >> c) out.push_back(c);
+    return out;
+}
+
+bool alive(pid_t pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    if (!stat) return false;
+    std::string s;
+    std::getline(stat, s);
+    auto close = s.rfind(')');
+    return close != std::string::npos && close + 2 < s.size() && s[close + 2] != 'Z';
+}
+
+int64_t checkpoint_step(const fs::path& dir) {
+    std::string state = slurp(dir / "state.json");
+    auto at = state.find("\"step\":");
+    return at == std::string::npos ? -1 : std::stoll(state.substr(at + 7));
+}
+
 struct Mesh {
     std::string name, script;
     std::vector<std::string> sets;
@@ -259,7 +282,7 @@ TEST(Cluster, SameLossesOverTwoAndFourProcessesAsInOne) {
 TEST(Cluster, ActivationsBetweenProcessesAreCountedInTheMetrics) {
     Dir dir("traffic");
     auto args = run_args(dir / "gpt.dist", mesh_sets(1, 1, 2, "1f1b", 2), dir / "m.jsonl", 2);
-    args.insert(args.end(), {"--procs", "2"});
+    args.insert(args.end(), {"--procs", "2", "--trace", dir / "trace.json"});
     Proc job(args, {}, dir / "out", dir / "err");
     ASSERT_EQ(job.wait(120s), 0) << slurp(dir / "err");
     std::string metrics = slurp(dir / "m.jsonl");
@@ -271,6 +294,35 @@ TEST(Cluster, ActivationsBetweenProcessesAreCountedInTheMetrics) {
     const std::string grad =
         "\"sent_gradients\":{\"bytes\":" + std::to_string(2 * 4 * 8 * 16 * 4) + ",\"messages\":2";
     EXPECT_NE(metrics.find(grad), std::string::npos) << metrics;
+    // The trace carries the last step's figures, one event per rank.
+    std::string trace = slurp(dir / "trace.json");
+    size_t events = 0;
+    for (size_t at = 0;
+         (at = trace.find("\"transfers between processes\"", at)) != std::string::npos; ++at)
+        ++events;
+    EXPECT_EQ(events, 2u) << trace;
+    EXPECT_NE(trace.find(act), std::string::npos) << trace;
+}
+
+// Ctrl-C on the launcher ends every process.
+TEST(Cluster, InterruptingTheLauncherLeavesNoProcess) {
+    Dir dir("interrupt");
+    auto args = run_args(dir / "gpt.dist", mesh_sets(2, 1, 2, "1f1b", 2), dir / "m.jsonl", 400);
+    args.insert(args.end(), {"--procs", "2", "--set", "train.steps=100000"});
+    Proc job(args, {}, dir / "out", dir / "err");
+    auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (steps_of(dir / "m.jsonl").size() < 2 && std::chrono::steady_clock::now() < deadline &&
+           ::waitpid(job.pid, nullptr, WNOHANG) == 0)
+        std::this_thread::sleep_for(50ms);
+    ASSERT_GE(steps_of(dir / "m.jsonl").size(), 2u) << slurp(dir / "err");
+    std::vector<pid_t> procs = children_of(job.pid);
+    ASSERT_EQ(procs.size(), 2u);
+    ASSERT_EQ(::kill(job.pid, SIGINT), 0);
+    std::optional<int> status = job.wait(30s);
+    ASSERT_TRUE(status.has_value()) << "the launcher did not end";
+    EXPECT_EQ(*status, 128 + SIGINT);
+    EXPECT_NE(slurp(dir / "err").find("ending the job"), std::string::npos) << slurp(dir / "err");
+    for (pid_t p : procs) EXPECT_FALSE(alive(p)) << "process " << p << " is left behind";
 }
 
 TEST(Cluster, ProcessesStartedByMpirunJoin) {
@@ -298,33 +350,6 @@ TEST(Cluster, ProcessesStartedByMpirunJoin) {
         << slurp(dir / "mpi.out");
     expect_same_steps(steps_of(dir / "one.jsonl"), steps_of(dir / "mpi.jsonl"), "under mpirun");
 }
-
-namespace {
-
-std::vector<pid_t> children_of(pid_t pid) {
-    std::vector<pid_t> out;
-    std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
-    pid_t c;
-    while (in >> c) out.push_back(c);
-    return out;
-}
-
-bool alive(pid_t pid) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    if (!stat) return false;
-    std::string s;
-    std::getline(stat, s);
-    auto close = s.rfind(')');
-    return close != std::string::npos && close + 2 < s.size() && s[close + 2] != 'Z';
-}
-
-int64_t checkpoint_step(const fs::path& dir) {
-    std::string state = slurp(dir / "state.json");
-    auto at = state.find("\"step\":");
-    return at == std::string::npos ? -1 : std::stoll(state.substr(at + 7));
-}
-
-} // namespace
 
 // Kill -9 one process of a running 4-process job: the job ends within 15 s naming it, no
 // process is left, and --resume continues from the last checkpoint with the losses of an
