@@ -179,12 +179,17 @@ struct Job::Net {
     std::vector<int32_t> process_of;
     ClusterOptions cluster;
     JobOptions options;
-    LocalComms* comms = nullptr;
-    std::vector<RankExecutor*> executors; // this process's
+    std::atomic<LocalComms*> comms{nullptr}; // set once formed; read by the actors
+    std::vector<RankExecutor*> executors;    // this process's
+
+    void abort(const std::string& why) {
+        if (LocalComms* c = comms.load()) c->abort(why);
+    }
     int64_t tokens_per_step = 0;
     std::promise<std::string> member_done;
     std::atomic<bool> member_finished{false};
     bool ran = false;
+    std::atomic<bool> formed{false};           // the constructor has finished
     std::function<std::string()> gather_local; // this process's parameter shards, serialised
     /// The job's store (UCX endpoints read peers' addresses from it when they first connect).
     std::unique_ptr<transport::KeyValueStore> store;
@@ -224,9 +229,13 @@ void fail(coordinator_pointer self, const std::string& why) {
     auto& st = self->state;
     if (!st.failure.empty()) return;
     st.failure = why;
+    // Whoever still waits for a key of the job's store (a process joining) waits in vain.
+    for (auto& [key, promises] : st.waiting)
+        for (auto& p : promises) p.deliver(caf::make_error(caf::sec::runtime_error, why));
+    st.waiting.clear();
     // Wake every rank blocked on a peer, here and in every other process: they end the step
     // with an error instead of hanging.
-    st.net->comms->abort(why);
+    st.net->abort(why);
     for (auto& [p, m] : st.members) self->send(m.actor, abort_atom::value, why);
     if (!st.members.empty())
         self->delayed_send(self, st.net->cluster.abandon_after, abandon_atom::value);
@@ -480,7 +489,7 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
                     m.leaving = true;
                     self->send(m.actor, abandon_atom::value, st.failure);
                 }
-            self->delayed_send(self, st.net->cluster.abandon_after, give_up_atom::value);
+            self->delayed_send(self, st.net->cluster.abandon_after / 2, give_up_atom::value);
         },
         [self](give_up_atom) {
             // Ranks of this process still wait, on a peer that can neither answer nor end (a
@@ -585,7 +594,7 @@ caf::behavior member(caf::stateful_actor<MemberState>* self, Job::Net* net) {
         std::string why = "lost the coordinator at " + net->cluster.host + ":" +
                           std::to_string(net->cluster.port) + " (" +
                           self->system().render(dm.reason) + ")";
-        net->comms->abort(why);
+        net->abort(why);
         end(why);
         // Without a coordinator nobody says when to give up: ranks still busy after a while
         // wait in Gloo for peers that are gone.
@@ -593,8 +602,10 @@ caf::behavior member(caf::stateful_actor<MemberState>* self, Job::Net* net) {
             std::thread([net, why] {
                 auto deadline = std::chrono::steady_clock::now() + net->cluster.abandon_after;
                 while (std::chrono::steady_clock::now() < deadline) {
-                    bool busy = false;
-                    for (auto* ex : net->executors) busy |= !ex->current_action().empty();
+                    // Still forming the job counts as busy: it waits on the store it lost.
+                    bool busy = !net->formed.load();
+                    if (!busy)
+                        for (auto* ex : net->executors) busy |= !ex->current_action().empty();
                     if (!busy) return;
                     std::this_thread::sleep_for(std::chrono::milliseconds(50));
                 }
@@ -604,7 +615,7 @@ caf::behavior member(caf::stateful_actor<MemberState>* self, Job::Net* net) {
     });
     self->send(self, tick_atom::value);
     return {
-        [net](abort_atom, const std::string& why) { net->comms->abort(why); },
+        [net](abort_atom, const std::string& why) { net->abort(why); },
         [net](abandon_atom, const std::string& why) {
             // Ranks somewhere are still inside the failed step, waiting in Gloo for peers that
             // gave up: this process ends (its caller says how), and its closed sockets free
@@ -619,10 +630,14 @@ caf::behavior member(caf::stateful_actor<MemberState>* self, Job::Net* net) {
         [net](gather_atom) { return net->gather_local(); },
         [self, net](tick_atom) {
             if (self->current_sender() && self->current_sender()->node() != self->node()) return;
+            // The executors exist once the job has formed; until then the beat says nothing.
             uint64_t progress = 0;
-            for (auto* ex : net->executors) progress += ex->progress();
-            self->send(net->coordinator, beat_atom::value, net->cluster.process, progress,
-                       local_actions(net->executors));
+            std::string actions;
+            if (net->formed.load()) {
+                for (auto* ex : net->executors) progress += ex->progress();
+                actions = local_actions(net->executors);
+            }
+            self->send(net->coordinator, beat_atom::value, net->cluster.process, progress, actions);
             self->delayed_send(self, std::chrono::milliseconds(250), tick_atom::value);
         },
     };
@@ -896,10 +911,11 @@ void Job::build_executors(const plan::Graph& graph) {
         if (net_->process_of[static_cast<size_t>(r.rank)] == cluster_.process)
             executors_.push_back(
                 std::make_unique<RankExecutor>(program_, graph, r.rank, comms_->for_rank(r.rank)));
-    net_->comms = comms_.get();
     for (auto& ex : executors_) net_->executors.push_back(ex.get());
+    net_->comms = comms_.get();
     net_->tokens_per_step = program_.train.batch * program_.model.context;
     net_->gather_local = [this] { return serialise_shards(net_->executors); };
+    net_->formed = true;
 }
 
 Job::~Job() {

@@ -71,7 +71,7 @@ struct ClusterOptions {
     /// frees the ranks waiting on it elsewhere); without it such a rank waits for Gloo's
     /// timeout.
     std::function<void(const std::string&)> abandon;
-    std::chrono::milliseconds abandon_after = std::chrono::seconds(3);
+    std::chrono::milliseconds abandon_after = std::chrono::seconds(2);
     /// This process's data-plane options.
     transport::UcxOptions ucx;
 };
