@@ -122,23 +122,42 @@ cluster_from_environment(const CommonOptions& o, const plan::Graph& graph, std::
     return c;
 }
 
-// The step's traffic with other processes, for the metrics line.
+// One peer's (or a rank's summed) traffic as JSON: per kind, sent and received.
+nlohmann::json kinds_json(const runtime::PeerTraffic& t) {
+    nlohmann::json j = nlohmann::json::object();
+    const char* kinds[2] = {"activations", "gradients"};
+    for (size_t d = 0; d < 2; ++d) {
+        j[std::string("sent_") + kinds[d]] = {{"messages", t.sent[d].messages},
+                                              {"bytes", t.sent[d].bytes},
+                                              {"seconds", t.sent[d].seconds}};
+        j[std::string("received_") + kinds[d]] = {{"messages", t.received[d].messages},
+                                                  {"bytes", t.received[d].bytes},
+                                                  {"wait_seconds", t.received[d].seconds}};
+    }
+    return j;
+}
+
+// The step's traffic with other processes, for the metrics line: per rank its totals by kind,
+// and the same per peer.
 nlohmann::json traffic_json(const std::vector<runtime::RankTraffic>& traffic) {
     nlohmann::json by_rank = nlohmann::json::array();
     uint64_t total = 0;
     for (size_t r = 0; r < traffic.size(); ++r) {
-        const auto& t = traffic[r];
-        nlohmann::json j = {{"rank", r}};
-        const char* kinds[2] = {"activations", "gradients"};
-        for (size_t d = 0; d < 2; ++d) {
-            j[std::string("sent_") + kinds[d]] = {{"messages", t.sent[d].messages},
-                                                  {"bytes", t.sent[d].bytes},
-                                                  {"seconds", t.sent[d].seconds}};
-            j[std::string("received_") + kinds[d]] = {{"messages", t.received[d].messages},
-                                                      {"bytes", t.received[d].bytes},
-                                                      {"wait_seconds", t.received[d].seconds}};
-            total += t.sent[d].bytes;
+        runtime::PeerTraffic sum;
+        nlohmann::json peers = nlohmann::json::array();
+        for (const auto& [peer, t] : traffic[r]) {
+            for (size_t d = 0; d < 2; ++d) {
+                sum.sent[d] += t.sent[d];
+                sum.received[d] += t.received[d];
+                total += t.sent[d].bytes;
+            }
+            nlohmann::json p = kinds_json(t);
+            p["peer"] = peer;
+            peers.push_back(p);
         }
+        nlohmann::json j = kinds_json(sum);
+        j["rank"] = r;
+        j["peers"] = peers;
         by_rank.push_back(j);
     }
     return {{"bytes", total}, {"by_rank", by_rank}};

@@ -50,8 +50,8 @@ struct StepOutcome {
     int64_t loss_microbatches = 0;
     double grad_norm = 0, lr = 0, step_time_s = 0;
     std::vector<double> timings; // (action index, start, end) triples
-    /// This step's traffic with other processes: per direction, sent (messages, bytes,
-    /// seconds) then received (messages, bytes, seconds).
+    /// This step's traffic with other processes: per peer, its rank, then per direction sent
+    /// (messages, bytes, seconds) and received (messages, bytes, seconds).
     std::vector<double> traffic;
 };
 
@@ -60,36 +60,51 @@ template <class Inspector> typename Inspector::result_type inspect(Inspector& f,
              x.loss_microbatches, x.grad_norm, x.lr, x.step_time_s, x.timings, x.traffic);
 }
 
+constexpr size_t per_peer = 13; // the peer, then 2 directions x (sent, received) x 3 figures
+
 std::vector<double> encode(const RankTraffic& t) {
     std::vector<double> v;
-    for (size_t d = 0; d < 2; ++d)
-        for (const auto* x : {&t.sent[d], &t.received[d]})
-            v.insert(v.end(),
-                     {static_cast<double>(x->messages), static_cast<double>(x->bytes), x->seconds});
+    for (const auto& [peer, p] : t) {
+        v.push_back(peer);
+        for (size_t d = 0; d < 2; ++d)
+            for (const auto* x : {&p.sent[d], &p.received[d]})
+                v.insert(v.end(), {static_cast<double>(x->messages), static_cast<double>(x->bytes),
+                                   x->seconds});
+    }
     return v;
 }
 
 RankTraffic decode(const std::vector<double>& v) {
     RankTraffic t;
-    if (v.size() != 12) return t;
-    size_t i = 0;
-    for (size_t d = 0; d < 2; ++d)
-        for (auto* x : {&t.sent[d], &t.received[d]}) {
-            x->messages = static_cast<uint64_t>(v[i++]);
-            x->bytes = static_cast<uint64_t>(v[i++]);
-            x->seconds = v[i++];
-        }
+    for (size_t i = 0; i + per_peer <= v.size();) {
+        PeerTraffic& p = t[static_cast<int32_t>(v[i++])];
+        for (size_t d = 0; d < 2; ++d)
+            for (auto* x : {&p.sent[d], &p.received[d]}) {
+                x->messages = static_cast<uint64_t>(v[i++]);
+                x->bytes = static_cast<uint64_t>(v[i++]);
+                x->seconds = v[i++];
+            }
+    }
     return t;
 }
 
-RankTraffic minus(const RankTraffic& a, const RankTraffic& b) {
-    RankTraffic t = a;
-    for (size_t d = 0; d < 2; ++d)
-        for (auto [x, y] : {std::pair{&t.sent[d], &b.sent[d]}, {&t.received[d], &b.received[d]}}) {
-            x->messages -= y->messages;
-            x->bytes -= y->bytes;
-            x->seconds -= y->seconds;
-        }
+// The traffic of a step: the totals after it minus those before.
+RankTraffic minus(const RankTraffic& after, const RankTraffic& before) {
+    RankTraffic t;
+    for (const auto& [peer, a] : after) {
+        PeerTraffic p = a;
+        if (auto it = before.find(peer); it != before.end())
+            for (size_t d = 0; d < 2; ++d)
+                for (auto [x, y] : {std::pair{&p.sent[d], &it->second.sent[d]},
+                                    {&p.received[d], &it->second.received[d]}}) {
+                    x->messages -= y->messages;
+                    x->bytes -= y->bytes;
+                    x->seconds -= y->seconds;
+                }
+        bool any = false;
+        for (size_t d = 0; d < 2; ++d) any |= p.sent[d].messages > 0 || p.received[d].messages > 0;
+        if (any) t[peer] = p;
+    }
     return t;
 }
 

@@ -179,10 +179,16 @@ RankTraffic LocalComms::traffic(int32_t rank) const {
     auto it = ucx_.find(rank);
     if (it == ucx_.end()) return t;
     transport::UcxStats s = it->second->stats();
-    for (const auto& by_kind : s.sent)
-        for (size_t d = 0; d < 2; ++d) t.sent[d] += by_kind[d];
-    for (const auto& by_kind : s.received)
-        for (size_t d = 0; d < 2; ++d) t.received[d] += by_kind[d];
+    for (size_t peer = 0; peer < s.sent.size() || peer < s.received.size(); ++peer) {
+        PeerTraffic p;
+        bool any = false;
+        for (size_t d = 0; d < 2; ++d) {
+            if (peer < s.sent.size()) p.sent[d] = s.sent[peer][d];
+            if (peer < s.received.size()) p.received[d] = s.received[peer][d];
+            any |= p.sent[d].messages > 0 || p.received[d].messages > 0;
+        }
+        if (any) t[static_cast<int32_t>(peer)] = p;
+    }
     return t;
 }
 

@@ -44,11 +44,14 @@ struct CommsLayout {
     transport::UcxOptions ucx;
 };
 
-/// Bytes and time of one rank's point-to-point traffic with other processes, by direction of
-/// the pipeline (0 activations, 1 gradients), summed over peers: a step's transfer statistics.
-struct RankTraffic {
+/// Bytes and time of one rank's point-to-point traffic with one rank of another process, by
+/// direction of the pipeline (0 activations, 1 gradients).
+struct PeerTraffic {
     std::array<transport::UcxTraffic, 2> sent, received;
 };
+/// A rank's traffic with other processes, by peer rank (peers it exchanged nothing with are
+/// absent): a step's transfer statistics.
+using RankTraffic = std::map<int32_t, PeerTraffic>;
 
 class LocalComms {
   public:

@@ -8,6 +8,7 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <arpa/inet.h>
 #include <chrono>
@@ -294,6 +295,23 @@ TEST(Cluster, ActivationsBetweenProcessesAreCountedInTheMetrics) {
     const std::string grad =
         "\"sent_gradients\":{\"bytes\":" + std::to_string(2 * 4 * 8 * 16 * 4) + ",\"messages\":2";
     EXPECT_NE(metrics.find(grad), std::string::npos) << metrics;
+    // Per peer: rank 0 exchanges with rank 1 only, and the other way round.
+    std::istringstream lines(metrics);
+    std::string line;
+    int checked = 0;
+    while (std::getline(lines, line)) {
+        auto j = nlohmann::json::parse(line);
+        const auto& ranks = j["p2p"]["by_rank"];
+        ASSERT_EQ(ranks.size(), 2u) << line;
+        ASSERT_EQ(ranks[0]["peers"].size(), 1u) << line;
+        EXPECT_EQ(ranks[0]["peers"][0]["peer"], 1) << line;
+        EXPECT_EQ(ranks[0]["peers"][0]["sent_activations"]["bytes"], 2 * 4 * 8 * 16 * 4) << line;
+        EXPECT_EQ(ranks[0]["peers"][0]["received_gradients"]["messages"], 2) << line;
+        EXPECT_EQ(ranks[1]["peers"][0]["peer"], 0) << line;
+        EXPECT_EQ(ranks[1]["peers"][0]["sent_gradients"]["bytes"], 2 * 4 * 8 * 16 * 4) << line;
+        ++checked;
+    }
+    EXPECT_EQ(checked, 2);
     // The trace carries the last step's figures, one event per rank.
     std::string trace = slurp(dir / "trace.json");
     size_t events = 0;
