@@ -3,7 +3,8 @@
 # same GPT-2 shapes, side by side in one run (ratios, not absolute times: machines are shared).
 # PyTorch runs at its best on this machine: two threads, OMP_WAIT_POLICY=passive. It comes from
 # Debian's python3-torch, which this script installs when missing (about 800 MB). Each side runs
-# RUNS times (default 3), alternating; the table shows the medians and every run.
+# RUNS times (default 3), alternating; the table shows the medians and every run. SHAPES picks
+# the rows ("small", "124m"; default both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dist=${1:-build/bin/dist}
@@ -49,5 +50,7 @@ PY
 
 echo "| shape | Dist tokens/s, median (runs) | PyTorch tokens/s, median (runs) | ratio | Dist peak MiB | PyTorch peak MiB | ratio |"
 echo "| --- | --- | --- | --- | --- | --- | --- |"
-row "gpt 4096/128/6x8/384, batch 8" 4096 128 6 8 384 8 12 bench/gpt_small.dist
-row "GPT-2 124M, context 256, batch 4" 50257 256 12 12 768 4 8 bench/gpt2_124m.dist
+shapes=${SHAPES:-small 124m}
+[[ " $shapes " == *" small "* ]] && row "gpt 4096/128/6x8/384, batch 8" 4096 128 6 8 384 8 12 bench/gpt_small.dist
+[[ " $shapes " == *" 124m "* ]] && row "GPT-2 124M, context 256, batch 4" 50257 256 12 12 768 4 8 bench/gpt2_124m.dist
+true

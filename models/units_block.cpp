@@ -335,22 +335,34 @@ class MlpUnit : public Named {
     Tensor forward(int64_t mb, const Tensor& x, const Batch&) override {
         Tensor h = fc_.forward(x);
         Tensor g(with_last(x, hidden_));
-        activate(h, g);
-        saved_[mb] = {x, h, g, {}, {}};
+        Tensor th;
+        if (act_ == Activation::gelu_tanh) {
+            // GPT-2's GELU keeps its tanh values: the backward then needs no tanh of its own.
+            th = Tensor(h.shape());
+            ops::gelu_forward_keeping(h.data<float>(), h.numel(), g.data<float>(),
+                                      th.data<float>());
+        } else {
+            activate(h, g);
+        }
+        saved_[mb] = {x, h, g, {}, {}, th};
         return proj_.forward_row_parallel(g, tp_);
     }
 
     Tensor backward_input(int64_t mb, const Tensor& dy) override {
         Saved& s = saved_.at(mb);
         Tensor dg = proj_.backward_input(dy);
-        Tensor dh = Tensor::zeros(s.h.shape());
+        // Written whole by GELU's backward; the others accumulate into zeros.
+        Tensor dh =
+            act_ == Activation::gelu_tanh ? Tensor(s.h.shape()) : Tensor::zeros(s.h.shape());
         int64_t N = rows(s.h);
         switch (act_) {
         case Activation::swiglu:
             ops::swiglu_backward(s.h.data<float>(), dg.data<float>(), N, hidden_, dh.data<float>());
             break;
         case Activation::gelu_tanh:
-            ops::gelu_backward(s.h.data<float>(), dg.data<float>(), s.h.numel(), dh.data<float>());
+            ops::gelu_backward_kept(s.h.data<float>(), s.th.data<float>(), dg.data<float>(),
+                                    s.h.numel(), dh.data<float>());
+            s.th = Tensor(); // no longer needed
             break;
         case Activation::gelu:
         case Activation::relu: activation_backward(s.h, dg, dh); break;
@@ -403,7 +415,7 @@ class MlpUnit : public Named {
     }
 
     struct Saved {
-        Tensor x, h, g, dy, dh;
+        Tensor x, h, g, dy, dh, th;
     };
     TensorParallel tp_;
     Activation act_;

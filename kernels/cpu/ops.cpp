@@ -240,6 +240,26 @@ template <typename T> void gelu_backward(const T* inp, const T* dout, int64_t n,
     }
 }
 
+template <typename T> void gelu_forward_keeping(const T* inp, int64_t n, T* out, T* th) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+        T x = inp[i];
+        T t = vtanh(T(gelu_scale) * (x + T(0.044715) * x * x * x));
+        th[i] = t;
+        out[i] = T(0.5) * x * (T(1) + t);
+    }
+}
+
+template <typename T>
+void gelu_backward_kept(const T* inp, const T* th, const T* dout, int64_t n, T* dinp) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+        T x = inp[i], t = th[i];
+        T du = T(gelu_scale) * (T(1) + T(3 * 0.044715) * x * x);
+        dinp[i] = dout[i] * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du);
+    }
+}
+
 template <typename T> void swiglu_forward(const T* inp, int64_t N, int64_t H, T* out) {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
@@ -562,6 +582,8 @@ template <typename T> void scale(T* x, int64_t n, double s) {
     template void rmsnorm_backward_weight<T>(const T*, const T*, const T*, int64_t, int64_t, T*);  \
     template void gelu_forward<T>(const T*, int64_t, T*);                                          \
     template void gelu_backward<T>(const T*, const T*, int64_t, T*);                               \
+    template void gelu_forward_keeping<T>(const T*, int64_t, T*, T*);                              \
+    template void gelu_backward_kept<T>(const T*, const T*, const T*, int64_t, T*);                \
     template void swiglu_forward<T>(const T*, int64_t, int64_t, T*);                               \
     template void swiglu_backward<T>(const T*, const T*, int64_t, int64_t, T*);                    \
     template void rope_forward<T>(const T*, int64_t, int64_t, int64_t, int64_t, double, int64_t,   \

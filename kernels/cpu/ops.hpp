@@ -62,6 +62,13 @@ void rmsnorm_backward_weight(const T* dout, const T* inp, const T* rstd, int64_t
 template <typename T> void gelu_forward(const T* inp, int64_t n, T* out);
 /// inp (n), dout (n) -> dinp (n) +=.
 template <typename T> void gelu_backward(const T* inp, const T* dout, int64_t n, T* dinp);
+/// gelu_forward that also keeps each element's tanh(sqrt(2/pi) (x + 0.044715 x^3)) in `th` (n),
+/// so that the backward need not evaluate it again.
+template <typename T> void gelu_forward_keeping(const T* inp, int64_t n, T* out, T* th);
+/// The backward from the kept tanh values: inp (n), th (n), dout (n) -> dinp (n), written (a
+/// fresh buffer needs no zeroing).
+template <typename T>
+void gelu_backward_kept(const T* inp, const T* th, const T* dout, int64_t n, T* dinp);
 
 /// SwiGLU: inp (N,2H) holds [gate | up] per row -> out (N,H) = silu(gate) * up, written.
 template <typename T> void swiglu_forward(const T* inp, int64_t N, int64_t H, T* out);

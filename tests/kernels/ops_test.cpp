@@ -174,6 +174,15 @@ TEST(Gelu, MatchesTheTanhFormulaAndItsDerivative) {
             return o;
         },
         r, dx);
+    // The pair that keeps tanh: the same output, and the same gradient written into a buffer
+    // of garbage.
+    Vec kept(x.size()), th(x.size()), dk(x.size(), 1e30);
+    gelu_forward_keeping(x.data(), static_cast<int64_t>(x.size()), kept.data(), th.data());
+    gelu_backward_kept(x.data(), th.data(), r.data(), static_cast<int64_t>(x.size()), dk.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+        EXPECT_EQ(kept[i], out[i]) << i;
+        EXPECT_NEAR(dk[i], dx[i], 1e-12) << i;
+    }
 }
 
 TEST(SwiGlu, ForwardAndBackward) {
