@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <netinet/in.h>
 #include <optional>
@@ -110,26 +111,33 @@ struct Proc {
         ::_exit(127);
     }
 
+    /// Whether it still runs (once ended, its status is kept for wait).
+    bool running() {
+        if (pid <= 0) return false;
+        int st = 0;
+        if (::waitpid(pid, &st, WNOHANG) != pid) return true;
+        pid = -1;
+        status = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+        return false;
+    }
+
     /// The exit status (-signal when killed), or nullopt when it is still running after
     /// `timeout` (then it is killed).
     std::optional<int> wait(std::chrono::milliseconds timeout) {
         auto deadline = std::chrono::steady_clock::now() + timeout;
         for (;;) {
-            int st = 0;
-            pid_t r = ::waitpid(pid, &st, WNOHANG);
-            if (r == pid) {
-                pid = -1;
-                return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-            }
+            if (!running()) return status;
             if (std::chrono::steady_clock::now() > deadline) {
                 ::kill(pid, SIGKILL);
-                ::waitpid(pid, &st, 0);
+                ::waitpid(pid, nullptr, 0);
                 pid = -1;
                 return std::nullopt;
             }
             std::this_thread::sleep_for(20ms);
         }
     }
+    std::optional<int> status;
+
     ~Proc() {
         if (pid > 0) {
             ::kill(pid, SIGKILL);
@@ -137,6 +145,21 @@ struct Proc {
         }
     }
 };
+
+// Waits (up to `timeout`) until `done` holds or `p` has ended.
+void wait_until(Proc& p, const std::function<bool()>& done, std::chrono::seconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!done() && p.running() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(50ms);
+}
+
+// Waits for `p` to end after something was done to it; its status and the seconds it took.
+std::pair<std::optional<int>, double> time_to_end(Proc& p) {
+    auto start = std::chrono::steady_clock::now();
+    std::optional<int> status = p.wait(60s);
+    return {status,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+}
 
 std::vector<std::string> run_args(const std::string& script, const std::vector<std::string>& sets,
                                   const std::string& metrics, int steps) {
@@ -328,10 +351,8 @@ TEST(Cluster, InterruptingTheLauncherLeavesNoProcess) {
     auto args = run_args(dir / "gpt.dist", mesh_sets(2, 1, 2, "1f1b", 2), dir / "m.jsonl", 400);
     args.insert(args.end(), {"--procs", "2", "--set", "train.steps=100000"});
     Proc job(args, {}, dir / "out", dir / "err");
-    auto deadline = std::chrono::steady_clock::now() + 60s;
-    while (steps_of(dir / "m.jsonl").size() < 2 && std::chrono::steady_clock::now() < deadline &&
-           ::waitpid(job.pid, nullptr, WNOHANG) == 0)
-        std::this_thread::sleep_for(50ms);
+    wait_until(
+        job, [&] { return steps_of(dir / "m.jsonl").size() >= 2; }, 60s);
     ASSERT_GE(steps_of(dir / "m.jsonl").size(), 2u) << slurp(dir / "err");
     std::vector<pid_t> procs = children_of(job.pid);
     ASSERT_EQ(procs.size(), 2u);
@@ -381,20 +402,15 @@ TEST(Cluster, KilledProcessEndsTheJobAndTheRunResumes) {
     args.insert(args.end(), {"--procs", "4"});
     Proc job(args, {}, dir / "a.out", dir / "a.err");
     // Wait for a checkpoint, then a few more steps.
-    auto deadline = std::chrono::steady_clock::now() + 120s;
-    while (checkpoint_step(dir.path / "ck") < 3 && std::chrono::steady_clock::now() < deadline &&
-           ::waitpid(job.pid, nullptr, WNOHANG) == 0)
-        std::this_thread::sleep_for(50ms);
+    wait_until(
+        job, [&] { return checkpoint_step(dir.path / "ck") >= 3; }, 120s);
     ASSERT_GE(checkpoint_step(dir.path / "ck"), 3) << slurp(dir / "a.err");
     std::this_thread::sleep_for(300ms);
     std::vector<pid_t> procs = children_of(job.pid);
     ASSERT_EQ(procs.size(), 4u);
     const pid_t victim = procs[2];
     ASSERT_EQ(::kill(victim, SIGKILL), 0);
-    auto killed_at = std::chrono::steady_clock::now();
-    std::optional<int> status = job.wait(60s);
-    double took =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+    auto [status, took] = time_to_end(job);
     ASSERT_TRUE(status.has_value()) << "the job did not end";
     EXPECT_NE(*status, 0);
     EXPECT_LT(took, 15.0);
@@ -596,18 +612,13 @@ TEST(Cluster, AProcessThatStopsAnsweringIsLostAfterTheHeartbeatTimeout) {
     auto args = run_args(dir / "gpt.dist", mesh_sets(1, 1, 2, "1f1b", 2), dir / "m.jsonl", 400);
     args.insert(args.end(), {"--procs", "2", "--set", "train.steps=100000"});
     Proc job(args, {{"DIST_HEARTBEAT_TIMEOUT", "2"}}, dir / "out", dir / "err");
-    auto deadline = std::chrono::steady_clock::now() + 60s;
-    while (steps_of(dir / "m.jsonl").size() < 3 && std::chrono::steady_clock::now() < deadline &&
-           ::waitpid(job.pid, nullptr, WNOHANG) == 0)
-        std::this_thread::sleep_for(50ms);
+    wait_until(
+        job, [&] { return steps_of(dir / "m.jsonl").size() >= 3; }, 60s);
     ASSERT_GE(steps_of(dir / "m.jsonl").size(), 3u) << slurp(dir / "err");
     std::vector<pid_t> procs = children_of(job.pid);
     ASSERT_EQ(procs.size(), 2u);
     ASSERT_EQ(::kill(procs[1], SIGSTOP), 0);
-    auto stopped_at = std::chrono::steady_clock::now();
-    std::optional<int> status = job.wait(60s);
-    double took =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+    auto [status, took] = time_to_end(job);
     ASSERT_TRUE(status.has_value()) << "the job did not end";
     EXPECT_NE(*status, 0);
     EXPECT_LT(took, 15.0);

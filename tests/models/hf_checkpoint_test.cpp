@@ -26,11 +26,13 @@ TEST(HuggingFaceCheckpoint, Gpt2WrittenByTransformersEvaluatesToItsOwnLoss) {
                      << ": make it with scripts/hf-reference.py where transformers is installed";
     nlohmann::json expected;
     std::ifstream(dir / "hf_eval.json") >> expected;
-    ModelSpec spec = fixtures::spec_of("gpt(vocab: 256, context: 64, layers: 2, heads: 2, width: 64)");
+    ModelSpec spec =
+        fixtures::spec_of("gpt(vocab: 256, context: 64, layers: 2, heads: 2, width: 64)");
     Model model(spec, 1);
     ASSERT_EQ(load_weights(dir.string(), model), "");
     TokenData data;
-    const std::string text = (fs::path(DIST_SOURCE_DIR) / expected["text"].get<std::string>()).string();
+    const std::string text =
+        (fs::path(DIST_SOURCE_DIR) / expected["text"].get<std::string>()).string();
     ASSERT_EQ(TokenData::load_text(text, 65, data), "");
     EvalResult r = evaluate(model, data);
     EXPECT_EQ(r.tokens, expected["tokens"].get<int64_t>());
