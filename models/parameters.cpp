@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 namespace dist::models {
@@ -128,6 +129,87 @@ void copy_to_whole(const ParameterStore& part, ParameterStore& whole,
             w.v.data<float>()[g] = p.v.data<float>()[i];
         });
     }
+}
+
+namespace {
+
+template <typename T> void put(std::string& out, T x) {
+    out.append(reinterpret_cast<const char*>(&x), sizeof x);
+}
+
+// Reads what append_serialised wrote, refusing to read past the end.
+struct Reader {
+    const std::string& in;
+    size_t at = 0;
+    bool bytes(void* p, size_t n) {
+        if (n > in.size() - at) return false;
+        std::memcpy(p, in.data() + at, n);
+        at += n;
+        return true;
+    }
+    template <typename T> bool get(T& x) { return bytes(&x, sizeof x); }
+};
+
+} // namespace
+
+void append_serialised(const ParameterStore& part, const std::vector<std::string>& skip,
+                       std::string& out) {
+    for (const Parameter& p : part.all()) {
+        if (std::find(skip.begin(), skip.end(), p.name) != skip.end()) continue;
+        put<uint64_t>(out, p.name.size());
+        out += p.name;
+        put<uint64_t>(out, p.full_shape.size());
+        for (int64_t d : p.full_shape) put(out, d);
+        put<int32_t>(out, p.shard.dim);
+        put<uint64_t>(out, p.shard.ranges.size());
+        for (auto [b, e] : p.shard.ranges) {
+            put(out, b);
+            put(out, e);
+        }
+        const size_t n = static_cast<size_t>(p.value.numel()) * sizeof(float);
+        for (const kernels::Tensor* t : {&p.value, &p.m, &p.v})
+            out.append(reinterpret_cast<const char*>(t->data<float>()), n);
+    }
+}
+
+std::string merge_serialised(const std::string& bytes, ParameterStore& whole) {
+    Reader r{bytes};
+    ParameterStore part;
+    const std::string truncated = "the parameters' message is truncated";
+    while (r.at < bytes.size()) {
+        uint64_t name_size = 0, dims = 0, ranges = 0;
+        if (!r.get(name_size) || name_size > bytes.size() - r.at) return truncated;
+        std::string name(name_size, '\0');
+        r.bytes(name.data(), name_size);
+        const Parameter* w = whole.find(name);
+        if (!w) return "the parameters' message names `" + name + "`, which the model lacks";
+        if (!r.get(dims) || dims != w->full_shape.size())
+            return "the parameters' message gives `" + name + "` another shape";
+        std::vector<int64_t> shape(dims);
+        for (auto& d : shape)
+            if (!r.get(d)) return truncated;
+        if (shape != w->full_shape)
+            return "the parameters' message gives `" + name + "` another shape";
+        Shard shard;
+        if (!r.get(shard.dim) || !r.get(ranges)) return truncated;
+        if (shard.dim >= static_cast<int32_t>(dims) || shard.dim < -1 || ranges > 64 ||
+            (shard.dim < 0 && ranges > 0))
+            return "the parameters' message has a bad shard of `" + name + "`";
+        shard.ranges.resize(ranges);
+        for (auto& [b, e] : shard.ranges) {
+            if (!r.get(b) || !r.get(e)) return truncated;
+            if (b < 0 || e < b || e > shape[static_cast<size_t>(shard.dim)])
+                return "the parameters' message has a shard outside `" + name + "`";
+        }
+        int64_t numel = 1;
+        for (int64_t d : shard.local_shape(shape)) numel *= d;
+        const size_t n = static_cast<size_t>(numel) * sizeof(float);
+        if (n > (bytes.size() - r.at) / 3) return truncated;
+        Parameter& p = part.add(name, shape, Init{}, false, 0, shard);
+        for (kernels::Tensor* t : {&p.value, &p.m, &p.v}) r.bytes(t->data<float>(), n);
+    }
+    copy_to_whole(part, whole);
+    return {};
 }
 
 int64_t ParameterStore::count() const {

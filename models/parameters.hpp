@@ -77,6 +77,16 @@ void copy_from_whole(const ParameterStore& whole, ParameterStore& part);
 void copy_to_whole(const ParameterStore& part, ParameterStore& whole,
                    const std::vector<std::string>& skip = {});
 
+/// Appends `part`'s parameters, except those named in `skip`, to `out` as bytes: per parameter
+/// its name, full shape, shard, and the values and AdamW moments of its part. How the shards of
+/// processes other than the one writing a checkpoint travel to it.
+void append_serialised(const ParameterStore& part, const std::vector<std::string>& skip,
+                       std::string& out);
+/// Writes the parameters of such bytes into `whole`, as copy_to_whole would have. "" on success,
+/// else what is wrong with the bytes (truncated, a parameter `whole` lacks or has in another
+/// shape, a shard outside its parameter); `whole` may then be partly written.
+std::string merge_serialised(const std::string& bytes, ParameterStore& whole);
+
 /// Element `index` of parameter `name` under `init`: the function every shard evaluates.
 float initial_value(uint64_t seed, const std::string& name, int64_t index, const Init& init);
 

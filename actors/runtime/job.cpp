@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 #include <future>
 #include <map>
 #include <set>
@@ -698,88 +697,6 @@ bool loopback(const std::string& host) {
 // The address of this host's interface that reaches `host` (where Gloo should listen).
 std::string address_towards(const std::string& host, uint16_t port);
 
-// Parameter shards as bytes: for each parameter, its name, full shape, shard and the values
-// and AdamW moments of this process's part.
-void put_bytes(std::string& out, const void* p, size_t n) {
-    out.append(static_cast<const char*>(p), n);
-}
-template <typename T> void put(std::string& out, T x) {
-    put_bytes(out, &x, sizeof x);
-}
-void put(std::string& out, const std::string& s) {
-    put<uint64_t>(out, s.size());
-    out += s;
-}
-
-struct Reader {
-    const std::string& in;
-    size_t at = 0;
-    void bytes(void* p, size_t n) {
-        if (at + n > in.size()) throw std::runtime_error("a truncated parameter message");
-        std::memcpy(p, in.data() + at, n);
-        at += n;
-    }
-    template <typename T> T get() {
-        T x;
-        bytes(&x, sizeof x);
-        return x;
-    }
-    std::string str() {
-        std::string s(get<uint64_t>(), '\0');
-        bytes(s.data(), s.size());
-        return s;
-    }
-};
-
-std::string serialise_shards(const std::vector<RankExecutor*>& executors) {
-    std::string out;
-    for (auto* ex : executors)
-        for (auto& [index, stage] : ex->stages())
-            for (const models::Parameter& p : stage->params().all()) {
-                const auto& skip = stage->tied_copies();
-                if (std::find(skip.begin(), skip.end(), p.name) != skip.end()) continue;
-                put<uint8_t>(out, 1);
-                put(out, p.name);
-                put<uint64_t>(out, p.full_shape.size());
-                for (int64_t d : p.full_shape) put(out, d);
-                put<int32_t>(out, p.shard.dim);
-                put<uint64_t>(out, p.shard.ranges.size());
-                for (auto [b, e] : p.shard.ranges) {
-                    put(out, b);
-                    put(out, e);
-                }
-                const size_t n = static_cast<size_t>(p.value.numel()) * sizeof(float);
-                put_bytes(out, p.value.data<float>(), n);
-                put_bytes(out, p.m.data<float>(), n);
-                put_bytes(out, p.v.data<float>(), n);
-            }
-    put<uint8_t>(out, 0);
-    return out;
-}
-
-void deserialise_shards(const std::string& in, models::ParameterStore& whole) {
-    Reader r{in};
-    models::ParameterStore part;
-    while (r.get<uint8_t>() == 1) {
-        std::string name = r.str();
-        std::vector<int64_t> shape(r.get<uint64_t>());
-        for (auto& d : shape) d = r.get<int64_t>();
-        models::Shard shard;
-        shard.dim = r.get<int32_t>();
-        shard.ranges.resize(r.get<uint64_t>());
-        for (auto& [b, e] : shard.ranges) {
-            b = r.get<int64_t>();
-            e = r.get<int64_t>();
-        }
-        models::Parameter& p = part.add(name, shape, models::Init{}, false, 0, shard);
-        const size_t n = static_cast<size_t>(p.value.numel()) * sizeof(float);
-        r.bytes(p.value.data<float>(), n);
-        r.bytes(p.m.data<float>(), n);
-        r.bytes(p.v.data<float>(), n);
-    }
-    models::copy_to_whole(part, whole);
-}
-
 } // namespace
 
 std::vector<int32_t> process_of_ranks(int32_t ranks, int32_t processes) {
@@ -929,7 +846,13 @@ void Job::build_executors(const plan::Graph& graph) {
     for (auto& ex : executors_) net_->executors.push_back(ex.get());
     net_->comms = comms_.get();
     net_->tokens_per_step = program_.train.batch * program_.model.context;
-    net_->gather_local = [this] { return serialise_shards(net_->executors); };
+    net_->gather_local = [this] {
+        std::string bytes;
+        for (auto* ex : net_->executors)
+            for (auto& [index, stage] : ex->stages())
+                models::append_serialised(stage->params(), stage->tied_copies(), bytes);
+        return bytes;
+    };
     net_->formed = true;
 }
 
@@ -994,11 +917,7 @@ void Job::gather(models::Model& whole) {
         self->request(actor, std::chrono::minutes(2), gather_atom::value)
             .receive(
                 [&](std::string& shards) {
-                    try {
-                        deserialise_shards(shards, whole.params());
-                    } catch (const std::exception& e) {
-                        error = e.what();
-                    }
+                    error = models::merge_serialised(shards, whole.params());
                 },
                 [&](caf::error& e) { error = sys.render(e); });
         if (!error.empty())

@@ -114,6 +114,63 @@ TEST(Shard, MapsLocalElementsToTheirPlaceInTheFullParameter) {
     EXPECT_EQ(Shard{}.global_index({2, 4}, 5), 5);
 }
 
+// Shards sent as bytes (how other processes' parameters reach a checkpoint) land where
+// copy_to_whole puts them; bad bytes are refused with a message, not written out of bounds.
+TEST(Shard, SerialisedShardsMergeLikeCopyToWholeAndBadBytesAreRefused) {
+    auto fill = [](ParameterStore& s, float base) {
+        for (Parameter& p : s.all())
+            for (int64_t i = 0; i < p.value.numel(); ++i) {
+                p.value.data<float>()[i] = base + static_cast<float>(i);
+                p.m.data<float>()[i] = -base - static_cast<float>(i);
+                p.v.data<float>()[i] = 2 * base + static_cast<float>(i);
+            }
+    };
+    ParameterStore part;
+    part.add("w", {5, 3}, Init{}, true, 1, Shard{0, {{1, 2}, {3, 5}}});
+    part.add("b", {4}, Init{}, false, 1, Shard::range(0, 2, 4));
+    part.add("tied", {2, 2}, Init{}, true, 1);
+    fill(part, 100);
+    ParameterStore direct, merged;
+    for (ParameterStore* s : {&direct, &merged}) {
+        s->add("w", {5, 3}, Init{}, true, 1);
+        s->add("b", {4}, Init{}, false, 1);
+        s->add("tied", {2, 2}, Init{}, true, 1);
+        fill(*s, 0);
+    }
+    copy_to_whole(part, direct, {"tied"});
+    std::string bytes;
+    append_serialised(part, {"tied"}, bytes);
+    ASSERT_EQ(merge_serialised(bytes, merged), "");
+    for (const Parameter& d : direct.all()) {
+        const Parameter* m = merged.find(d.name);
+        for (int64_t i = 0; i < d.value.numel(); ++i) {
+            EXPECT_EQ(m->value.data<float>()[i], d.value.data<float>()[i]) << d.name << i;
+            EXPECT_EQ(m->m.data<float>()[i], d.m.data<float>()[i]) << d.name << i;
+            EXPECT_EQ(m->v.data<float>()[i], d.v.data<float>()[i]) << d.name << i;
+        }
+    }
+    // Every truncation, a name the model lacks, a shard past the parameter's end.
+    for (size_t n = 1; n < bytes.size(); n += 7)
+        EXPECT_NE(merge_serialised(bytes.substr(0, n), merged), "") << n;
+    ParameterStore other;
+    other.add("w", {5, 3}, Init{}, true, 1);
+    EXPECT_NE(merge_serialised(bytes, other).find("`b`, which the model lacks"), std::string::npos);
+    ParameterStore wide;
+    wide.add("x", {4}, Init{}, true, 1, Shard::range(0, 0, 4));
+    std::string past;
+    append_serialised(wide, {}, past);
+    ParameterStore small;
+    small.add("x", {4}, Init{}, true, 1);
+    std::string edited = past;
+    // The range's end sits after the name (8 + 1 bytes), the shape (8 + 8), dim (4), count (8)
+    // and the range's begin (8).
+    const size_t end_at = 8 + 1 + 8 + 8 + 4 + 8 + 8;
+    int64_t too_far = 9;
+    std::memcpy(edited.data() + end_at, &too_far, sizeof too_far);
+    EXPECT_NE(merge_serialised(edited, small).find("a shard outside `x`"), std::string::npos);
+    EXPECT_EQ(merge_serialised(past, small), "");
+}
+
 TEST(TensorParallel, GroupOfOneIsExactlyTheOneDeviceModel) {
     ModelSpec spec = spec_of(gpt);
     Data a = data(2, 5, 12, 1), b = data(2, 5, 12, 2);
