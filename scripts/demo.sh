@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # demo.sh DIST: check the example scripts, catch a mistake early, simulate the tiny GPT on a
 # dp 2 x tp 2 x pp 2 mesh with 1F1B, then train it on that mesh for real (eight worker actors on
-# this machine's cores) on the fortunes text, sample from it and evaluate it.
+# this machine's cores) on the fortunes text, sample from it and evaluate it; last, continue that
+# run for a few steps with its ranks spread over two processes (UCX and Gloo between them).
 set -euo pipefail
 dist=${1:-build/bin/dist}
 say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
@@ -24,3 +25,7 @@ say dist run examples/gpt_tiny.dist "${mesh[@]}" --save build/demo-checkpoint --
 
 say "dist eval examples/gpt_tiny.dist --load build/demo-checkpoint --data /usr/share/games/fortunes/riddles   # text it never trained on"
 "$dist" eval examples/gpt_tiny.dist --load build/demo-checkpoint --data /usr/share/games/fortunes/riddles
+
+say "dist run examples/gpt_tiny.dist ${mesh[*]} --resume build/demo-checkpoint --set train.steps=320 --procs 2   # the same job as two processes"
+"$dist" run examples/gpt_tiny.dist "${mesh[@]}" --resume build/demo-checkpoint --set train.steps=320 \
+    --procs 2
