@@ -123,22 +123,38 @@ int launch_local(int procs, const std::vector<std::string>& args, std::ostream& 
 
     struct sigaction sa {};
     sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART; // a write to a slow terminal is resumed, not failed
     ::sigaction(SIGINT, &sa, nullptr);
     ::sigaction(SIGTERM, &sa, nullptr);
     std::signal(SIGPIPE, SIG_IGN);
 
     std::vector<Child> children(static_cast<size_t>(procs));
+    // On a failure to start them all, those started go (killed, reaped, their pipes closed).
+    auto give_up = [&](const std::string& what) {
+        err << "error: " << what << ": " << std::strerror(errno) << "\n";
+        for (auto& c : children) {
+            if (c.pid > 0) {
+                ::kill(c.pid, SIGKILL);
+                ::waitpid(c.pid, nullptr, 0);
+            }
+            if (c.out >= 0) ::close(c.out);
+            if (c.err >= 0) ::close(c.err);
+        }
+        return 1;
+    };
     for (int i = 0; i < procs; ++i) {
         int o[2], e[2];
-        if (::pipe2(o, O_CLOEXEC) != 0 || ::pipe2(e, O_CLOEXEC) != 0) {
-            err << "error: pipe: " << std::strerror(errno) << "\n";
-            return 1;
+        if (::pipe2(o, O_CLOEXEC) != 0) return give_up("pipe");
+        if (::pipe2(e, O_CLOEXEC) != 0) {
+            ::close(o[0]);
+            ::close(o[1]);
+            return give_up("pipe");
         }
         pid_t launcher = ::getpid();
         pid_t pid = ::fork();
         if (pid < 0) {
-            err << "error: fork: " << std::strerror(errno) << "\n";
-            return 1;
+            for (int fd : {o[0], o[1], e[0], e[1]}) ::close(fd);
+            return give_up("fork");
         }
         if (pid == 0) {
             // The child: dies with the launcher, writes into the pipes, joins as process i.
@@ -214,6 +230,15 @@ int launch_local(int procs, const std::vector<std::string>& args, std::ostream& 
                 (is_out ? c->out : c->err) = -1;
             }
         }
+        if (interrupted && !ending) {
+            err << "dist: " << strsignal(interrupted) << "; ending the job\n" << std::flush;
+            result = 128 + interrupted;
+            ending = true;
+            end_started = clock::now();
+            signal_all(SIGTERM);
+            termed = true;
+            term_sent = clock::now();
+        }
         for (auto& c : children) {
             if (!c.running) continue;
             int status = 0;
@@ -230,14 +255,11 @@ int launch_local(int procs, const std::vector<std::string>& args, std::ostream& 
                 end_started = clock::now();
             }
         }
-        if (interrupted && !ending) {
-            err << "dist: " << strsignal(interrupted) << "; ending the job\n" << std::flush;
-            result = 128 + interrupted;
+        // Once process 0 (the coordinator) has ended, successfully or not, the others follow
+        // within moments; those that do not are stopped below.
+        if (!children[0].running && !ending) {
             ending = true;
             end_started = clock::now();
-            signal_all(SIGTERM);
-            termed = true;
-            term_sent = clock::now();
         }
         // The others normally stop by themselves within seconds of a failure (the coordinator
         // tells them, or they see it go); those that do not are terminated, then killed.

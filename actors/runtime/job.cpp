@@ -39,6 +39,7 @@ using gather_atom = caf::atom_constant<caf::atom("gather")>;
 using ok_atom = caf::atom_constant<caf::atom("ok")>;
 using abandon_atom = caf::atom_constant<caf::atom("abandon")>;
 using give_up_atom = caf::atom_constant<caf::atom("give_up")>;
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
 
 /// A worker's answer to "run step s".
 struct StepOutcome {
@@ -208,12 +209,22 @@ struct Job::Net {
     /// The job's store (UCX endpoints read peers' addresses from it when they first connect).
     std::unique_ptr<transport::KeyValueStore> store;
 
+    /// Ends this process's coordinator (if it lives here) and member actor. Exit messages from
+    /// other processes are ignored, and so are anonymous ones, so this comes from an actor here.
+    void stop_actors() {
+        caf::scoped_actor self{*sys};
+        if (coordinator && coordinator.node() == sys->node())
+            self->send(coordinator, stop_atom::value);
+        if (member) self->send(member, stop_atom::value);
+    }
+
     ~Net() {
         // The actor system's destructor waits for every actor: end this process's own first.
         if (!sys) return;
-        if (coordinator && coordinator.node() == sys->node())
-            caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
-        if (member) caf::anon_send_exit(member, caf::exit_reason::user_shutdown);
+        stop_actors();
+        // The actors use the members below: the system (which waits for them) goes first.
+        store.reset();
+        sys.reset();
     }
 
     std::string ranks_of(int32_t process) const {
@@ -361,7 +372,18 @@ void step_done(coordinator_pointer self) {
     m.step_time_s = secs;
     m.tokens_per_s = secs > 0 ? static_cast<double>(m.tokens) / secs : 0.0;
     const JobOptions& options = st.net->options;
-    bool go_on = !options.on_step || options.on_step(report);
+    bool go_on = true;
+    try {
+        if (options.on_step) go_on = options.on_step(report);
+    } catch (const std::exception& e) {
+        fail(self, std::string("after step ") + std::to_string(m.step) + ": " + e.what());
+        return finish(self, st.failure);
+    }
+    // The callback may have taken long (a checkpoint): heartbeats that queued up meanwhile are
+    // not late, and the watchdog counts from now.
+    const auto now = std::chrono::steady_clock::now();
+    for (auto& [p, member] : st.members) member.last_beat = now;
+    st.last_change = now;
     if (!go_on || st.step + 1 >= options.end_step) return finish(self, "");
     ++st.step;
     start_step(self);
@@ -410,10 +432,11 @@ bool heard(coordinator_pointer self) {
     return sender && (sender->node() == self->node() || self->state.accepted.count(sender->node()));
 }
 
-// Whether it comes from this process (delayed messages to itself carry no sender).
+// Whether it comes from this process (its delayed messages to itself carry it as the sender; a
+// message without a sender may come from anywhere).
 bool own(coordinator_pointer self) {
     const auto& sender = self->current_sender();
-    return !sender || sender->node() == self->node();
+    return sender && sender->node() == self->node();
 }
 
 // Exit messages from other processes are ignored: only this process ends its actors.
@@ -493,11 +516,14 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
                 it->second.ready = true;
             maybe_start(self);
         },
+        [self](stop_atom) {
+            if (own(self)) self->quit();
+        },
         [self](abandon_atom) {
             // The job failed a while ago and ranks are still inside the step: they wait in
             // Gloo for peers that gave up. The other processes end themselves, which frees them.
             auto& st = self->state;
-            if (!own(self) || st.finished || st.pending == 0) return;
+            if (!own(self) || st.finished || st.failure.empty() || st.pending == 0) return;
             for (auto& [p, m] : st.members)
                 if (!m.lost) {
                     m.leaving = true;
@@ -509,7 +535,7 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
             // Ranks of this process still wait, on a peer that can neither answer nor end (a
             // stopped or unreachable host): this process ends too, as the others did.
             auto& st = self->state;
-            if (!own(self) || st.finished || st.pending == 0) return;
+            if (!own(self) || st.finished || st.failure.empty() || st.pending == 0) return;
             if (st.net->cluster.abandon) st.net->cluster.abandon(reported(st, st.failure));
         },
         [self](beat_atom, int32_t process, uint64_t progress, const std::string& actions) {
@@ -534,6 +560,7 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
             auto& st = self->state;
             if (!heard(self)) return caf::sec::request_receiver_down;
             if (auto it = st.store.find(key); it != st.store.end()) return it->second;
+            if (!st.failure.empty()) return caf::make_error(caf::sec::runtime_error, st.failure);
             auto promise = self->make_response_promise();
             st.waiting[key].push_back(promise);
             return caf::delegated<std::string>();
@@ -543,6 +570,7 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
             if (!own(self) || st.start_requested) return caf::sec::unexpected_message;
             st.promise = self->make_response_promise();
             st.start_requested = true;
+            st.created = std::chrono::steady_clock::now(); // the join timeout runs from here
             maybe_start(self);
             return caf::delegated<std::string>();
         },
@@ -628,22 +656,38 @@ caf::behavior member(caf::stateful_actor<MemberState>* self, Job::Net* net) {
         self->quit();
     });
     self->send(self, tick_atom::value);
+    // Only the coordinator's process (and this one) is heard.
+    auto heard = [self, net] {
+        const auto& s = self->current_sender();
+        return s && (s->node() == net->coordinator.node() || s->node() == self->node());
+    };
     return {
-        [net](abort_atom, const std::string& why) { net->abort(why); },
-        [net](abandon_atom, const std::string& why) {
+        [self](stop_atom) {
+            if (self->current_sender() && self->current_sender()->node() == self->node())
+                self->quit();
+        },
+        [net, heard](abort_atom, const std::string& why) {
+            if (heard()) net->abort(why);
+        },
+        [net, heard](abandon_atom, const std::string& why) {
+            if (!heard()) return;
             // Ranks somewhere are still inside the failed step, waiting in Gloo for peers that
             // gave up: this process ends (its caller says how), and its closed sockets free
             // them.
             if (net->cluster.abandon) net->cluster.abandon(why);
         },
-        [self, end](done_atom, const std::string& result) {
+        [self, end, heard](done_atom, const std::string& result) -> caf::result<ok_atom> {
+            if (!heard()) return caf::sec::request_receiver_down;
             end(result);
             self->quit();
             return ok_atom::value;
         },
-        [net](gather_atom) { return net->gather_local(); },
+        [net, heard](gather_atom) -> caf::result<std::string> {
+            if (!heard()) return caf::sec::request_receiver_down;
+            return net->gather_local();
+        },
         [self, net](tick_atom) {
-            if (self->current_sender() && self->current_sender()->node() != self->node()) return;
+            if (!self->current_sender() || self->current_sender()->node() != self->node()) return;
             // The executors exist once the job has formed; until then the beat says nothing.
             uint64_t progress = 0;
             std::string actions;
@@ -787,7 +831,7 @@ Job::Job(const Program& program, const plan::Graph& graph, const models::TokenDa
         auto port = sys.middleman().publish(net.coordinator, cluster.port,
                                             loopback(cluster.host) ? "127.0.0.1" : nullptr, true);
         if (!port) {
-            caf::anon_send_exit(net.coordinator, caf::exit_reason::user_shutdown);
+            net.stop_actors();
             throw std::runtime_error("the coordinator cannot listen on " + where + ": " +
                                      sys.render(port.error()));
         }
@@ -823,7 +867,7 @@ Job::Job(const Program& program, const plan::Graph& graph, const models::TokenDa
             .receive([&](std::string& r) { refusal = r; },
                      [&](caf::error& e) { refusal = "no answer to hello: " + sys.render(e); });
         if (!refusal.empty()) {
-            caf::anon_send_exit(net.member, caf::exit_reason::user_shutdown);
+            net.stop_actors();
             throw std::runtime_error("joining the job at " + where + ": " + refusal);
         }
     }
@@ -890,14 +934,31 @@ std::string Job::run(const JobOptions& options) {
         }
         self->send(net.coordinator, ready_atom::value, cluster_.process);
         if (coordinating()) {
-            self->request(net.coordinator, caf::infinite, start_atom::value)
-                .receive(
-                    [&](std::string& r) { result = r; },
-                    [&](caf::error& e) { result = "the coordinator failed: " + sys.render(e); });
+            // The coordinator's answer, or its end (a promise it never kept is not reported).
+            self->monitor(net.coordinator);
+            self->send(net.coordinator, start_atom::value);
+            bool answered = false;
+            self->receive_while([&] { return !answered; })(
+                [&](std::string& r) {
+                    result = r;
+                    answered = true;
+                },
+                [&](caf::error& e) {
+                    result = "the coordinator failed: " + sys.render(e);
+                    answered = true;
+                },
+                [&](caf::down_msg& dm) {
+                    if (dm.source != net.coordinator.address()) return;
+                    result = "the coordinator ended before the job did: " + sys.render(dm.reason);
+                    answered = true;
+                });
         } else {
             result = net.member_done.get_future().get();
         }
         for (auto& w : workers) self->send_exit(w, caf::exit_reason::user_shutdown);
+        // The executors must outlive their workers. A worker stuck in a collective after a
+        // failure ends with its process (the abandon callback).
+        for (auto& w : workers) self->wait_for(w);
     }
     return result;
 }
