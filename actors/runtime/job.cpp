@@ -739,20 +739,6 @@ bool loopback(const std::string& host) {
 }
 
 // The address of this host's interface that reaches `host` (where Gloo should listen).
-std::string address_towards(const std::string& host, uint16_t port);
-
-} // namespace
-
-std::vector<int32_t> process_of_ranks(int32_t ranks, int32_t processes) {
-    std::vector<int32_t> out(static_cast<size_t>(ranks));
-    for (int32_t r = 0; r < ranks; ++r)
-        out[static_cast<size_t>(r)] =
-            static_cast<int32_t>(static_cast<int64_t>(r) * processes / ranks);
-    return out;
-}
-
-namespace {
-
 std::string address_towards(const std::string& host, uint16_t port) {
     if (loopback(host)) return "127.0.0.1";
     // A UDP "connection" sends nothing; it makes the kernel pick the route and so the
@@ -791,6 +777,14 @@ void configure(caf::actor_system_config& cfg, bool middleman) {
 }
 
 } // namespace
+
+std::vector<int32_t> process_of_ranks(int32_t ranks, int32_t processes) {
+    std::vector<int32_t> out(static_cast<size_t>(ranks));
+    for (int32_t r = 0; r < ranks; ++r)
+        out[static_cast<size_t>(r)] =
+            static_cast<int32_t>(static_cast<int64_t>(r) * processes / ranks);
+    return out;
+}
 
 Job::Job(const Program& program, const plan::Graph& graph, const models::TokenData& data,
          CollectivesBackend backend)

@@ -11,6 +11,8 @@
 #include "models/checkpoint.hpp"
 #include "models/trainer.hpp"
 
+#include "tests/common/tiny_scripts.hpp"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -24,39 +26,8 @@ using namespace dist;
 
 namespace {
 
-const char* gpt_script = R"(import "std/gpt.dist"
-model = gpt(vocab: 32, context: 8, layers: 4, heads: 4, width: 16)
-mesh {
-    devices: cpu
-}
-train {
-    data: synthetic()
-    batch: 8
-    steps: 3
-    seed: 7
-    optimizer {
-        lr: 1e-2
-        weight_decay: 0.1
-    }
-    clip: 0.5
-}
-)";
-
-const char* llama_script = R"(import "std/llama.dist"
-model = llama(vocab: 32, context: 8, layers: 4, heads: 4, kv_heads: 2, width: 16, hidden: 24)
-mesh {
-    devices: cpu
-}
-train {
-    data: synthetic()
-    batch: 8
-    steps: 3
-    seed: 11
-    optimizer {
-        lr: 1e-2
-    }
-}
-)";
+const std::string gpt_script = dist::tests::tiny_gpt_script(3);
+const std::string llama_script = dist::tests::tiny_llama_script(3);
 
 Program checked(const std::string& text, const std::vector<std::string>& overrides) {
     lang::FrontendOptions o;

@@ -5,8 +5,10 @@
 // random bytes are refused while the job carries on.
 #include "actors/runtime/job.hpp"
 
+#include "tests/common/tiny_scripts.hpp"
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -32,39 +34,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-const char* gpt_script = R"(import "std/gpt.dist"
-model = gpt(vocab: 32, context: 8, layers: 4, heads: 4, width: 16)
-mesh {
-    devices: cpu
-}
-train {
-    data: synthetic()
-    batch: 8
-    steps: 400
-    seed: 7
-    optimizer {
-        lr: 1e-2
-        weight_decay: 0.1
-    }
-    clip: 0.5
-}
-)";
-
-const char* llama_script = R"(import "std/llama.dist"
-model = llama(vocab: 32, context: 8, layers: 4, heads: 4, kv_heads: 2, width: 16, hidden: 24)
-mesh {
-    devices: cpu
-}
-train {
-    data: synthetic()
-    batch: 8
-    steps: 400
-    seed: 11
-    optimizer {
-        lr: 1e-2
-    }
-}
-)";
+const std::string gpt_script = dist::tests::tiny_gpt_script(400);
+const std::string llama_script = dist::tests::tiny_llama_script(400);
 
 std::string slurp(const fs::path& p) {
     std::ifstream in(p);
