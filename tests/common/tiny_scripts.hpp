@@ -15,7 +15,8 @@ mesh {
 train {
     data: synthetic()
     batch: 8
-    steps: )" + std::to_string(steps) +
+    steps: )" +
+           std::to_string(steps) +
            R"(
     seed: 7
     optimizer {
@@ -36,7 +37,8 @@ mesh {
 train {
     data: synthetic()
     batch: 8
-    steps: )" + std::to_string(steps) +
+    steps: )" +
+           std::to_string(steps) +
            R"(
     seed: 11
     optimizer {
