@@ -968,13 +968,32 @@ void Job::gather(models::Model& whole) {
     caf::actor_system& sys = *net_->sys;
     caf::scoped_actor self{sys};
     for (auto& [p, actor] : net_->member_actors) {
+        // The answer, or the process's end (a request to a process that died meanwhile is
+        // never answered), or the time limit.
         std::string error;
-        self->request(actor, std::chrono::minutes(2), gather_atom::value)
-            .receive(
-                [&](std::string& shards) {
-                    error = models::merge_serialised(shards, whole.params());
-                },
-                [&](caf::error& e) { error = sys.render(e); });
+        bool answered = false;
+        self->monitor(actor);
+        self->send(actor, gather_atom::value);
+        self->receive_while([&] { return !answered; })(
+            [&](std::string& shards) {
+                error = models::merge_serialised(shards, whole.params());
+                answered = true;
+            },
+            [&](caf::error& e) {
+                error = sys.render(e);
+                answered = true;
+            },
+            [&](caf::down_msg& dm) {
+                if (dm.source != actor.address()) return;
+                error = "the process was lost: " + sys.render(dm.reason);
+                answered = true;
+            },
+            caf::after(std::chrono::minutes(2)) >>
+                [&] {
+                    error = "no answer in 2 minutes";
+                    answered = true;
+                });
+        self->demonitor(actor);
         if (!error.empty())
             throw std::runtime_error("gathering the parameters of process " + std::to_string(p) +
                                      ": " + error);
