@@ -178,4 +178,29 @@ float bf16_to_f32(uint16_t x) {
     return f;
 }
 
+float f16_to_f32(uint16_t x) {
+    const uint32_t sign = static_cast<uint32_t>(x & 0x8000) << 16;
+    const uint32_t exponent = (x >> 10) & 0x1f;
+    uint32_t mantissa = x & 0x3ff;
+    uint32_t bits;
+    if (exponent == 0x1f) {
+        bits = sign | 0x7f800000u | (mantissa << 13); // infinity or NaN
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13); // rebias 15 -> 127
+    } else if (mantissa == 0) {
+        bits = sign; // signed zero
+    } else {
+        // Subnormal: shift the mantissa up until its leading one is the implicit bit.
+        int e = 113;
+        while (!(mantissa & 0x400)) {
+            mantissa <<= 1;
+            --e;
+        }
+        bits = sign | (static_cast<uint32_t>(e) << 23) | ((mantissa & 0x3ff) << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
 } // namespace dist::kernels

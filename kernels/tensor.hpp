@@ -129,4 +129,7 @@ class Tensor {
 uint16_t f32_to_bf16(float x);
 float bf16_to_f32(uint16_t x);
 
+/// IEEE half -> f32, exact (subnormals, infinities and NaN included); for reading checkpoints.
+float f16_to_f32(uint16_t x);
+
 } // namespace dist::kernels

@@ -6,6 +6,7 @@
 #include "lang/loader.hpp"
 #include "models/atomic_file.hpp"
 #include "models/safetensors.hpp"
+#include "models/torch_checkpoint.hpp"
 
 #include <cstring>
 #include <filesystem>
@@ -167,14 +168,22 @@ std::string import_piece(const TensorRecord& r, const Piece& piece, Parameter& p
     std::vector<float> vals(static_cast<size_t>(rows * cols));
     if (r.dtype == TensorDType::f32) {
         std::memcpy(vals.data(), r.bytes.data(), vals.size() * sizeof(float));
-    } else if (r.dtype == TensorDType::bf16) {
+    } else if (r.dtype == TensorDType::bf16 || r.dtype == TensorDType::f16) {
+        const bool brain = r.dtype == TensorDType::bf16;
         for (size_t i = 0; i < vals.size(); ++i) {
             uint16_t b;
             std::memcpy(&b, r.bytes.data() + 2 * i, 2);
-            vals[i] = kernels::bf16_to_f32(b);
+            vals[i] = brain ? kernels::bf16_to_f32(b) : kernels::f16_to_f32(b);
+        }
+    } else if (r.dtype == TensorDType::f64) {
+        for (size_t i = 0; i < vals.size(); ++i) {
+            double d;
+            std::memcpy(&d, r.bytes.data() + 8 * i, 8);
+            vals[i] = static_cast<float>(d);
         }
     } else {
-        return "tensor `" + r.name + "` is " + to_string(r.dtype) + "; weights are F32 or BF16";
+        return "tensor `" + r.name + "` is " + to_string(r.dtype) +
+               "; weights are F32, BF16, F16 or F64";
     }
     float* dst = p.value.data<float>() + piece.begin * cols;
     for (int64_t i = 0; i < rows; ++i)
@@ -295,21 +304,69 @@ std::string save_checkpoint(const std::string& dir, Model& model, int64_t step, 
 
 namespace {
 
-std::string load_weights_file(const fs::path& file, Model& model, std::string& step_stamp) {
-    SafetensorsFile weights;
-    if (std::string e = read_safetensors(file.string(), weights); !e.empty()) return e;
-    auto stamp = weights.metadata.find("dist_step");
-    step_stamp = stamp == weights.metadata.end() ? "" : stamp->second;
+// Copies the model's parameters out of `weights` (read from `file`, named in messages).
+std::string import_weights(const SafetensorsFile& weights, const std::string& file, Model& model) {
     Mapping m = mapping_of(model.spec());
     for (auto& p : model.params().all()) {
         for (const auto& piece : m.pieces.at(p.name)) {
             const TensorRecord* r = find_tensor(weights, piece.name);
             if (!r)
-                return "`" + file.string() + "` has no tensor `" + piece.name +
-                       "` (expected shape " + shape_str(piece_shape(p, piece)) +
-                       "); is it a checkpoint of this model?";
+                return "`" + file + "` has no tensor `" + piece.name + "` (expected shape " +
+                       shape_str(piece_shape(p, piece)) + "); is it a checkpoint of this model?";
             if (std::string e = import_piece(*r, piece, p); !e.empty())
-                return "`" + file.string() + "`: " + e;
+                return "`" + file + "`: " + e;
+        }
+    }
+    return {};
+}
+
+std::string load_weights_file(const fs::path& file, Model& model, std::string& step_stamp) {
+    SafetensorsFile weights;
+    if (std::string e = read_safetensors(file.string(), weights); !e.empty()) return e;
+    auto stamp = weights.metadata.find("dist_step");
+    step_stamp = stamp == weights.metadata.end() ? "" : stamp->second;
+    return import_weights(weights, file.string(), model);
+}
+
+using ShardReader = std::string (*)(const std::string&, SafetensorsFile&);
+
+// A sharded Hugging Face folder: `index` maps every tensor name to the shard file holding it
+// ({"weight_map": {"h.0.ln_1.weight": "model-00001-of-00002.safetensors", ...}}). Reads every
+// shard into one SafetensorsFile; a shard outside the folder, a tensor missing from the shard
+// the index names, or a tensor in two shards is refused.
+std::string read_sharded(const fs::path& index, ShardReader read, SafetensorsFile& out) {
+    std::string text, error;
+    if (!lang::read_source_file(index, text, error))
+        return "cannot read `" + index.string() + "`: " + error;
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
+        !j["weight_map"].is_object())
+        return "`" + index.string() + "` is not a Hugging Face shard index (no \"weight_map\")";
+    std::map<std::string, std::vector<std::string>> by_shard;
+    for (const auto& [name, shard] : j["weight_map"].items()) {
+        if (!shard.is_string())
+            return "`" + index.string() + "`: the shard of `" + name + "` is not a file name";
+        const std::string s = shard.get<std::string>();
+        if (s.empty() || s.find('/') != std::string::npos || s.find('\\') != std::string::npos ||
+            s == "." || s == "..")
+            return "`" + index.string() + "`: shard `" + s + "` (of `" + name +
+                   "`) is not a file in the same folder";
+        by_shard[s].push_back(name);
+    }
+    std::map<std::string, std::string> seen; // tensor -> shard
+    for (const auto& [shard, names] : by_shard) {
+        SafetensorsFile part;
+        const fs::path file = index.parent_path() / shard;
+        if (std::string e = read(file.string(), part); !e.empty()) return e;
+        for (const std::string& name : names)
+            if (!part.find(name))
+                return "`" + index.string() + "` places `" + name + "` in `" + shard +
+                       "`, which has no such tensor";
+        for (TensorRecord& t : part.tensors) {
+            if (auto [it, fresh] = seen.emplace(t.name, shard); !fresh)
+                return "tensor `" + t.name + "` is in two shards: `" + it->second + "` and `" +
+                       shard + "`";
+            out.tensors.push_back(std::move(t));
         }
     }
     return {};
@@ -321,11 +378,27 @@ std::string load_weights(const std::string& dir, Model& model) {
     fs::path d(dir);
     std::error_code ec;
     if (!fs::is_directory(d, ec)) return "`" + dir + "` is not a checkpoint folder";
-    fs::path file = d / "model.safetensors";
-    if (!fs::exists(file, ec))
-        return "`" + dir + "` holds no model.safetensors (Dist and Hugging Face folders do)";
-    std::string stamp;
-    return load_weights_file(file, model, stamp);
+    // The layouts Hugging Face writes, in the order it prefers them.
+    struct Layout {
+        const char* file;
+        bool index;
+        ShardReader read;
+    };
+    for (const Layout& l : {Layout{"model.safetensors", false, &read_safetensors},
+                            Layout{"model.safetensors.index.json", true, &read_safetensors},
+                            Layout{"pytorch_model.bin", false, &read_torch_checkpoint},
+                            Layout{"pytorch_model.bin.index.json", true, &read_torch_checkpoint}}) {
+        const fs::path file = d / l.file;
+        if (!fs::exists(file, ec)) continue;
+        SafetensorsFile weights;
+        std::string e =
+            l.index ? read_sharded(file, l.read, weights) : l.read(file.string(), weights);
+        if (!e.empty()) return e;
+        return import_weights(weights, file.string(), model);
+    }
+    return "`" + dir +
+           "` holds no model.safetensors, model.safetensors.index.json, pytorch_model.bin or "
+           "pytorch_model.bin.index.json (Dist and Hugging Face folders hold one of them)";
 }
 
 std::string load_training_state(const std::string& dir, Model& model, int64_t& step) {

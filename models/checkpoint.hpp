@@ -19,10 +19,13 @@ namespace dist::models {
 /// it. "" on success.
 std::string save_checkpoint(const std::string& dir, Model& model, int64_t step, uint64_t seed);
 
-/// Loads weights from `dir`: a Dist checkpoint or a Hugging Face model folder
-/// (model.safetensors; names with or without the `transformer.` / `model.` prefix). A missing
-/// tensor, or a shape that does not match the script's model, is an error that names the
-/// tensor and both shapes.
+/// Loads weights from `dir`: a Dist checkpoint or a Hugging Face model folder, whichever of its
+/// layouts it has: model.safetensors, shards named by model.safetensors.index.json, PyTorch's
+/// pytorch_model.bin (torch.save), or its shards named by pytorch_model.bin.index.json. Names
+/// may carry the `transformer.` / `model.` prefix or not; F32, BF16, F16 and F64 weights are
+/// read (and kept as f32); tensors the model does not use (attention-mask buffers) are ignored.
+/// A missing tensor, or a shape that does not match the script's model, is an error that names
+/// the tensor and both shapes.
 std::string load_weights(const std::string& dir, Model& model);
 
 /// Loads weights and optimizer state and returns the step to continue from in `step`.

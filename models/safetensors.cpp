@@ -33,8 +33,11 @@ constexpr uint64_t max_header_bytes = 100'000'000;
 constexpr const char* metadata_key = "__metadata__";
 
 std::optional<TensorDType> parse_dtype(std::string_view s) {
-    for (TensorDType t : {TensorDType::f32, TensorDType::bf16, TensorDType::f16, TensorDType::i32,
-                          TensorDType::i64}) {
+    for (TensorDType t :
+         {TensorDType::f32, TensorDType::bf16, TensorDType::f16, TensorDType::i32, TensorDType::i64,
+          TensorDType::f64, TensorDType::f8_e4m3, TensorDType::f8_e5m2, TensorDType::i16,
+          TensorDType::i8, TensorDType::u64, TensorDType::u32, TensorDType::u16, TensorDType::u8,
+          TensorDType::boolean}) {
         if (s == to_string(t)) return t;
     }
     return std::nullopt;
@@ -126,7 +129,9 @@ std::string parse_entry(const std::string& name, const json& value, uint64_t buf
     const auto parsed = parse_dtype(dtype.get_ref<const std::string&>());
     if (!parsed) {
         return where + "unknown dtype '" + dtype.get<std::string>() +
-               "' (expected F32, BF16, F16, I32 or I64)";
+               "' (expected one of the safetensors types: F64, F32, BF16, F16, F8_E4M3, F8_E5M2, "
+               "I64, "
+               "I32, I16, I8, U64, U32, U16, U8 or BOOL)";
     }
     const json& shape = value["shape"];
     if (!shape.is_array()) return where + "\"shape\" is not an array of integers";
@@ -272,6 +277,16 @@ size_t dtype_bytes(TensorDType t) {
     case TensorDType::f16: return 2;
     case TensorDType::i32: return 4;
     case TensorDType::i64: return 8;
+    case TensorDType::f64: return 8;
+    case TensorDType::f8_e4m3: return 1;
+    case TensorDType::f8_e5m2: return 1;
+    case TensorDType::i16: return 2;
+    case TensorDType::i8: return 1;
+    case TensorDType::u64: return 8;
+    case TensorDType::u32: return 4;
+    case TensorDType::u16: return 2;
+    case TensorDType::u8: return 1;
+    case TensorDType::boolean: return 1;
     }
     return 0;
 }
@@ -283,6 +298,16 @@ const char* to_string(TensorDType t) {
     case TensorDType::f16: return "F16";
     case TensorDType::i32: return "I32";
     case TensorDType::i64: return "I64";
+    case TensorDType::f64: return "F64";
+    case TensorDType::f8_e4m3: return "F8_E4M3";
+    case TensorDType::f8_e5m2: return "F8_E5M2";
+    case TensorDType::i16: return "I16";
+    case TensorDType::i8: return "I8";
+    case TensorDType::u64: return "U64";
+    case TensorDType::u32: return "U32";
+    case TensorDType::u16: return "U16";
+    case TensorDType::u8: return "U8";
+    case TensorDType::boolean: return "BOOL";
     }
     return "?";
 }

@@ -22,8 +22,27 @@
 
 namespace dist::models {
 
-/// Element types a checkpoint may hold; spelled "F32", "BF16", "F16", "I32", "I64" in the file.
-enum class TensorDType { f32, bf16, f16, i32, i64 };
+/// Element types a checkpoint may hold: every type the safetensors format names ("F64", "F32",
+/// "BF16", "F16", "F8_E4M3", "F8_E5M2", "I64" ... "U8", "BOOL"), so that a file with, say, a
+/// boolean mask buffer beside its weights is still readable. Weights themselves are F32, BF16,
+/// F16 or F64 (see checkpoint.cpp).
+enum class TensorDType {
+    f32,
+    bf16,
+    f16,
+    i32,
+    i64,
+    f64,
+    f8_e4m3,
+    f8_e5m2,
+    i16,
+    i8,
+    u64,
+    u32,
+    u16,
+    u8,
+    boolean
+};
 
 /// One named tensor as raw little-endian bytes in row-major order. An empty `shape` is a 0-d
 /// scalar (one element); a shape with a zero dimension holds no bytes.
@@ -61,7 +80,7 @@ std::string read_safetensors(const std::string& path, SafetensorsFile& out);
 /// Bytes per element of `t`.
 size_t dtype_bytes(TensorDType t);
 
-/// The file spelling of `t`: "F32", "BF16", "F16", "I32" or "I64".
+/// The file spelling of `t`: "F32", "BF16", "F16", "I32", "I64", "BOOL", ...
 const char* to_string(TensorDType t);
 
 } // namespace dist::models

@@ -219,8 +219,8 @@ std::vector<BadFile> bad_files() {
         {"OffsetsStrings", raw_file(one(f32_entry("a", "[1]", R"(["0","4"])")), four),
          "not an array of two non-negative integers", "a"},
         {"UnknownDtype",
-         raw_file(R"({"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", eight),
-         "unknown dtype 'F64'", "a"},
+         raw_file(R"({"a":{"dtype":"Q4_K","shape":[1],"data_offsets":[0,8]}})", eight),
+         "unknown dtype 'Q4_K'", "a"},
         {"NegativeDim", raw_file(one(f32_entry("a", "[-2]", "[0,4]")), four),
          "negative dimension -2", "a"},
         {"NumelOverflow", raw_file(one(f32_entry("a", "[4294967296,4294967296]", "[0,4]")), four),
@@ -355,7 +355,35 @@ TEST(TensorDType, BytesAndNames) {
     EXPECT_EQ(dtype_bytes(TensorDType::f16), 2u);
     EXPECT_EQ(dtype_bytes(TensorDType::i32), 4u);
     EXPECT_EQ(dtype_bytes(TensorDType::i64), 8u);
+    EXPECT_EQ(dtype_bytes(TensorDType::f64), 8u);
+    EXPECT_EQ(dtype_bytes(TensorDType::f8_e5m2), 1u);
+    EXPECT_EQ(dtype_bytes(TensorDType::u16), 2u);
+    EXPECT_EQ(dtype_bytes(TensorDType::boolean), 1u);
     EXPECT_STREQ(to_string(TensorDType::bf16), "BF16");
+    EXPECT_STREQ(to_string(TensorDType::f8_e4m3), "F8_E4M3");
+    EXPECT_STREQ(to_string(TensorDType::boolean), "BOOL");
+}
+
+// Files from other tools carry more than weights: GPT-2 folders, for one, hold attention masks as
+// BOOL or U8 buffers. Every type the format names reads back as itself, with its element size.
+TEST_F(SafetensorsTest, EveryTypeOfTheFormatIsRead) {
+    const std::pair<const char*, size_t> types[] = {
+        {"F64", 8},     {"F32", 4}, {"BF16", 2}, {"F16", 2}, {"F8_E4M3", 1},
+        {"F8_E5M2", 1}, {"I64", 8}, {"I32", 4},  {"I16", 2}, {"I8", 1},
+        {"U64", 8},     {"U32", 4}, {"U16", 2},  {"U8", 1},  {"BOOL", 1}};
+    for (const auto& [name, size] : types) {
+        const std::string end = std::to_string(3 * size);
+        write_bytes(path("t.safetensors"),
+                    raw_file(R"({"t":{"dtype":")" + std::string(name) +
+                                 R"(","shape":[3],"data_offsets":[0,)" + end + "]}}",
+                             std::string(3 * size, '\x01')));
+        SafetensorsFile f;
+        ASSERT_EQ(read_safetensors(path("t.safetensors"), f), "") << name;
+        ASSERT_EQ(f.tensors.size(), 1u);
+        EXPECT_STREQ(to_string(f.tensors[0].dtype), name);
+        EXPECT_EQ(dtype_bytes(f.tensors[0].dtype), size) << name;
+        EXPECT_EQ(f.tensors[0].bytes.size(), 3 * size);
+    }
 }
 
 } // namespace
