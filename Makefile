@@ -47,15 +47,16 @@ format-check: build
 	@for f in $(DIST_SOURCES); do $(DIST) fmt --check $$f || exit 1; done
 	@echo "format-check: ok"
 
-# The libFuzzer target over the whole front end, built with clang and sanitizers in its own
-# folder; a short run by default, `make fuzz FUZZ_SECONDS=600` for a long one.
+# The libFuzzer targets (the whole front end; the checkpoint readers), built with clang and
+# sanitizers in their own folder; a short run by default, `make fuzz FUZZ_SECONDS=600` for a long one.
 fuzz-build:
 	cmake -S . -B build-fuzz $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_CXX_COMPILER=clang++ -DDIST_FUZZ=ON -DDIST_TESTS=OFF -DDIST_CUDA=OFF
-	cmake --build build-fuzz -j $(JOBS) --target frontend_fuzzer
+	cmake --build build-fuzz -j $(JOBS) --target frontend_fuzzer checkpoint_fuzzer
 
 fuzz: fuzz-build
 	@scripts/fuzz.sh build-fuzz/bin/frontend_fuzzer $(FUZZ_SECONDS)
+	@scripts/fuzz.sh build-fuzz/bin/checkpoint_fuzzer $(FUZZ_SECONDS)
 
 # The test suite under AddressSanitizer and UndefinedBehaviorSanitizer.
 sanitize:

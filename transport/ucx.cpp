@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -106,6 +108,7 @@ class UcxEndpointImpl final : public UcxEndpoint {
         stats_.received.resize(static_cast<size_t>(size));
         try {
             start(options);
+            progress_thread_ = std::thread([this] { progress_in_background(); });
         } catch (const TransportError& e) {
             teardown();
             auto env = [](const char* name) {
@@ -131,6 +134,7 @@ class UcxEndpointImpl final : public UcxEndpoint {
     int rank() const override { return rank_; }
 
     void send(int peer, const P2PTag& tag, const kernels::Tensor& tensor) override {
+        Turn turn(*this);
         auto start = Clock::now();
         check_peer(peer, "send to");
         throw_if_aborted("send of " + tag.str() + " to rank " + std::to_string(peer));
@@ -159,6 +163,7 @@ class UcxEndpointImpl final : public UcxEndpoint {
     }
 
     kernels::Tensor recv(int peer, const P2PTag& tag) override {
+        Turn turn(*this);
         auto start = Clock::now();
         check_peer(peer, "receive from");
         std::string what = tag.str() + " from rank " + std::to_string(peer);
@@ -170,7 +175,7 @@ class UcxEndpointImpl final : public UcxEndpoint {
             if (!r.error.empty()) throw TransportError(r.error);
             bool ready = wait(
                 [&] {
-                    advance_others(r);
+                    advance_others(&r);
                     return advance(r);
                 },
                 deadline, peer);
@@ -196,6 +201,7 @@ class UcxEndpointImpl final : public UcxEndpoint {
     }
 
     void post_recv(int peer, const P2PTag& tag) override {
+        Turn turn(*this);
         check_peer(peer, "receive from");
         if (recvs_.count({peer, tag}))
             throw TransportError("rank " + std::to_string(rank_) + " posted the receive of " +
@@ -204,6 +210,7 @@ class UcxEndpointImpl final : public UcxEndpoint {
     }
 
     void flush() override {
+        Turn turn(*this);
         auto deadline = Clock::now() + timeout_;
         if (!wait([&] { return sends_.empty(); }, deadline, -1))
             throw TransportError("rank " + std::to_string(rank_) + ": " +
@@ -226,14 +233,18 @@ class UcxEndpointImpl final : public UcxEndpoint {
         [[maybe_unused]] ssize_t n = ::write(abort_fd_, &one, sizeof one);
     }
 
-    UcxStats stats() const override { return stats_; }
+    UcxStats stats() const override {
+        std::lock_guard lock(worker_mutex_);
+        return stats_;
+    }
 
   private:
     using RecvMap = std::map<std::pair<int, P2PTag>, std::unique_ptr<PendingRecv>>;
 
     void start(const UcxOptions& options) {
         abort_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (abort_fd_ < 0)
+        stop_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (abort_fd_ < 0 || stop_fd_ < 0)
             throw TransportError(std::string("eventfd failed: ") + std::strerror(errno));
 
         ucp_config_t* raw_config = nullptr;
@@ -252,7 +263,8 @@ class UcxEndpointImpl final : public UcxEndpoint {
 
         ucp_worker_params_t wparams{};
         wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-        wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
+        // The rank's thread and the progress thread take turns under worker_mutex_.
+        wparams.thread_mode = UCS_THREAD_MODE_SERIALIZED;
         DIST_UCX_CHECK(ucp_worker_create(context_, &wparams, &worker_));
         DIST_UCX_CHECK(ucp_worker_get_efd(worker_, &event_fd_));
 
@@ -265,7 +277,77 @@ class UcxEndpointImpl final : public UcxEndpoint {
         store_.set(address_key(rank_), bytes);
     }
 
+    // While the rank's thread is elsewhere (computing, or blocked in a Gloo collective), this
+    // thread keeps the worker moving: a rendezvous transfer over TCP needs both sides to
+    // progress (the receiver answers the sender's request, the sender then pushes the data), so
+    // without it a send whose rank went on to a collective with its receiver never completes.
+    // It sleeps on the worker's event fd and takes the worker only between the rank's calls.
+    //
+    // It runs only while something is in flight (a send not completed, a receive posted), so an
+    // endpoint whose calls finish their transfers (small messages) never wakes it.
+    void progress_in_background() {
+        std::unique_lock lock(worker_mutex_);
+        while (!stopping_.load()) {
+            if (!in_flight()) {
+                idle_.wait(lock);
+                continue;
+            }
+            while (ucp_worker_progress(worker_) != 0) {
+            }
+            reap_sends();
+            advance_others(nullptr); // headers that arrived: post the receives of their data
+            if (!in_flight()) continue;
+            ucs_status_t armed = ucp_worker_arm(worker_);
+            if (armed == UCS_ERR_BUSY) continue;
+            lock.unlock();
+            pollfd fds[2] = {{event_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+            // A failed arm falls back to polling every 10 ms.
+            ::poll(fds, 2, armed == UCS_OK ? 1000 : 10);
+            lock.lock();
+        }
+    }
+
+    // Sends not completed, or receives posted and not complete: what the worker must move on.
+    bool in_flight() const {
+        if (!sends_.empty()) return true;
+        return std::any_of(recvs_.begin(), recvs_.end(),
+                           [](const auto& r) { return !r.second->done && r.second->error.empty(); });
+    }
+
+    // The rank's thread inside the endpoint: it holds the worker for the call, and on leaving
+    // hands the progress thread whatever the call left in flight.
+    class Turn {
+      public:
+        explicit Turn(UcxEndpointImpl& e) : e_(e), lock_(e.worker_mutex_) {}
+        ~Turn() {
+            bool wake = e_.in_flight();
+            lock_.unlock();
+            if (wake) e_.idle_.notify_one();
+        }
+        Turn(const Turn&) = delete;
+        Turn& operator=(const Turn&) = delete;
+
+      private:
+        UcxEndpointImpl& e_;
+        std::unique_lock<std::mutex> lock_;
+    };
+
+    void stop_progress_thread() {
+        if (!progress_thread_.joinable()) return;
+        {
+            std::lock_guard lock(worker_mutex_);
+            stopping_.store(true);
+        }
+        idle_.notify_all();
+        uint64_t one = 1;
+        [[maybe_unused]] ssize_t n = ::write(stop_fd_, &one, sizeof one);
+        progress_thread_.join();
+    }
+
     void teardown() {
+        stop_progress_thread();
+        if (stop_fd_ >= 0) ::close(stop_fd_);
+        stop_fd_ = -1;
         if (worker_) {
             // Let sends finish unless the job is being torn down after a failure.
             if (!aborted_.load()) {
@@ -468,11 +550,11 @@ class UcxEndpointImpl final : public UcxEndpoint {
         return r.done;
     }
 
-    // Posted receives other than the one being waited for: their large tensors start landing in
-    // place as soon as their headers arrive. A failure is kept for their own recv.
-    void advance_others(const PendingRecv& current) {
+    // Posted receives other than the one being waited for (if any): their large tensors start
+    // landing in place as soon as their headers arrive. A failure is kept for their own recv.
+    void advance_others(const PendingRecv* current) {
         for (auto& [key, r] : recvs_) {
-            if (r.get() == &current || r->done || !r->error.empty()) continue;
+            if (r.get() == current || r->done || !r->error.empty()) continue;
             try {
                 advance(*r);
             } catch (const TransportError& e) {
@@ -565,6 +647,13 @@ class UcxEndpointImpl final : public UcxEndpoint {
     ucp_worker_h worker_ = nullptr;
     int event_fd_ = -1;
     int abort_fd_ = -1;
+    int stop_fd_ = -1; // wakes the progress thread to end it
+    // The worker and everything it touches (requests, receives, statistics) belong to whichever
+    // thread holds this: the rank's, inside a call, or the progress thread, between calls.
+    mutable std::mutex worker_mutex_;
+    std::condition_variable idle_; // the progress thread waits here while nothing is in flight
+    std::thread progress_thread_;
+    std::atomic<bool> stopping_{false};
     std::vector<PeerLink> links_;
     std::list<PendingSend> sends_;
     RecvMap recvs_;

@@ -11,9 +11,11 @@
 //
 // Threads: an endpoint is driven by one thread (its rank's worker): send, recv, post_recv and
 // flush must not be called concurrently. `abort` and `rank` may be called from any thread.
-// Progress happens inside those calls; waiting sleeps on the worker's event file descriptor
-// (ucp_worker_arm + poll) instead of spinning. A send that has not completed moves on only while
-// its thread is inside the endpoint (the next send, recv or flush).
+// Progress happens inside those calls, and between them on the endpoint's own progress thread,
+// so that transfers move on while the rank computes or waits in a collective (a rendezvous
+// transfer over TCP needs both sides to progress). Every wait sleeps on the worker's event file
+// descriptor (ucp_worker_arm + poll) instead of spinning; the two threads take turns on the
+// worker under a mutex.
 //
 // Destruction waits (up to the timeout) for this endpoint's sends to complete, unless it was
 // aborted, then closes its connections gracefully: each close waits up to 2 s for the peer to

@@ -295,6 +295,29 @@ TEST(Cluster, SameLossesOverTwoAndFourProcessesAsInOne) {
     }
 }
 
+// Over TCP (as between hosts), an activation above UCX's rendezvous threshold moves only while
+// both sides progress, including the sender after it has gone on to the optimizer step's
+// collectives. A 1 KB threshold puts every activation of the test model on that path; the
+// losses must be one process's.
+TEST(Cluster, RendezvousTransfersOverTcpBetweenProcesses) {
+    Dir dir("tcp");
+    for (const auto& sets : {mesh_sets(1, 1, 2, "1f1b", 2), mesh_sets(2, 1, 2, "1f1b", 2)}) {
+        fs::remove(dir / "one.jsonl");
+        fs::remove(dir / "two.jsonl");
+        Proc ref(run_args(dir / "gpt.dist", sets, dir / "one.jsonl", 3), {}, dir / "one.out",
+                 dir / "one.err");
+        ASSERT_EQ(ref.wait(120s), 0) << slurp(dir / "one.err");
+        auto args = run_args(dir / "gpt.dist", sets, dir / "two.jsonl", 3);
+        args.push_back("--procs");
+        args.push_back("2");
+        Proc job(args, {{"UCX_TLS", "tcp,self"}, {"UCX_RNDV_THRESH", "1024"}}, dir / "two.out",
+                 dir / "two.err");
+        ASSERT_EQ(job.wait(120s), 0) << slurp(dir / "two.err");
+        expect_same_steps(steps_of(dir / "one.jsonl"), steps_of(dir / "two.jsonl"),
+                          "over TCP with rendezvous");
+    }
+}
+
 TEST(Cluster, ActivationsBetweenProcessesAreCountedInTheMetrics) {
     Dir dir("traffic");
     auto args = run_args(dir / "gpt.dist", mesh_sets(1, 1, 2, "1f1b", 2), dir / "m.jsonl", 2);
@@ -586,6 +609,10 @@ TEST(Cluster, TwoNetworkNamespacesActAsTwoHosts) {
                                          "DIST_JOB_TOKEN=two-hosts",
                                          "UCX_TLS=tcp,self",
                                          "UCX_NET_DEVICES=" + dev,
+                                         // The test model's activations are small enough to go
+                                         // eagerly; a real model's go by rendezvous, which
+                                         // needs both sides to progress. Put them on that path.
+                                         "UCX_RNDV_THRESH=1024",
                                          DIST_BINARY};
         for (const auto& x : run_args(dir / "gpt.dist", pp, metrics, 3)) args.push_back(x);
         return args;
