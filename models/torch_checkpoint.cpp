@@ -17,7 +17,7 @@ namespace {
 
 // ---- ZIP --------------------------------------------------------------------------------------
 
-uint32_t crc32_of(const uint8_t* data, size_t n) {
+[[maybe_unused]] uint32_t crc32_of(const uint8_t* data, size_t n) {
     static const std::array<uint32_t, 256> table = [] {
         std::array<uint32_t, 256> t{};
         for (uint32_t i = 0; i < 256; ++i) {
@@ -83,8 +83,10 @@ class Zip {
         out.resize(e->size);
         if (e->size && !read_at(data, out.data(), e->size))
             return "cannot read entry `" + name + "`";
+#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION // the fuzzer's mutations reach the pickle
         if (crc32_of(out.data(), out.size()) != e->crc)
             return "entry `" + name + "` fails its CRC check (the file is corrupt)";
+#endif
         return {};
     }
 

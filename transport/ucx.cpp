@@ -310,8 +310,9 @@ class UcxEndpointImpl final : public UcxEndpoint {
     // Sends not completed, or receives posted and not complete: what the worker must move on.
     bool in_flight() const {
         if (!sends_.empty()) return true;
-        return std::any_of(recvs_.begin(), recvs_.end(),
-                           [](const auto& r) { return !r.second->done && r.second->error.empty(); });
+        return std::any_of(recvs_.begin(), recvs_.end(), [](const auto& r) {
+            return !r.second->done && r.second->error.empty();
+        });
     }
 
     // The rank's thread inside the endpoint: it holds the worker for the call, and on leaving

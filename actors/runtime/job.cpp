@@ -190,7 +190,8 @@ struct Job::Net {
     std::unique_ptr<caf::actor_system> sys;
     caf::actor coordinator; // here (process 0) or a proxy
     caf::actor member;      // this process's member actor (processes other than 0)
-    std::map<int32_t, caf::actor> member_actors; // process 0: the others' (by the coordinator)
+    std::map<int32_t, caf::actor> member_actors;  // process 0: the others' (by the coordinator)
+    std::map<int32_t, std::string> member_places; // process 0: "host vm, pid 123" of the others
     std::vector<int32_t> process_of;
     ClusterOptions cluster;
     JobOptions options;
@@ -499,6 +500,7 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
             m.last_beat = std::chrono::steady_clock::now();
             st.members[process] = m;
             st.net->member_actors[process] = member;
+            st.net->member_places[process] = "host " + host + ", pid " + std::to_string(pid);
             self->monitor(member);
             return "";
         },
@@ -985,7 +987,7 @@ void Job::gather(models::Model& whole) {
             },
             [&](caf::down_msg& dm) {
                 if (dm.source != actor.address()) return;
-                error = "the process was lost: " + sys.render(dm.reason);
+                error = "was lost: " + sys.render(dm.reason);
                 answered = true;
             },
             caf::after(std::chrono::minutes(2)) >>
@@ -994,9 +996,16 @@ void Job::gather(models::Model& whole) {
                     answered = true;
                 });
         self->demonitor(actor);
-        if (!error.empty())
-            throw std::runtime_error("gathering the parameters of process " + std::to_string(p) +
-                                     ": " + error);
+        if (error.empty()) continue;
+        // Named as a process lost during a step is: its ranks, host and pid.
+        std::string who = "process " + std::to_string(p) + " (" + net_->ranks_of(p);
+        if (auto place = net_->member_places.find(p); place != net_->member_places.end())
+            who += ", " + place->second;
+        who += ")";
+        if (error.rfind("was lost", 0) == 0)
+            throw std::runtime_error(who + " " + error +
+                                     " while its parameters were gathered for the checkpoint");
+        throw std::runtime_error("gathering the parameters of " + who + ": " + error);
     }
 }
 

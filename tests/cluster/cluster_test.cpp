@@ -407,6 +407,30 @@ TEST(Cluster, ProcessesStartedByMpirunJoin) {
     expect_same_steps(steps_of(dir / "one.jsonl"), steps_of(dir / "mpi.jsonl"), "under mpirun");
 }
 
+// Under Slurm, as docs/cluster.md's sbatch script runs it: srun's tasks find the coordinator on
+// the first node of the step (port 29400) by themselves and present the job token, since that
+// is not loopback. Runs where a Slurm controller answers (scripts/local-slurm.sh starts one on
+// this machine); skipped elsewhere.
+TEST(Cluster, ProcessesStartedBySrunJoin) {
+    if (std::system("command -v srun > /dev/null 2>&1") != 0)
+        GTEST_SKIP() << "srun is not installed (Debian: slurm-client)";
+    if (std::system("timeout 5 sinfo -h -o %a 2>/dev/null | grep -q up") != 0)
+        GTEST_SKIP() << "no Slurm partition is up here (scripts/local-slurm.sh starts one)";
+    Dir dir("srun");
+    auto sets = mesh_sets(2, 1, 2, "1f1b", 2);
+    Proc ref(run_args(dir / "gpt.dist", sets, dir / "one.jsonl", 3), {}, dir / "one.out",
+             dir / "one.err");
+    ASSERT_EQ(ref.wait(120s), 0) << slurp(dir / "one.err");
+    std::vector<std::string> args = {"-n", "2", "--time=5", "--kill-on-bad-exit=1", DIST_BINARY};
+    for (const auto& a : run_args(dir / "gpt.dist", sets, dir / "srun.jsonl", 3)) args.push_back(a);
+    Proc job(args, {{"DIST_JOB_TOKEN", "srun-test-token"}, {"UCX_TLS", "tcp,self"}},
+             dir / "srun.out", dir / "srun.err", "srun");
+    ASSERT_EQ(job.wait(180s), 0) << slurp(dir / "srun.err") << slurp(dir / "srun.out");
+    EXPECT_NE(slurp(dir / "srun.out").find("in 2 processes"), std::string::npos)
+        << slurp(dir / "srun.out");
+    expect_same_steps(steps_of(dir / "one.jsonl"), steps_of(dir / "srun.jsonl"), "under srun");
+}
+
 // Kill -9 one process of a running 4-process job: the job ends within 15 s naming it, no
 // process is left, and --resume continues from the last checkpoint with the losses of an
 // uninterrupted run.
@@ -599,21 +623,14 @@ TEST(Cluster, TwoNetworkNamespacesActAsTwoHosts) {
     ASSERT_EQ(ref.wait(120s), 0) << slurp(dir / "one.err");
     auto host = [&](const std::string& ns, int rank, const std::string& dev,
                     const std::string& metrics) {
-        std::vector<std::string> args = {"netns",
-                                         "exec",
-                                         ns,
-                                         "env",
-                                         "DIST_RANK=" + std::to_string(rank),
-                                         "DIST_WORLD_SIZE=2",
-                                         "DIST_COORDINATOR=10.231.7.1:29411",
-                                         "DIST_JOB_TOKEN=two-hosts",
-                                         "UCX_TLS=tcp,self",
-                                         "UCX_NET_DEVICES=" + dev,
-                                         // The test model's activations are small enough to go
-                                         // eagerly; a real model's go by rendezvous, which
-                                         // needs both sides to progress. Put them on that path.
-                                         "UCX_RNDV_THRESH=1024",
-                                         DIST_BINARY};
+        std::vector<std::string> args = {
+            "netns", "exec", ns, "env", "DIST_RANK=" + std::to_string(rank), "DIST_WORLD_SIZE=2",
+            "DIST_COORDINATOR=10.231.7.1:29411", "DIST_JOB_TOKEN=two-hosts", "UCX_TLS=tcp,self",
+            "UCX_NET_DEVICES=" + dev,
+            // The test model's activations are small enough to go
+            // eagerly; a real model's go by rendezvous, which
+            // needs both sides to progress. Put them on that path.
+            "UCX_RNDV_THRESH=1024", DIST_BINARY};
         for (const auto& x : run_args(dir / "gpt.dist", pp, metrics, 3)) args.push_back(x);
         return args;
     };

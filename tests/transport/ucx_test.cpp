@@ -240,17 +240,17 @@ TEST_P(UcxPair, ASendCompletesWhileItsRankWaitsElsewhere) {
     kernels::Tensor got;
     std::promise<void> received;
     auto heard = received.get_future();
-    run_ranks({a_.get(), b_.get()}, {[&] {
-                                         a_->send(1, act(0, 0, 0), want);
-                                         // Blocked outside the endpoint until the peer has it.
-                                         ASSERT_EQ(heard.wait_for(std::chrono::seconds(15)),
-                                                   std::future_status::ready)
-                                             << "the receiver never got the tensor";
-                                     },
-                                     [&] {
-                                         got = b_->recv(0, act(0, 0, 0));
-                                         received.set_value();
-                                     }});
+    run_ranks({a_.get(), b_.get()},
+              {[&] {
+                   a_->send(1, act(0, 0, 0), want);
+                   // Blocked outside the endpoint until the peer has it.
+                   ASSERT_EQ(heard.wait_for(std::chrono::seconds(15)), std::future_status::ready)
+                       << "the receiver never got the tensor";
+               },
+               [&] {
+                   got = b_->recv(0, act(0, 0, 0));
+                   received.set_value();
+               }});
     expect_same(got, want, "tensor sent before its rank blocked");
 }
 
