@@ -233,6 +233,15 @@ class UcxEndpointImpl final : public UcxEndpoint {
         [[maybe_unused]] ssize_t n = ::write(abort_fd_, &one, sizeof one);
     }
 
+    void away() override {
+        {
+            std::lock_guard lock(worker_mutex_);
+            if (!in_flight()) return;
+            away_ = true;
+        }
+        looking_.notify_one();
+    }
+
     UcxStats stats() const override {
         std::lock_guard lock(worker_mutex_);
         return stats_;
@@ -281,29 +290,41 @@ class UcxEndpointImpl final : public UcxEndpoint {
     // thread keeps the worker moving: a rendezvous transfer over TCP needs both sides to
     // progress (the receiver answers the sender's request, the sender then pushes the data), so
     // without it a send whose rank went on to a collective with its receiver never completes.
-    // It sleeps on the worker's event fd and takes the worker only between the rank's calls.
     //
-    // It runs only while something is in flight (a send not completed, a receive posted), so an
-    // endpoint whose calls finish their transfers (small messages) never wakes it.
+    // It steps in when the rank's thread says it is going away, or when a look (every
+    // kLookEvery) finds that the thread has made no call since the last look while transfers are
+    // in flight. It then progresses the worker, sleeping on its event fd, until the rank's thread
+    // calls again or nothing is in flight. Calls that follow each other closely progress the
+    // worker themselves: a second thread woken by the same events, or by a timer, slows the
+    // transfers both are waiting for (a 10 ms look cost a quarter of the 64 KB round trip here).
     void progress_in_background() {
         std::unique_lock lock(worker_mutex_);
+        uint64_t seen = calls_;
         while (!stopping_.load()) {
-            if (!in_flight()) {
-                idle_.wait(lock);
+            looking_.wait_for(lock, kLookEvery, [&] { return stopping_.load() || away_; });
+            if (stopping_.load()) break;
+            const bool told = away_;
+            away_ = false;
+            if (!told && (calls_ != seen || !in_flight())) {
+                seen = calls_;
                 continue;
             }
-            while (ucp_worker_progress(worker_) != 0) {
+            seen = calls_;
+            while (!stopping_.load() && calls_ == seen) {
+                while (ucp_worker_progress(worker_) != 0) {
+                }
+                reap_sends();
+                advance_others(nullptr); // headers that arrived: post the receives of their data
+                if (!in_flight()) break;
+                ucs_status_t armed = ucp_worker_arm(worker_);
+                if (armed == UCS_ERR_BUSY) continue;
+                lock.unlock();
+                pollfd fds[2] = {{event_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+                // A failed arm falls back to polling every 10 ms.
+                ::poll(fds, 2, armed == UCS_OK ? 1000 : 10);
+                lock.lock();
             }
-            reap_sends();
-            advance_others(nullptr); // headers that arrived: post the receives of their data
-            if (!in_flight()) continue;
-            ucs_status_t armed = ucp_worker_arm(worker_);
-            if (armed == UCS_ERR_BUSY) continue;
-            lock.unlock();
-            pollfd fds[2] = {{event_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-            // A failed arm falls back to polling every 10 ms.
-            ::poll(fds, 2, armed == UCS_OK ? 1000 : 10);
-            lock.lock();
+            seen = calls_;
         }
     }
 
@@ -315,22 +336,17 @@ class UcxEndpointImpl final : public UcxEndpoint {
         });
     }
 
-    // The rank's thread inside the endpoint: it holds the worker for the call, and on leaving
-    // hands the progress thread whatever the call left in flight.
+    // The rank's thread inside the endpoint: it holds the worker for the call, and counts it so
+    // that the progress thread knows it was here.
     class Turn {
       public:
-        explicit Turn(UcxEndpointImpl& e) : e_(e), lock_(e.worker_mutex_) {}
-        ~Turn() {
-            bool wake = e_.in_flight();
-            lock_.unlock();
-            if (wake) e_.idle_.notify_one();
+        explicit Turn(UcxEndpointImpl& e) : lock_(e.worker_mutex_) {
+            ++e.calls_;
+            e.away_ = false;
         }
-        Turn(const Turn&) = delete;
-        Turn& operator=(const Turn&) = delete;
 
       private:
-        UcxEndpointImpl& e_;
-        std::unique_lock<std::mutex> lock_;
+        std::lock_guard<std::mutex> lock_;
     };
 
     void stop_progress_thread() {
@@ -339,7 +355,7 @@ class UcxEndpointImpl final : public UcxEndpoint {
             std::lock_guard lock(worker_mutex_);
             stopping_.store(true);
         }
-        idle_.notify_all();
+        looking_.notify_all();
         uint64_t one = 1;
         [[maybe_unused]] ssize_t n = ::write(stop_fd_, &one, sizeof one);
         progress_thread_.join();
@@ -652,7 +668,10 @@ class UcxEndpointImpl final : public UcxEndpoint {
     // The worker and everything it touches (requests, receives, statistics) belong to whichever
     // thread holds this: the rank's, inside a call, or the progress thread, between calls.
     mutable std::mutex worker_mutex_;
-    std::condition_variable idle_; // the progress thread waits here while nothing is in flight
+    std::condition_variable looking_; // the progress thread waits here between looks
+    uint64_t calls_ = 0;              // calls the rank's thread has made (under worker_mutex_)
+    bool away_ = false;               // it said it is going away (under worker_mutex_)
+    static constexpr std::chrono::milliseconds kLookEvery{250};
     std::thread progress_thread_;
     std::atomic<bool> stopping_{false};
     std::vector<PeerLink> links_;

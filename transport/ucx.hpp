@@ -9,13 +9,15 @@
 // Messages and the 64-bit UCX tag that matches them to receives: ucx_wire.hpp. A tag carries
 // the sending rank, step, stage, microbatch and direction; what does not fit is refused.
 //
-// Threads: an endpoint is driven by one thread (its rank's worker): send, recv, post_recv and
-// flush must not be called concurrently. `abort` and `rank` may be called from any thread.
+// Threads: an endpoint is driven by one thread (its rank's worker): send, recv, post_recv, flush
+// and away must not be called concurrently. `abort` and `rank` may be called from any thread.
 // Progress happens inside those calls, and between them on the endpoint's own progress thread,
-// so that transfers move on while the rank computes or waits in a collective (a rendezvous
-// transfer over TCP needs both sides to progress). Every wait sleeps on the worker's event file
-// descriptor (ucp_worker_arm + poll) instead of spinning; the two threads take turns on the
-// worker under a mutex.
+// so that transfers move on while the rank waits in a collective or computes (a rendezvous
+// transfer over TCP needs both sides to progress). The progress thread steps in when told the
+// rank is going to block elsewhere (`away`), or when the rank has made no call for a quarter
+// of a second with transfers in flight; calls in quick succession progress the worker
+// themselves. Every wait sleeps on the worker's event file descriptor (ucp_worker_arm + poll)
+// instead of spinning; the two threads take turns on the worker under a mutex.
 //
 // Destruction waits (up to the timeout) for this endpoint's sends to complete, unless it was
 // aborted, then closes its connections gracefully: each close waits up to 2 s for the peer to
@@ -98,6 +100,11 @@ class UcxEndpoint : public PointToPoint {
     virtual void post_recv(int peer, const P2PTag& tag) = 0;
     /// Waits (up to the timeout) until every send has completed.
     void flush() override = 0;
+    /// Says that the endpoint's thread is about to block outside it (in a collective, or on a
+    /// receive from a rank of its own process): the progress thread moves the transfers in
+    /// flight on at once, until the thread's next call. Without the hint it steps in only after
+    /// the thread has stayed away for a while (a quarter of a second).
+    virtual void away() = 0;
     /// Fails every waiting and later call with `why`; callable from any thread.
     virtual void abort(const std::string& why) = 0;
     /// From the endpoint's own thread.

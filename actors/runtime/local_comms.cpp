@@ -29,7 +29,9 @@ class LocalComms::Routed final : public transport::PointToPoint {
         (comms_.local(peer) ? *near_ : static_cast<PointToPoint&>(*far_)).send(peer, tag, t);
     }
     kernels::Tensor recv(int peer, const transport::P2PTag& tag) override {
-        return (comms_.local(peer) ? *near_ : static_cast<PointToPoint&>(*far_)).recv(peer, tag);
+        if (!comms_.local(peer)) return far_->recv(peer, tag);
+        far_->away(); // blocked on a neighbour here, the UCX transfers move on meanwhile
+        return near_->recv(peer, tag);
     }
     void flush() override { far_->flush(); }
     void expect(int peer, const transport::P2PTag& tag) override {
@@ -41,6 +43,37 @@ class LocalComms::Routed final : public transport::PointToPoint {
     std::unique_ptr<transport::PointToPoint> near_;
     std::unique_ptr<transport::UcxEndpoint> far_;
     const LocalComms& comms_;
+};
+
+// A rank's collective when its process has UCX transfers: before blocking in the collective,
+// the rank lets its endpoint's progress thread move them on (a rendezvous over TCP whose
+// sender waits in a collective for its receiver would otherwise never finish).
+class LocalComms::AwayHint final : public transport::Collectives {
+  public:
+    AwayHint(transport::Collectives& inner, transport::UcxEndpoint& ucx)
+        : inner_(inner), ucx_(ucx) {}
+    int rank() const override { return inner_.rank(); }
+    int size() const override { return inner_.size(); }
+    void all_reduce(float* data, int64_t n, transport::ReduceOp op) override {
+        ucx_.away();
+        inner_.all_reduce(data, n, op);
+    }
+    void all_gather(const float* in, int64_t n, float* out) override {
+        ucx_.away();
+        inner_.all_gather(in, n, out);
+    }
+    void reduce_scatter(const float* in, int64_t n, float* out) override {
+        ucx_.away();
+        inner_.reduce_scatter(in, n, out);
+    }
+    void broadcast(float* data, int64_t n, int root) override {
+        ucx_.away();
+        inner_.broadcast(data, n, root);
+    }
+
+  private:
+    transport::Collectives& inner_;
+    transport::UcxEndpoint& ucx_;
 };
 
 LocalComms::LocalComms(const plan::Graph& graph, CollectivesBackend backend,
@@ -164,6 +197,14 @@ RankComms LocalComms::for_rank(int32_t rank) {
     c.dp = member(groups[1].first, rank);
     c.model = member(groups[2].first, rank);
     if (groups.size() > 3) c.tied = member(groups[3].first, rank);
+    auto far = ucx_.find(rank);
+    if (far == ucx_.end()) return c;
+    for (transport::Collectives** g : {&c.tp, &c.dp, &c.model, &c.tied}) {
+        if (!*g) continue;
+        auto& hint = hints_[{rank, *g}];
+        if (!hint) hint = std::make_unique<AwayHint>(**g, *far->second);
+        *g = hint.get();
+    }
     return c;
 }
 

@@ -87,6 +87,8 @@ class LocalComms {
     std::map<int32_t, std::unique_ptr<transport::PointToPoint>> endpoints_;
     std::map<int32_t, transport::UcxEndpoint*> ucx_; // inside the Routed endpoints
     std::map<std::vector<int32_t>, std::unique_ptr<Group>> groups_;
+    class AwayHint;
+    std::map<std::pair<int32_t, transport::Collectives*>, std::unique_ptr<AwayHint>> hints_;
 };
 
 } // namespace dist::runtime

@@ -232,26 +232,31 @@ TEST_P(UcxPair, TheSenderMayDropItsTensorBeforeTheTransferCompletes) {
 // A pipeline stage sends its activation and goes on to something that waits for the receiver
 // (a Gloo collective at the optimizer step, say) without calling into the endpoint again. Over
 // TCP a large message is a rendezvous that needs the sender to progress after the receiver
-// answers; the endpoint's progress thread does that, so the receive completes. (Before it, the
-// receive timed out here over TCP.)
+// answers; the endpoint's progress thread does that, so the receive completes, whether the
+// sender said it was going away (as the runtime does before collectives) or not. (Before the
+// progress thread, the receive timed out here over TCP.)
 TEST_P(UcxPair, ASendCompletesWhileItsRankWaitsElsewhere) {
     make_pair(std::chrono::seconds(10));
-    auto want = make({4 << 20}, kernels::DType::f32, 7);
-    kernels::Tensor got;
-    std::promise<void> received;
-    auto heard = received.get_future();
-    run_ranks({a_.get(), b_.get()},
-              {[&] {
-                   a_->send(1, act(0, 0, 0), want);
-                   // Blocked outside the endpoint until the peer has it.
-                   ASSERT_EQ(heard.wait_for(std::chrono::seconds(15)), std::future_status::ready)
-                       << "the receiver never got the tensor";
-               },
-               [&] {
-                   got = b_->recv(0, act(0, 0, 0));
-                   received.set_value();
-               }});
-    expect_same(got, want, "tensor sent before its rank blocked");
+    for (bool told : {true, false}) {
+        auto want = make({4 << 20}, kernels::DType::f32, told ? 7 : 8);
+        kernels::Tensor got;
+        std::promise<void> received;
+        auto heard = received.get_future();
+        const P2PTag tag = act(told ? 0 : 1, 0, 0);
+        auto sender = [&] {
+            a_->send(1, tag, want);
+            if (told) a_->away();
+            // Blocked outside the endpoint until the peer has it.
+            ASSERT_EQ(heard.wait_for(std::chrono::seconds(15)), std::future_status::ready)
+                << "the receiver never got the tensor";
+        };
+        auto receiver = [&] {
+            got = b_->recv(0, tag);
+            received.set_value();
+        };
+        run_ranks({a_.get(), b_.get()}, {sender, receiver});
+        expect_same(got, want, told ? "sent, then away" : "sent, then blocked without a word");
+    }
 }
 
 TEST_P(UcxPair, AMissingSendTimesOutNamingTheTagAndThePeer) {
