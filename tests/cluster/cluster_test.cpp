@@ -379,32 +379,37 @@ TEST(Cluster, InterruptingTheLauncherLeavesNoProcess) {
     for (pid_t p : procs) EXPECT_FALSE(alive(p)) << "process " << p << " is left behind";
 }
 
+// The dp2 x pp2 test job in one process, then in two processes started by `launcher` (its
+// arguments `args`, then dist's command line): the same losses, and the job says it ran in two
+// processes.
+void expect_launched_job_matches_one_process(const Dir& dir, const std::string& launcher,
+                                             std::vector<std::string> args,
+                                             const std::map<std::string, std::string>& env) {
+    auto sets = mesh_sets(2, 1, 2, "1f1b", 2);
+    Proc ref(run_args(dir / "gpt.dist", sets, dir / "one.jsonl", 3), {}, dir / "one.out",
+             dir / "one.err");
+    ASSERT_EQ(ref.wait(120s), 0) << slurp(dir / "one.err");
+    args.push_back(DIST_BINARY);
+    for (const auto& a : run_args(dir / "gpt.dist", sets, dir / "job.jsonl", 3)) args.push_back(a);
+    Proc job(args, env, dir / "job.out", dir / "job.err", launcher);
+    ASSERT_EQ(job.wait(180s), 0) << slurp(dir / "job.err") << slurp(dir / "job.out");
+    EXPECT_NE(slurp(dir / "job.out").find("in 2 processes"), std::string::npos)
+        << slurp(dir / "job.out");
+    expect_same_steps(steps_of(dir / "one.jsonl"), steps_of(dir / "job.jsonl"),
+                      "under " + launcher);
+}
+
 TEST(Cluster, ProcessesStartedByMpirunJoin) {
     if (std::system("command -v mpirun > /dev/null 2>&1") != 0)
         GTEST_SKIP() << "mpirun is not installed (Debian: openmpi-bin)";
     if (std::system("mpirun --allow-run-as-root --oversubscribe -np 2 true > /dev/null 2>&1") != 0)
         GTEST_SKIP() << "mpirun cannot start two processes here";
     Dir dir("mpirun");
-    auto sets = mesh_sets(2, 1, 2, "1f1b", 2);
-    Proc ref(run_args(dir / "gpt.dist", sets, dir / "one.jsonl", 3), {}, dir / "one.out",
-             dir / "one.err");
-    ASSERT_EQ(ref.wait(120s), 0) << slurp(dir / "one.err");
-    std::vector<std::string> args = {"--allow-run-as-root",
-                                     "--oversubscribe",
-                                     "-np",
-                                     "2",
-                                     "-x",
-                                     "DIST_COORDINATOR=127.0.0.1:" + std::to_string(free_port()),
-                                     "--mca",
-                                     "btl",
-                                     "self,tcp",
-                                     DIST_BINARY};
-    for (const auto& a : run_args(dir / "gpt.dist", sets, dir / "mpi.jsonl", 3)) args.push_back(a);
-    Proc job(args, {}, dir / "mpi.out", dir / "mpi.err", "mpirun");
-    ASSERT_EQ(job.wait(180s), 0) << slurp(dir / "mpi.err") << slurp(dir / "mpi.out");
-    EXPECT_NE(slurp(dir / "mpi.out").find("in 2 processes"), std::string::npos)
-        << slurp(dir / "mpi.out");
-    expect_same_steps(steps_of(dir / "one.jsonl"), steps_of(dir / "mpi.jsonl"), "under mpirun");
+    expect_launched_job_matches_one_process(
+        dir, "mpirun",
+        {"--allow-run-as-root", "--oversubscribe", "-np", "2", "-x",
+         "DIST_COORDINATOR=127.0.0.1:" + std::to_string(free_port()), "--mca", "btl", "self,tcp"},
+        {});
 }
 
 // Under Slurm, as docs/cluster.md's sbatch script runs it: srun's tasks find the coordinator on
@@ -417,18 +422,9 @@ TEST(Cluster, ProcessesStartedBySrunJoin) {
     if (std::system("timeout 5 sinfo -h -o %a 2>/dev/null | grep -q up") != 0)
         GTEST_SKIP() << "no Slurm partition is up here (scripts/local-slurm.sh starts one)";
     Dir dir("srun");
-    auto sets = mesh_sets(2, 1, 2, "1f1b", 2);
-    Proc ref(run_args(dir / "gpt.dist", sets, dir / "one.jsonl", 3), {}, dir / "one.out",
-             dir / "one.err");
-    ASSERT_EQ(ref.wait(120s), 0) << slurp(dir / "one.err");
-    std::vector<std::string> args = {"-n", "2", "--time=5", "--kill-on-bad-exit=1", DIST_BINARY};
-    for (const auto& a : run_args(dir / "gpt.dist", sets, dir / "srun.jsonl", 3)) args.push_back(a);
-    Proc job(args, {{"DIST_JOB_TOKEN", "srun-test-token"}, {"UCX_TLS", "tcp,self"}},
-             dir / "srun.out", dir / "srun.err", "srun");
-    ASSERT_EQ(job.wait(180s), 0) << slurp(dir / "srun.err") << slurp(dir / "srun.out");
-    EXPECT_NE(slurp(dir / "srun.out").find("in 2 processes"), std::string::npos)
-        << slurp(dir / "srun.out");
-    expect_same_steps(steps_of(dir / "one.jsonl"), steps_of(dir / "srun.jsonl"), "under srun");
+    expect_launched_job_matches_one_process(
+        dir, "srun", {"-n", "2", "--time=5", "--kill-on-bad-exit=1"},
+        {{"DIST_JOB_TOKEN", "srun-test-token"}, {"UCX_TLS", "tcp,self"}});
 }
 
 // Kill -9 one process of a running 4-process job: the job ends within 15 s naming it, no
