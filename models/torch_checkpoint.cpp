@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 #include <unordered_map>
+#include <utility>
 
 namespace dist::models {
 
@@ -62,6 +63,8 @@ class Zip {
         if (le(magic, 4) != 0x04034b50) return "it is neither a ZIP archive nor a PyTorch file";
         return read_directory();
     }
+
+    uint64_t file_size() const { return size_; }
 
     const ZipEntry* find(const std::string& name) const {
         auto it = entries_.find(name);
@@ -209,6 +212,7 @@ struct Value {
     std::string s;             // string, bytes; global: "module.name"; storage: key
     std::vector<Value*> items; // tuple, list
     std::vector<std::pair<Value*, Value*>> entries; // dict
+    std::unordered_map<std::string, size_t> index;  // dict: entry of each str key
     TensorDType dtype = TensorDType::f32;           // storage, tensor
     const Value* storage = nullptr;                 // tensor
     std::vector<int64_t> sizes, strides;            // tensor
@@ -419,7 +423,11 @@ class Unpickler {
             want(type->kind == Value::Kind::global, "a tensor's type", type, "a class");
             if (type->s != "torch.Tensor" && type->s != "torch.nn.parameter.Parameter")
                 fail("a tensor of type `" + type->s + "`");
-            return call(args->items[0], args->items[2]);
+            // PyTorch wraps one rebuild function; a wrapper of a wrapper would only recurse.
+            const Value* inner = args->items[0];
+            if (inner->kind == Value::Kind::global && inner->s == name)
+                fail("_rebuild_from_type_v2 wraps itself");
+            return call(inner, args->items[2]);
         }
         fail("the file calls `" + name + "`, which does not make a tensor or a dict");
     }
@@ -448,12 +456,13 @@ class Unpickler {
 
     void set_item(Value* dict, Value* key, Value* value) {
         want(dict->kind == Value::Kind::dict, "the target of a dict update", dict, "a dict");
-        for (auto& [k, v] : dict->entries)
-            if (k->kind == Value::Kind::string && key->kind == Value::Kind::string &&
-                k->s == key->s) {
-                v = value;
+        if (key->kind == Value::Kind::string) {
+            auto [it, fresh] = dict->index.emplace(key->s, dict->entries.size());
+            if (!fresh) {
+                dict->entries[it->second].second = value; // a key set again: the last wins
                 return;
             }
+        }
         dict->entries.emplace_back(key, value);
     }
 
@@ -598,27 +607,33 @@ class Unpickler {
     std::unordered_map<uint64_t, Value*> memo_;
 };
 
+constexpr uint64_t kMaxPickleBytes = 64ull << 20;
+
 // ---- Tensors ----------------------------------------------------------------------------------
 
 // Copies the elements `t` views out of `storage` (its bytes) in row-major order.
 std::string gather(const Value& t, const std::vector<uint8_t>& storage, TensorRecord& out) {
     const uint64_t elem = dtype_bytes(t.dtype);
     const auto storage_numel = static_cast<uint64_t>(t.storage->i);
-    if (storage.size() != storage_numel * elem)
+    // Divided, not multiplied: a huge element count must not wrap around to the bytes there are.
+    if (storage.size() % elem || storage.size() / elem != storage_numel)
         return "its storage `" + t.storage->s + "` holds " + std::to_string(storage.size()) +
                " bytes, not the " + std::to_string(storage_numel) + " elements of " +
                std::to_string(elem) + " bytes its header promises";
+    // The element count, and the last element the view reaches, without overflow.
     uint64_t numel = 1, last = static_cast<uint64_t>(t.i);
+    bool overflow = false;
     for (size_t d = 0; d < t.sizes.size(); ++d) {
         const auto n = static_cast<uint64_t>(t.sizes[d]);
-        const auto stride = static_cast<uint64_t>(t.strides[d]);
-        if (n && numel > (uint64_t{1} << 40) / n) return "its shape is implausibly large";
-        numel *= n;
-        if (n && stride > (uint64_t{1} << 40)) return "its strides are implausibly large";
-        if (n) last += (n - 1) * stride;
+        uint64_t reach = 0;
+        overflow |= __builtin_mul_overflow(numel, n, &numel);
+        if (n)
+            overflow |= __builtin_mul_overflow(n - 1, static_cast<uint64_t>(t.strides[d]), &reach);
+        overflow |= __builtin_add_overflow(last, reach, &last);
     }
     out.dtype = t.dtype;
     out.shape = t.sizes;
+    if (overflow) return "its shape, strides and offset overflow";
     if (numel == 0) return {};
     if (last >= storage_numel)
         return "it reaches element " + std::to_string(last) + " of a storage of " +
@@ -675,6 +690,12 @@ std::string read_all(const std::string& path, SafetensorsFile& out) {
             return "its byte order is `" + std::string(bytes.begin(), bytes.end()) +
                    "`; only little-endian files are read";
     }
+    // A state dict's pickle is about a hundred bytes a tensor; the machine's values take a
+    // hundred times their bytes, so a pickle is held to what a real one could need.
+    if (const ZipEntry* pkl = zip.find(prefix + "data.pkl"); pkl->size > kMaxPickleBytes)
+        return "its data.pkl has " + std::to_string(pkl->size) +
+               " bytes, more than a state dict's pickle needs (" + std::to_string(kMaxPickleBytes) +
+               ")";
     std::vector<uint8_t> program;
     if (std::string e = zip.read(prefix + "data.pkl", program); !e.empty()) return e;
     Unpickler machine(program);
@@ -699,7 +720,14 @@ std::string read_all(const std::string& path, SafetensorsFile& out) {
             }
     if (!holds_tensors(dict))
         return "it holds no tensors: it is not a state dict (torch.save(model.state_dict(), ...))";
+    // Each storage is read once and dropped after the last tensor that views it. What the
+    // tensors copy out is held to a few times the file (tied weights view one storage twice).
     std::map<std::string, std::vector<uint8_t>> storages;
+    std::map<std::string, size_t> uses;
+    for (const auto& [key, value] : dict->entries)
+        if (value->kind == Value::Kind::tensor) ++uses[value->storage->s];
+    uint64_t copied = 0;
+    const uint64_t copy_limit = 4 * zip.file_size() + (uint64_t{1} << 20);
     for (const auto& [key, value] : dict->entries) {
         if (value->kind != Value::Kind::tensor) continue;
         if (key->kind != Value::Kind::string)
@@ -715,6 +743,12 @@ std::string read_all(const std::string& path, SafetensorsFile& out) {
         record.name = key->s;
         if (std::string e = gather(*value, it->second, record); !e.empty())
             return "tensor `" + key->s + "`: " + e;
+        copied += record.bytes.size();
+        if (copied > copy_limit)
+            return "its tensors copy out " + std::to_string(copied) +
+                   " bytes or more, several times the file's size: views that repeat one "
+                   "storage over and over";
+        if (--uses[value->storage->s] == 0) storages.erase(it);
         out.tensors.push_back(std::move(record));
     }
     return {};

@@ -221,16 +221,16 @@ class UcxEndpointImpl final : public UcxEndpoint {
     }
 
     void abort(const std::string& why) override {
-        {
-            std::lock_guard lock(abort_mutex_);
-            if (!abort_reason_.empty()) return;
-            abort_reason_ = why.empty() ? "aborted" : why;
-            aborted_.store(true);
-        }
-        uint64_t one = 1;
+        std::lock_guard lock(abort_mutex_);
+        if (!abort_reason_.empty()) return;
+        abort_reason_ = why.empty() ? "aborted" : why;
+        aborted_.store(true);
         // The eventfd wakes a thread sleeping in poll(); a failed write leaves the flag, which
-        // the waiting loop also reads after its next wake-up.
-        [[maybe_unused]] ssize_t n = ::write(abort_fd_, &one, sizeof one);
+        // the waiting loop also reads after its next wake-up. (Under the mutex: teardown closes
+        // the fd under it too.)
+        uint64_t one = 1;
+        if (abort_fd_ >= 0) [[maybe_unused]]
+            ssize_t n = ::write(abort_fd_, &one, sizeof one);
     }
 
     void away() override {
@@ -239,7 +239,8 @@ class UcxEndpointImpl final : public UcxEndpoint {
             if (!in_flight()) return;
             away_ = true;
         }
-        looking_.notify_one();
+        looking_.notify_one();  // when it waits for its next look
+        wake_progress_thread(); // when it sleeps in poll from an earlier turn
     }
 
     UcxStats stats() const override {
@@ -252,8 +253,8 @@ class UcxEndpointImpl final : public UcxEndpoint {
 
     void start(const UcxOptions& options) {
         abort_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        stop_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (abort_fd_ < 0 || stop_fd_ < 0)
+        wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (abort_fd_ < 0 || wake_fd_ < 0)
             throw TransportError(std::string("eventfd failed: ") + std::strerror(errno));
 
         ucp_config_t* raw_config = nullptr;
@@ -310,22 +311,43 @@ class UcxEndpointImpl final : public UcxEndpoint {
                 continue;
             }
             seen = calls_;
-            while (!stopping_.load() && calls_ == seen) {
-                while (ucp_worker_progress(worker_) != 0) {
+            try {
+                while (!stopping_.load() && (calls_ == seen || away_)) {
+                    if (away_) seen = calls_; // told again from a later turn
+                    away_ = false;
+                    while (ucp_worker_progress(worker_) != 0) {
+                    }
+                    reap_sends();
+                    advance_others(nullptr); // headers that arrived: post their data's receives
+                    if (!in_flight()) break;
+                    ucs_status_t armed = ucp_worker_arm(worker_);
+                    lock.unlock();
+                    if (armed == UCS_ERR_BUSY) {
+                        std::this_thread::yield(); // events meanwhile: let the rank in first
+                    } else {
+                        pollfd fds[2] = {{event_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+                        // A failed arm falls back to polling every 10 ms.
+                        ::poll(fds, 2, armed == UCS_OK ? 1000 : 10);
+                        uint64_t drained;
+                        [[maybe_unused]] ssize_t n = ::read(wake_fd_, &drained, sizeof drained);
+                    }
+                    lock.lock();
                 }
-                reap_sends();
-                advance_others(nullptr); // headers that arrived: post the receives of their data
-                if (!in_flight()) break;
-                ucs_status_t armed = ucp_worker_arm(worker_);
-                if (armed == UCS_ERR_BUSY) continue;
-                lock.unlock();
-                pollfd fds[2] = {{event_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-                // A failed arm falls back to polling every 10 ms.
-                ::poll(fds, 2, armed == UCS_OK ? 1000 : 10);
-                lock.lock();
+            } catch (const std::exception& e) {
+                // Nothing may escape a thread; the rank's next send or flush reports it, and
+                // its own waits go on progressing the worker.
+                if (lock.owns_lock() && send_error_.empty())
+                    send_error_ = "rank " + std::to_string(rank_) +
+                                  ": the UCX progress thread failed: " + e.what();
+                return;
             }
             seen = calls_;
         }
+    }
+
+    void wake_progress_thread() {
+        uint64_t one = 1;
+        [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof one);
     }
 
     // Sends not completed, or receives posted and not complete: what the worker must move on.
@@ -356,15 +378,14 @@ class UcxEndpointImpl final : public UcxEndpoint {
             stopping_.store(true);
         }
         looking_.notify_all();
-        uint64_t one = 1;
-        [[maybe_unused]] ssize_t n = ::write(stop_fd_, &one, sizeof one);
+        wake_progress_thread();
         progress_thread_.join();
     }
 
     void teardown() {
         stop_progress_thread();
-        if (stop_fd_ >= 0) ::close(stop_fd_);
-        stop_fd_ = -1;
+        if (wake_fd_ >= 0) ::close(wake_fd_);
+        wake_fd_ = -1;
         if (worker_) {
             // Let sends finish unless the job is being torn down after a failure.
             if (!aborted_.load()) {
@@ -375,17 +396,21 @@ class UcxEndpointImpl final : public UcxEndpoint {
             }
             while (!recvs_.empty()) discard(recvs_.begin());
             // A send still in flight is released by UCX when the worker goes; its buffers
-            // stay alive until then.
+            // stay alive until then, out of sends_ so that no later wait looks at a request
+            // already freed.
             for (auto& s : sends_) ucp_request_free(s.request);
+            released_.splice(released_.end(), sends_);
             close_links();
             ucp_worker_destroy(worker_);
             worker_ = nullptr;
         }
         // Buffers of requests UCX never finished with are freed only now that it is gone.
+        released_.clear();
         sends_.clear();
         zombies_.clear();
         if (context_) ucp_cleanup(context_);
         context_ = nullptr;
+        std::lock_guard lock(abort_mutex_);
         if (abort_fd_ >= 0) ::close(abort_fd_);
         abort_fd_ = -1;
     }
@@ -664,7 +689,7 @@ class UcxEndpointImpl final : public UcxEndpoint {
     ucp_worker_h worker_ = nullptr;
     int event_fd_ = -1;
     int abort_fd_ = -1;
-    int stop_fd_ = -1; // wakes the progress thread to end it
+    int wake_fd_ = -1; // wakes the progress thread from poll (to end it, or when told away)
     // The worker and everything it touches (requests, receives, statistics) belong to whichever
     // thread holds this: the rank's, inside a call, or the progress thread, between calls.
     mutable std::mutex worker_mutex_;
@@ -676,6 +701,7 @@ class UcxEndpointImpl final : public UcxEndpoint {
     std::atomic<bool> stopping_{false};
     std::vector<PeerLink> links_;
     std::list<PendingSend> sends_;
+    std::list<PendingSend> released_; // at teardown: requests freed, buffers kept until the end
     RecvMap recvs_;
     std::vector<std::unique_ptr<PendingRecv>> zombies_;
     std::string send_error_;

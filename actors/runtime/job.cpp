@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <future>
 #include <map>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -195,11 +196,36 @@ struct Job::Net {
     std::vector<int32_t> process_of;
     ClusterOptions cluster;
     JobOptions options;
-    std::atomic<LocalComms*> comms{nullptr}; // set once formed; read by the actors
-    std::vector<RankExecutor*> executors;    // this process's
+    // This process's communication and executors, owned by the Job: set once formed, read by
+    // the actors (on their threads), cleared under `parts` before the Job destroys them.
+    std::mutex parts;
+    LocalComms* comms = nullptr;
+    std::vector<RankExecutor*> executors;
 
     void abort(const std::string& why) {
-        if (LocalComms* c = comms.load()) c->abort(why);
+        std::lock_guard lock(parts);
+        if (comms) comms->abort(why);
+    }
+    /// Actions completed by this process's ranks so far.
+    uint64_t progress() {
+        std::lock_guard lock(parts);
+        uint64_t p = 0;
+        for (auto* ex : executors) p += ex->progress();
+        return p;
+    }
+    /// "rank 4 in 1F3; rank 5 finished its step".
+    std::string actions();
+    /// Whether any rank here is inside an action.
+    bool busy() {
+        std::lock_guard lock(parts);
+        for (auto* ex : executors)
+            if (!ex->current_action().empty()) return true;
+        return false;
+    }
+    void detach_parts() {
+        std::lock_guard lock(parts);
+        comms = nullptr;
+        executors.clear();
     }
     int64_t tokens_per_step = 0;
     std::promise<std::string> member_done;
@@ -238,9 +264,10 @@ struct Job::Net {
     }
 };
 
-namespace {
+namespace {} // namespace
 
-std::string local_actions(const std::vector<RankExecutor*>& executors) {
+std::string Job::Net::actions() {
+    std::lock_guard lock(parts);
     std::string s;
     for (auto* ex : executors) {
         std::string at = ex->current_action();
@@ -250,6 +277,8 @@ std::string local_actions(const std::vector<RankExecutor*>& executors) {
     }
     return s;
 }
+
+namespace {
 
 void fail(coordinator_pointer self, const std::string& why) {
     auto& st = self->state;
@@ -602,8 +631,7 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
                                  std::chrono::duration_cast<std::chrono::seconds>(now - m.last_beat)
                                      .count()) +
                              " s");
-            uint64_t progress = 0;
-            for (auto* ex : st.net->executors) progress += ex->progress();
+            uint64_t progress = st.net->progress();
             for (auto& [p, m] : st.members) progress += m.progress;
             if (progress != st.last_progress) {
                 st.last_progress = progress;
@@ -613,7 +641,7 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
                                   std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
                                                      st.net->options.watchdog)
                                                      .count()) +
-                                  " s; " + local_actions(st.net->executors);
+                                  " s; " + st.net->actions();
                 for (auto& [p, m] : st.members) why += "; " + m.actions;
                 fail(self, why);
             }
@@ -647,10 +675,7 @@ caf::behavior member(caf::stateful_actor<MemberState>* self, Job::Net* net) {
                 auto deadline = std::chrono::steady_clock::now() + net->cluster.abandon_after;
                 while (std::chrono::steady_clock::now() < deadline) {
                     // Still forming the job counts as busy: it waits on the store it lost.
-                    bool busy = !net->formed.load();
-                    if (!busy)
-                        for (auto* ex : net->executors) busy |= !ex->current_action().empty();
-                    if (!busy) return;
+                    if (net->formed.load() && !net->busy()) return;
                     std::this_thread::sleep_for(std::chrono::milliseconds(50));
                 }
                 net->cluster.abandon(why);
@@ -694,8 +719,8 @@ caf::behavior member(caf::stateful_actor<MemberState>* self, Job::Net* net) {
             uint64_t progress = 0;
             std::string actions;
             if (net->formed.load()) {
-                for (auto* ex : net->executors) progress += ex->progress();
-                actions = local_actions(net->executors);
+                progress = net->progress();
+                actions = net->actions();
             }
             self->send(net->coordinator, beat_atom::value, net->cluster.process, progress, actions);
             self->delayed_send(self, std::chrono::milliseconds(250), tick_atom::value);
@@ -883,12 +908,16 @@ void Job::build_executors(const plan::Graph& graph) {
         if (net_->process_of[static_cast<size_t>(r.rank)] == cluster_.process)
             executors_.push_back(
                 std::make_unique<RankExecutor>(program_, graph, r.rank, comms_->for_rank(r.rank)));
-    for (auto& ex : executors_) net_->executors.push_back(ex.get());
-    net_->comms = comms_.get();
+    {
+        std::lock_guard lock(net_->parts);
+        for (auto& ex : executors_) net_->executors.push_back(ex.get());
+        net_->comms = comms_.get();
+    }
     net_->tokens_per_step = program_.train.batch * program_.model.context;
-    net_->gather_local = [this] {
+    net_->gather_local = [net = net_.get()] {
+        std::lock_guard lock(net->parts);
         std::string bytes;
-        for (auto* ex : net_->executors)
+        for (auto* ex : net->executors)
             for (auto& [index, stage] : ex->stages())
                 models::append_serialised(stage->params(), stage->tied_copies(), bytes);
         return bytes;
@@ -897,7 +926,9 @@ void Job::build_executors(const plan::Graph& graph) {
 }
 
 Job::~Job() {
-    // The executors and communication go before the actor system (net_, declared first).
+    // The executors and communication go before the actor system (net_, declared first); its
+    // actors, still running, stop seeing them first.
+    net_->detach_parts();
     executors_.clear();
     comms_.reset();
 }

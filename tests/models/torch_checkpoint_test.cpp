@@ -114,11 +114,18 @@ std::string small(int v) {
 }
 const std::string proto = "\x80\x02";
 
-// A tensor of `numel` f32 elements at `offset` into storage "0" of `storage_numel` elements.
-std::string tensor_pickle(int numel, int offset, int storage_numel) {
-    return "ctorch._utils\n_rebuild_tensor_v2\n((" + str("storage") + "ctorch\nFloatStorage\n" +
-           str("0") + str("cpu") + small(storage_numel) + "tQ" + small(offset) + small(numel) +
-           "\x85" + small(1) + "\x85" + "\x89" + "ccollections\nOrderedDict\n)RtR";
+// An integer of any size (LONG1 with 8 bytes, as pickle writes large ones).
+std::string long8(uint64_t v) {
+    return "\x8a\x08" + le_bytes(v, 8);
+}
+
+// A tensor of `numel` elements with `stride` at `offset` into storage "0" (of
+// `storage_numel` elements of the storage class `type`).
+std::string tensor_pickle(uint64_t numel, uint64_t offset, uint64_t storage_numel,
+                          uint64_t stride = 1, const std::string& type = "FloatStorage") {
+    return "ctorch._utils\n_rebuild_tensor_v2\n((" + str("storage") + "ctorch\n" + type + "\n" +
+           str("0") + str("cpu") + long8(storage_numel) + "tQ" + long8(offset) + long8(numel) +
+           "\x85" + long8(stride) + "\x85" + "\x89" + "ccollections\nOrderedDict\n)RtR";
 }
 
 // A one-tensor state dict {"w": tensor} with a storage of `storage_bytes`.
@@ -255,6 +262,19 @@ TEST(TorchCheckpoint, RefusesDamagedAndHostileFiles) {
          "reaches element 7"},
         {"storage smaller than promised",
          state_dict_archive(tensor_pickle(5, 0, 5), std::string(12, '\0')), "holds 12 bytes"},
+        // 8 x (2^61 + 1) wraps around to the 8 bytes there are.
+        {"element count that wraps",
+         state_dict_archive(tensor_pickle(1 << 20, 0, (uint64_t{1} << 61) + 1, 1, "DoubleStorage"),
+                            std::string(8, '\0')),
+         "holds 8 bytes"},
+        // (5 - 1) x 2^62 wraps around to 0, inside the storage.
+        {"extent that wraps", state_dict_archive(tensor_pickle(5, 0, 5, uint64_t{1} << 62), twenty),
+         "overflow"},
+        {"rebuild wrapping itself",
+         state_dict_archive("ctorch._tensor\n_rebuild_from_type_v2\n(ctorch._tensor\n"
+                            "_rebuild_from_type_v2\nctorch\nTensor\n)tR",
+                            twenty),
+         "wraps itself"},
         {"missing storage", zip_of({{"m/data.pkl", good_pickle}}), "no entry `m/data/0`"},
         {"big-endian",
          zip_of({{"m/data.pkl", good_pickle}, {"m/byteorder", "big"}, {"m/data/0", twenty}}),
