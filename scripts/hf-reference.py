@@ -20,6 +20,8 @@ import sys
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from gpt2_test_weights import scale_up
+
 out = pathlib.Path(sys.argv[1])
 text = pathlib.Path(sys.argv[2]).read_bytes()[:6000]
 out.mkdir(parents=True, exist_ok=True)
@@ -30,18 +32,7 @@ config = GPT2Config(vocab_size=256, n_positions=context, n_embd=64, n_layer=2, n
                     activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
                     attn_pdrop=0.0)
 model = GPT2LMHeadModel(config).eval()
-# Hugging Face's own initialisation (std 0.02) leaves the loss at the uniform log(256), where a
-# misplaced tensor barely shows; scale everything up as scripts/torch-reference.py does.
-with torch.no_grad():
-    for name, p in model.named_parameters():
-        if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
-            p.copy_(1 + 0.1 * torch.randn_like(p))
-        elif "ln_" in name or name.endswith("bias"):
-            p.copy_(0.05 * torch.randn_like(p))
-        elif "wte" in name or "wpe" in name:
-            p.copy_(0.5 * torch.randn_like(p))
-        else:
-            p.copy_(0.15 * torch.randn_like(p))
+scale_up(model)  # as torch-reference.py does: a misplaced tensor must show in the loss
 model.save_pretrained(out, safe_serialization=True)
 
 tokens = torch.tensor(list(text), dtype=torch.long)

@@ -35,6 +35,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from gpt2_test_weights import scale_up
+
 VOCAB, CONTEXT, LAYERS, HEADS, WIDTH = 256, 64, 2, 2, 64
 
 
@@ -147,16 +149,7 @@ def main():
     text = pathlib.Path(sys.argv[2]).read_bytes()[:6000]
     torch.manual_seed(0)
     model = GPT2LMHeadModel()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            elif "ln_" in name or name.endswith("bias"):
-                p.copy_(0.05 * torch.randn_like(p))
-            elif "wte" in name or "wpe" in name:
-                p.copy_(0.5 * torch.randn_like(p))
-            else:
-                p.copy_(0.15 * torch.randn_like(p))
+    scale_up(model)
 
     flat = out / "torch_gpt2_tiny"
     flat.mkdir(parents=True, exist_ok=True)
