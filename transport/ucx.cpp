@@ -229,8 +229,9 @@ class UcxEndpointImpl final : public UcxEndpoint {
         // the waiting loop also reads after its next wake-up. (Under the mutex: teardown closes
         // the fd under it too.)
         uint64_t one = 1;
-        if (abort_fd_ >= 0) [[maybe_unused]]
-            ssize_t n = ::write(abort_fd_, &one, sizeof one);
+        if (abort_fd_ >= 0) {
+            [[maybe_unused]] ssize_t n = ::write(abort_fd_, &one, sizeof one);
+        }
     }
 
     void away() override {
