@@ -5,6 +5,7 @@
 #include "actors/plan/graph_json.hpp"
 #include "actors/plan/lower.hpp"
 #include "actors/sim/simulate.hpp"
+#include "kernels/devices.hpp"
 #include "lang/check.hpp"
 #include "lang/program_json.hpp"
 #include "models/atomic_file.hpp"
@@ -38,11 +39,17 @@ std::optional<Planned> planned(const CommonOptions& o, std::ostream& err) {
     return Planned{*r.program, *p.graph};
 }
 
-bool runs_here(const Program& p, std::ostream& err) {
+bool runs_here(const Program& p, std::ostream& err, bool gpus) {
     if (p.mesh.profile.name == "cpu") return true;
-    err << "error: the mesh is " << p.mesh.devices << " " << p.mesh.profile.name
-        << " device(s); this build runs meshes of `cpu` devices (ranks on this machine's cores)\n"
-        << "hint: `dist sim` predicts this mesh; to train here, --set 'mesh.devices=cpu' "
+    if (gpus && kernels::gpu_count() > 0) return true;
+    err << "error: the mesh is " << p.mesh.devices << " " << p.mesh.profile.name << " device(s); ";
+    if (!gpus)
+        err << "this command runs meshes of `cpu` devices (ranks on this machine's cores)\n";
+    else if (kernels::built_with_cuda())
+        err << "this machine has no GPU that CUDA can use\n";
+    else
+        err << "this build has no CUDA support (nvcc was not found when it was configured)\n";
+    err << "hint: `dist sim` predicts this mesh; to run it here, --set 'mesh.devices=cpu' "
            "(and smaller model or mesh values)\n";
     return false;
 }

@@ -20,8 +20,9 @@ struct Planned {
 /// The program of `o` and its graph, or nothing after printing why to `err`.
 std::optional<Planned> planned(const CommonOptions& o, std::ostream& err);
 
-/// Whether this build can execute the program's mesh on this machine (ranks on CPU cores);
-/// if not, prints why and what to do instead.
-bool runs_here(const Program& p, std::ostream& err);
+/// Whether this build can execute the program's mesh on this machine: a mesh of `cpu` devices
+/// always (ranks on the cores); a mesh of GPUs when `gpus` allows it (training) and the build
+/// and the machine have CUDA devices. If not, prints why and what to do instead.
+bool runs_here(const Program& p, std::ostream& err, bool gpus = false);
 
 } // namespace dist::cli

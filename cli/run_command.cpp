@@ -81,6 +81,7 @@ cluster_from_environment(const CommonOptions& o, const plan::Graph& graph, std::
     c.processes = launch->world_size;
     c.host = launch->coordinator_host;
     c.port = static_cast<uint16_t>(launch->coordinator_port);
+    c.local_process = launch->local_rank;
     // Processes on this host, to share its cores.
     for (const char* name :
          {"DIST_LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"})
@@ -197,7 +198,7 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
     if (!plan) return 1;
     const Program& p = plan->program;
     const plan::Graph& graph = plan->graph;
-    if (!runs_here(p, err)) return 1;
+    if (!runs_here(p, err, true)) return 1;
     std::string error;
     std::optional<runtime::ClusterOptions> cluster = cluster_from_environment(o, graph, error);
     if (!error.empty()) {

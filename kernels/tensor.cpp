@@ -121,20 +121,31 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(Allocator& target) const {
     Tensor t(shape_, dtype_, target);
-    Device from = device(), to = target.device();
+    t.copy_from(*this);
+    return t;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+    if (src.bytes() != bytes() || src.dtype() != dtype_)
+        throw std::invalid_argument("copy of a " + src.shape_str() + " " + to_string(src.dtype()) +
+                                    " tensor into a " + shape_str() + " " + to_string(dtype_) +
+                                    " one");
+    if (bytes() == 0 || src.raw() == raw()) return;
+    const MemoryOps& mine = storage_->allocator->ops();
+    const MemoryOps& theirs = src.storage_->allocator->ops();
+    Device from = src.device(), to = device();
     if (from == to) {
-        target.ops().copy(t.raw(), raw(), bytes(), to.index);
+        mine.copy(raw(), src.raw(), bytes(), to.index);
     } else if (from.kind == Device::Kind::cpu) {
-        target.ops().from_host(t.raw(), raw(), bytes(), to.index);
+        mine.from_host(raw(), src.raw(), bytes(), to.index);
     } else if (to.kind == Device::Kind::cpu) {
-        storage_->allocator->ops().to_host(t.raw(), raw(), bytes(), from.index);
+        theirs.to_host(raw(), src.raw(), bytes(), from.index);
     } else {
         // Between two devices: through the host.
         std::vector<unsigned char> staging(bytes());
-        storage_->allocator->ops().to_host(staging.data(), raw(), bytes(), from.index);
-        target.ops().from_host(t.raw(), staging.data(), bytes(), to.index);
+        theirs.to_host(staging.data(), src.raw(), bytes(), from.index);
+        mine.from_host(raw(), staging.data(), bytes(), to.index);
     }
-    return t;
 }
 
 Tensor Tensor::to(DType dtype) const {

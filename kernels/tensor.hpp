@@ -110,6 +110,13 @@ class Tensor {
     Tensor to(DType dtype) const;
     /// A copy in the memory of `target`'s device (host <-> device, or within one).
     Tensor to(Allocator& target) const;
+    /// Overwrites this tensor's elements with `src`'s, from whichever device holds them. Throws
+    /// std::invalid_argument when the two differ in size or dtype.
+    void copy_from(const Tensor& src);
+    /// This tensor if it is in host memory, else a copy there.
+    Tensor on_host() const {
+        return device().kind == Device::Kind::cpu ? *this : to(Allocator::cpu());
+    }
     std::string shape_str() const;
 
   private:

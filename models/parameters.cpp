@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 
 namespace dist::models {
@@ -77,13 +78,14 @@ Parameter& ParameterStore::add(std::string name, std::vector<int64_t> shape, Ini
     p.full_shape = shape;
     p.shard = shard;
     std::vector<int64_t> local = shard.local_shape(shape);
-    p.value = kernels::Tensor(local);
-    p.grad = kernels::Tensor::zeros(local);
-    p.m = kernels::Tensor::zeros(local);
-    p.v = kernels::Tensor::zeros(local);
-    float* x = p.value.data<float>();
-    for (int64_t i = 0; i < p.value.numel(); ++i)
+    kernels::Tensor host(local);
+    float* x = host.data<float>();
+    for (int64_t i = 0; i < host.numel(); ++i)
         x[i] = initial_value(seed, p.name, shard.global_index(shape, i), init);
+    p.value = allocator_->device().kind == kernels::Device::Kind::cpu ? host : host.to(*allocator_);
+    p.grad = kernels::Tensor::zeros(local, kernels::DType::f32, *allocator_);
+    p.m = kernels::Tensor::zeros(local, kernels::DType::f32, *allocator_);
+    p.v = kernels::Tensor::zeros(local, kernels::DType::f32, *allocator_);
     return p;
 }
 
@@ -101,34 +103,68 @@ const Parameter* ParameterStore::find(const std::string& name) const {
 
 namespace {
 
-// Every (local element, its index in the full parameter) of `p`, with the whole parameter.
-template <typename Whole, typename F> void each_element(const Parameter& p, Whole& whole, F&& f) {
+// The parameter of the whole model that `p` is a part of.
+template <typename Whole> auto& whole_of(const Parameter& p, Whole& whole) {
     auto* w = whole.find(p.name);
     if (!w) throw std::logic_error("no parameter " + p.name + " in the whole model");
-    for (int64_t i = 0; i < p.value.numel(); ++i) f(*w, i, p.shard.global_index(p.full_shape, i));
+    return *w;
 }
+
+// The value and moments of `p` readable on the host (themselves, or copies of device memory).
+struct HostState {
+    kernels::Tensor value, m, v;
+    explicit HostState(const Parameter& p)
+        : value(p.value.on_host()), m(p.m.on_host()), v(p.v.on_host()) {}
+    // Writes host copies back to the device tensors they came from (nothing for host ones).
+    void store(Parameter& p) const {
+        p.value.copy_from(value);
+        p.m.copy_from(m);
+        p.v.copy_from(v);
+    }
+};
+
+// The parameters of `store` with their host states, made as a whole store is read or written.
+struct HostStates {
+    std::map<std::string, HostState> states;
+    HostState& of(const Parameter& p) {
+        auto it = states.find(p.name);
+        if (it == states.end()) it = states.emplace(p.name, HostState(p)).first;
+        return it->second;
+    }
+};
 
 } // namespace
 
 void copy_from_whole(const ParameterStore& whole, ParameterStore& part) {
-    for (Parameter& p : part.all())
-        each_element(p, whole, [&](const Parameter& w, int64_t i, int64_t g) {
-            p.value.data<float>()[i] = w.value.data<float>()[g];
-            p.m.data<float>()[i] = w.m.data<float>()[g];
-            p.v.data<float>()[i] = w.v.data<float>()[g];
-        });
+    HostStates from;
+    for (Parameter& p : part.all()) {
+        HostState to(p);
+        const HostState& h = from.of(whole_of(p, whole));
+        for (int64_t i = 0; i < p.value.numel(); ++i) {
+            int64_t g = p.shard.global_index(p.full_shape, i);
+            to.value.data<float>()[i] = h.value.data<float>()[g];
+            to.m.data<float>()[i] = h.m.data<float>()[g];
+            to.v.data<float>()[i] = h.v.data<float>()[g];
+        }
+        to.store(p);
+    }
 }
 
 void copy_to_whole(const ParameterStore& part, ParameterStore& whole,
                    const std::vector<std::string>& skip) {
+    HostStates to;
     for (const Parameter& p : part.all()) {
         if (std::find(skip.begin(), skip.end(), p.name) != skip.end()) continue;
-        each_element(p, whole, [&](Parameter& w, int64_t i, int64_t g) {
-            w.value.data<float>()[g] = p.value.data<float>()[i];
-            w.m.data<float>()[g] = p.m.data<float>()[i];
-            w.v.data<float>()[g] = p.v.data<float>()[i];
-        });
+        HostState from(p);
+        HostState& h = to.of(whole_of(p, whole));
+        for (int64_t i = 0; i < p.value.numel(); ++i) {
+            int64_t g = p.shard.global_index(p.full_shape, i);
+            h.value.data<float>()[g] = from.value.data<float>()[i];
+            h.m.data<float>()[g] = from.m.data<float>()[i];
+            h.v.data<float>()[g] = from.v.data<float>()[i];
+        }
     }
+    for (auto& [name, h] : to.states) h.store(*whole.find(name));
 }
 
 namespace {
@@ -167,7 +203,8 @@ void append_serialised(const ParameterStore& part, const std::vector<std::string
             put(out, e);
         }
         const size_t n = static_cast<size_t>(p.value.numel()) * sizeof(float);
-        for (const kernels::Tensor* t : {&p.value, &p.m, &p.v})
+        HostState h(p);
+        for (const kernels::Tensor* t : {&h.value, &h.m, &h.v})
             out.append(reinterpret_cast<const char*>(t->data<float>()), n);
     }
 }

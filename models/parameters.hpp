@@ -55,6 +55,12 @@ struct Parameter {
 /// The parameters of a model, in creation order. References stay valid as more are added.
 class ParameterStore {
   public:
+    /// Parameters, gradients and moments in the memory of `allocator`'s device (the host's by
+    /// default). Initial values are computed on the host and copied there.
+    explicit ParameterStore(kernels::Allocator& allocator = kernels::Allocator::cpu())
+        : allocator_(&allocator) {}
+    kernels::Allocator& allocator() const { return *allocator_; }
+
     /// Adds a parameter of full shape `shape` and initialises the part `shard` of it, each
     /// element from its index in the full parameter.
     Parameter& add(std::string name, std::vector<int64_t> shape, Init init, bool decay,
@@ -67,11 +73,13 @@ class ParameterStore {
     void zero_grads();
 
   private:
+    kernels::Allocator* allocator_;
     std::deque<Parameter> params_;
 };
 
 /// Sets every parameter of `part` (a stage or tensor-parallel shard of a model) to its elements
 /// of `whole`'s values and AdamW moments. Throws std::logic_error for a name `whole` lacks.
+/// Either store may live on a device (copied through the host); so may those below.
 void copy_from_whole(const ParameterStore& whole, ParameterStore& part);
 /// The inverse: writes `part`'s elements into `whole`, except the parameters named in `skip`.
 void copy_to_whole(const ParameterStore& part, ParameterStore& whole,

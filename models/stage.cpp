@@ -15,7 +15,7 @@ void add_items(const std::vector<ModelItemSpec>& items, UnitContext& ctx, bool r
             if (auto u = make_unit(layer, ctx)) body.push_back(std::move(u));
         if (item.residual) {
             std::string name = item.name.empty() ? body.front()->name() + "+" : item.name;
-            out.push_back(make_residual(std::move(name), std::move(body), recompute));
+            out.push_back(make_residual(std::move(name), std::move(body), ctx.device(), recompute));
         } else {
             for (auto& u : body) out.push_back(std::move(u));
         }
@@ -32,8 +32,9 @@ const LayerSpec* find_layer(const std::vector<ModelItemSpec>& items, LayerKind k
 } // namespace
 
 Stage::Stage(const ModelSpec& spec, StageSpan span, uint64_t seed, Recompute recompute,
-             transport::Collectives* tp)
-    : span_(span) {
+             transport::Collectives* tp, kernels::Backend* device)
+    : span_(span), device_(device ? device : &kernels::cpu_backend()),
+      params_(device_->allocator()) {
     auto blocks = static_cast<int64_t>(spec.blocks.size());
     if (span.begin_block < 0 || span.end_block > blocks || span.begin_block > span.end_block)
         throw std::invalid_argument("stage of blocks [" + std::to_string(span.begin_block) + ", " +
@@ -41,6 +42,7 @@ Stage::Stage(const ModelSpec& spec, StageSpan span, uint64_t seed, Recompute rec
                                     std::to_string(blocks) + " blocks");
     UnitContext ctx{params_, seed, blocks};
     ctx.tp = tp;
+    ctx.backend = device_;
     if (const LayerSpec* rotary = find_layer(spec.pre, LayerKind::rotary_embedding))
         ctx.rotary_theta = rotary->theta;
     if (span.first) {

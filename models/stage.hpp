@@ -35,9 +35,11 @@ struct StageSpan {
 
 class Stage {
   public:
-    /// Throws std::invalid_argument for a span outside the model.
+    /// Throws std::invalid_argument for a span outside the model. The stage's parameters live
+    /// and its units compute on `device` (null: the CPU); its inputs must be there too.
     Stage(const ModelSpec& spec, StageSpan span, uint64_t seed,
-          Recompute recompute = Recompute::none, transport::Collectives* tp = nullptr);
+          Recompute recompute = Recompute::none, transport::Collectives* tp = nullptr,
+          kernels::Backend* device = nullptr);
 
     /// The first stage reads tokens (B,T) i32, the others activations (B,T,C). Returns the
     /// activations for the next stage, or on the last stage the per-token losses (B,T).
@@ -61,12 +63,14 @@ class Stage {
     ParameterStore& params() { return params_; }
     const ParameterStore& params() const { return params_; }
     const StageSpan& span() const { return span_; }
+    kernels::Backend& device() const { return *device_; }
     /// Names of parameters this stage holds a copy of, whose gradient the runtime must sum with
     /// the stage that owns them (the tied embedding on the last stage).
     const std::vector<std::string>& tied_copies() const { return tied_copies_; }
 
   private:
     StageSpan span_;
+    kernels::Backend* device_;
     ParameterStore params_;
     std::vector<std::unique_ptr<Unit>> units_;
     std::vector<std::string> tied_copies_;

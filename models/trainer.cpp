@@ -61,20 +61,17 @@ std::string metrics_json(const StepMetrics& m) {
 }
 
 double optimizer_step(const TrainSpec& t, int64_t step, double norm,
-                      const std::vector<Parameter*>& params) {
-    namespace ops = kernels::cpu;
+                      const std::vector<Parameter*>& params, kernels::Backend& device) {
     if (t.clip > 0 && norm > t.clip)
         for (Parameter* p : params)
-            ops::scale(p->grad.data<float>(), p->grad.numel(), t.clip / norm);
-    ops::AdamWConfig adam{learning_rate(t, step), t.optimizer.beta1, t.optimizer.beta2,
-                          t.optimizer.eps, t.optimizer.weight_decay};
-    for (Parameter* p : params) {
-        ops::AdamWConfig c = adam;
-        if (!p->decay) c.weight_decay = 0.0;
-        ops::adamw_step(p->grad.data<float>(), p->value.numel(), c, step + 1,
-                        p->value.data<float>(), p->m.data<float>(), p->v.data<float>());
-    }
-    return adam.lr;
+            device.scale(p->grad.data<float>(), p->grad.numel(), t.clip / norm);
+    const double lr = learning_rate(t, step);
+    for (Parameter* p : params)
+        device.adamw_step(p->grad.data<float>(), p->value.numel(), lr, t.optimizer.beta1,
+                          t.optimizer.beta2, t.optimizer.eps,
+                          p->decay ? t.optimizer.weight_decay : 0.0, step + 1,
+                          p->value.data<float>(), p->m.data<float>(), p->v.data<float>());
+    return lr;
 }
 
 std::string train(const Program& program, Model& model, const TokenData& data, int64_t first_step,

@@ -31,9 +31,11 @@ double learning_rate(const TrainSpec& train, int64_t step);
 
 /// Scales the gradients by clip / norm when clipping applies (train.clip > 0 and norm above
 /// it), then one AdamW update of every parameter with the learning rate of `step` (0-based),
-/// weight decay on the parameters that take it. Returns the learning rate.
+/// weight decay on the parameters that take it. Returns the learning rate. The parameters live
+/// on `device`.
 double optimizer_step(const TrainSpec& train, int64_t step, double norm,
-                      const std::vector<Parameter*>& params);
+                      const std::vector<Parameter*>& params,
+                      kernels::Backend& device = kernels::cpu_backend());
 
 /// Reads the training data the program names; "" or an error that names the file.
 std::string load_data(const DataSpec& data, const ModelSpec& model, TokenData& out);

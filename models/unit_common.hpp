@@ -3,7 +3,6 @@
 // factories behind make_unit.
 #pragma once
 
-#include "kernels/cpu/ops.hpp"
 #include "models/units.hpp"
 #include "transport/collectives.hpp"
 
@@ -12,8 +11,6 @@
 #include <string>
 
 namespace dist::models::detail {
-
-namespace ops = kernels::cpu;
 
 /// Rows of an activation: everything but the last dimension.
 inline int64_t rows(const Tensor& t) {
@@ -36,13 +33,22 @@ template <typename Saved> Saved take(std::map<int64_t, Saved>& m, int64_t mb, co
     return s;
 }
 
+/// A unit with a name, computing on one device.
 class Named : public Unit {
   public:
-    explicit Named(std::string name) : name_(std::move(name)) {}
+    Named(std::string name, kernels::Backend& device) : name_(std::move(name)), be_(device) {}
     const std::string& name() const override { return name_; }
 
   protected:
+    /// Inference keeps its key/value caches and positions in host memory.
+    void check_host(const char* what) const {
+        if (be_.device().kind != kernels::Device::Kind::cpu)
+            throw std::logic_error(std::string(what) + " on " + be_.device().str() +
+                                   ": inference runs on the CPU");
+    }
+
     std::string name_;
+    kernels::Backend& be_;
 };
 
 /// This rank's place in the tensor-parallel group. `split` is whether the layer at hand is
@@ -76,6 +82,7 @@ struct TensorParallel {
 struct Linear {
     Parameter* weight = nullptr;
     Parameter* bias = nullptr;
+    kernels::Backend* be = nullptr;
 
     int64_t out_features() const { return weight->value.dim(0); }
     int64_t in_features() const { return weight->value.dim(1); }

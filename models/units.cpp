@@ -21,8 +21,9 @@ namespace {
 
 class ResidualUnit : public Named {
   public:
-    ResidualUnit(std::string name, std::vector<std::unique_ptr<Unit>> body, bool recompute)
-        : Named(std::move(name)), body_(std::move(body)), recompute_(recompute) {}
+    ResidualUnit(std::string name, std::vector<std::unique_ptr<Unit>> body,
+                 kernels::Backend& device, bool recompute)
+        : Named(std::move(name), device), body_(std::move(body)), recompute_(recompute) {}
 
     Tensor forward(int64_t mb, const Tensor& x, const Batch& batch) override {
         Tensor h = body_forward(mb, x, batch);
@@ -31,12 +32,7 @@ class ResidualUnit : public Named {
             for (auto& u : body_) u->discard(mb);
             inputs_[mb] = {x, batch};
         }
-        Tensor y(x.shape());
-        const float* a = x.data<float>();
-        float* out = y.data<float>();
-        const float* f = h.data<float>();
-        for (int64_t i = 0; i < x.numel(); ++i) out[i] = a[i] + f[i];
-        return y;
+        return sum(x, h);
     }
     Tensor backward_input(int64_t mb, const Tensor& dy) override {
         if (recompute_) {
@@ -45,12 +41,7 @@ class ResidualUnit : public Named {
         }
         Tensor g = dy;
         for (auto it = body_.rbegin(); it != body_.rend(); ++it) g = (*it)->backward_input(mb, g);
-        Tensor dx(dy.shape());
-        const float* a = dy.data<float>();
-        const float* b = g.data<float>();
-        float* out = dx.data<float>();
-        for (int64_t i = 0; i < dy.numel(); ++i) out[i] = a[i] + b[i];
-        return dx;
+        return sum(dy, g);
     }
     void backward_weight(int64_t mb) override {
         for (auto& u : body_) u->backward_weight(mb);
@@ -64,16 +55,18 @@ class ResidualUnit : public Named {
     Tensor infer(const Tensor& x, const Batch& batch, const InferContext& ctx) override {
         Tensor h = x;
         for (auto& u : body_) h = u->infer(h, batch, ctx);
-        Tensor y(x.shape());
-        for (int64_t i = 0; i < x.numel(); ++i)
-            y.data<float>()[i] = x.data<float>()[i] + h.data<float>()[i];
-        return y;
+        return sum(x, h);
     }
     void end_session(int64_t session) override {
         for (auto& u : body_) u->end_session(session);
     }
 
   private:
+    Tensor sum(const Tensor& a, const Tensor& b) {
+        Tensor y = be_.empty(a.shape());
+        be_.add(a.data<float>(), b.data<float>(), a.numel(), y.data<float>());
+        return y;
+    }
     Tensor body_forward(int64_t mb, const Tensor& x, const Batch& batch) {
         Tensor h = x;
         for (auto& u : body_) h = u->forward(mb, h, batch);
@@ -107,8 +100,8 @@ std::unique_ptr<Unit> make_unit(const LayerSpec& l, UnitContext& ctx) {
 }
 
 std::unique_ptr<Unit> make_residual(std::string name, std::vector<std::unique_ptr<Unit>> body,
-                                    bool recompute) {
-    return std::make_unique<ResidualUnit>(std::move(name), std::move(body), recompute);
+                                    kernels::Backend& device, bool recompute) {
+    return std::make_unique<ResidualUnit>(std::move(name), std::move(body), device, recompute);
 }
 
 } // namespace dist::models

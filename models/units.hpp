@@ -13,6 +13,7 @@
 // group of one, the units compute exactly what they compute on one device.
 #pragma once
 
+#include "kernels/backend.hpp"
 #include "kernels/tensor.hpp"
 #include "lang/program.hpp"
 #include "models/parameters.hpp"
@@ -82,6 +83,9 @@ struct UnitContext {
     /// The tensor-parallel group: layers the script shards hold their part of every split
     /// parameter and reduce through it. Null, or a group of one: every layer whole.
     transport::Collectives* tp = nullptr;
+    /// The device the units compute on, where `params` lives too. Null: the CPU.
+    kernels::Backend* backend = nullptr;
+    kernels::Backend& device() const { return backend ? *backend : kernels::cpu_backend(); }
     Parameter* embedding = nullptr; // the token embedding, for a tied head
     /// Set by the head for the loss: the vocabulary slice [begin, begin + size) this rank's
     /// logits cover, of `vocab` in all (size == vocab when they are whole).
@@ -92,9 +96,9 @@ struct UnitContext {
 /// positions, which attention applies).
 std::unique_ptr<Unit> make_unit(const LayerSpec& layer, UnitContext& ctx);
 
-/// y = x + f(x) over a group of units. With `recompute`, the group keeps only its input after
-/// forward and runs the body again at backward (full activation recomputation).
+/// y = x + f(x) over a group of units on `device`. With `recompute`, the group keeps only its
+/// input after forward and runs the body again at backward (full activation recomputation).
 std::unique_ptr<Unit> make_residual(std::string name, std::vector<std::unique_ptr<Unit>> body,
-                                    bool recompute = false);
+                                    kernels::Backend& device, bool recompute = false);
 
 } // namespace dist::models

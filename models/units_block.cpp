@@ -18,38 +18,35 @@ namespace dist::models::detail {
 // ----- linear -------------------------------------------------------------------------------
 
 Tensor Linear::forward(const Tensor& x, bool add_bias) const {
-    Tensor y(with_last(x, out_features()));
-    ops::matmul_forward(x.data<float>(), weight->value.data<float>(),
-                        bias && add_bias ? bias->value.data<float>() : nullptr, rows(x),
-                        in_features(), out_features(), y.data<float>());
+    Tensor y = be->empty(with_last(x, out_features()));
+    be->matmul_forward(x.data<float>(), weight->value.data<float>(),
+                       bias && add_bias ? bias->value.data<float>() : nullptr, rows(x),
+                       in_features(), out_features(), y.data<float>());
     return y;
 }
 
 void Linear::add_bias_to(Tensor& y) const {
     if (!bias) return;
-    int64_t OC = out_features(), N = rows(y);
-    const float* b = bias->value.data<float>();
-    float* out = y.data<float>();
-    for (int64_t n = 0; n < N; ++n)
-        for (int64_t o = 0; o < OC; ++o) out[n * OC + o] += b[o];
+    be->add_rows(bias->value.data<float>(), rows(y), out_features(), y.data<float>());
 }
 
 Tensor Linear::backward_input(const Tensor& dy) const {
-    Tensor dx = Tensor::zeros(with_last(dy, in_features()));
-    ops::matmul_backward_input(dy.data<float>(), weight->value.data<float>(), rows(dy),
-                               in_features(), out_features(), dx.data<float>());
+    Tensor dx = be->zeros(with_last(dy, in_features()));
+    be->matmul_backward_input(dy.data<float>(), weight->value.data<float>(), rows(dy),
+                              in_features(), out_features(), dx.data<float>());
     return dx;
 }
 
 void Linear::backward_weight(const Tensor& dy, const Tensor& x) const {
-    ops::matmul_backward_weight(dy.data<float>(), x.data<float>(), rows(x), in_features(),
-                                out_features(), weight->grad.data<float>(),
-                                bias ? bias->grad.data<float>() : nullptr);
+    be->matmul_backward_weight(dy.data<float>(), x.data<float>(), rows(x), in_features(),
+                               out_features(), weight->grad.data<float>(),
+                               bias ? bias->grad.data<float>() : nullptr);
 }
 
 Linear make_linear(UnitContext& ctx, const std::string& name, int64_t in, int64_t out, bool bias,
                    double std, const Shard& shard) {
     Linear l;
+    l.be = &ctx.device();
     l.weight =
         &ctx.params.add(name + ".weight", {out, in}, Init::normal(std), true, ctx.seed, shard);
     if (bias)
@@ -69,36 +66,36 @@ namespace {
 class NormUnit : public Named {
   public:
     NormUnit(const LayerSpec& l, UnitContext& ctx)
-        : Named(l.name), rms_(l.kind == LayerKind::rms_norm), eps_(l.eps) {
+        : Named(l.name, ctx.device()), rms_(l.kind == LayerKind::rms_norm), eps_(l.eps) {
         weight_ = &ctx.params.add(l.name + ".weight", {l.width}, Init::ones(), false, ctx.seed);
         if (!rms_ && l.bias)
             bias_ = &ctx.params.add(l.name + ".bias", {l.width}, Init::zeros(), false, ctx.seed);
     }
     Tensor forward(int64_t mb, const Tensor& x, const Batch&) override {
         int64_t N = rows(x), C = x.shape().back();
-        Tensor y(x.shape()), mean({N}), rstd({N});
+        Tensor y = be_.empty(x.shape()), mean = be_.empty({N}), rstd = be_.empty({N});
         if (rms_)
-            ops::rmsnorm_forward(x.data<float>(), weight_->value.data<float>(), N, C, eps_,
-                                 y.data<float>(), rstd.data<float>());
+            be_.rmsnorm_forward(x.data<float>(), weight_->value.data<float>(), N, C, eps_,
+                                y.data<float>(), rstd.data<float>());
         else
-            ops::layernorm_forward(x.data<float>(), weight_->value.data<float>(),
-                                   bias_ ? bias_->value.data<float>() : nullptr, N, C, eps_,
-                                   y.data<float>(), mean.data<float>(), rstd.data<float>());
+            be_.layernorm_forward(x.data<float>(), weight_->value.data<float>(),
+                                  bias_ ? bias_->value.data<float>() : nullptr, N, C, eps_,
+                                  y.data<float>(), mean.data<float>(), rstd.data<float>());
         saved_[mb] = {x, mean, rstd, {}};
         return y;
     }
     Tensor backward_input(int64_t mb, const Tensor& dy) override {
         Saved& s = saved_.at(mb);
         int64_t N = rows(s.x), C = s.x.shape().back();
-        Tensor dx = Tensor::zeros(s.x.shape());
+        Tensor dx = be_.zeros(s.x.shape());
         if (rms_)
-            ops::rmsnorm_backward_input(dy.data<float>(), s.x.data<float>(),
-                                        weight_->value.data<float>(), s.rstd.data<float>(), N, C,
-                                        dx.data<float>());
+            be_.rmsnorm_backward_input(dy.data<float>(), s.x.data<float>(),
+                                       weight_->value.data<float>(), s.rstd.data<float>(), N, C,
+                                       dx.data<float>());
         else
-            ops::layernorm_backward_input(dy.data<float>(), s.x.data<float>(),
-                                          weight_->value.data<float>(), s.mean.data<float>(),
-                                          s.rstd.data<float>(), N, C, dx.data<float>());
+            be_.layernorm_backward_input(dy.data<float>(), s.x.data<float>(),
+                                         weight_->value.data<float>(), s.mean.data<float>(),
+                                         s.rstd.data<float>(), N, C, dx.data<float>());
         s.dy = dy;
         return dx;
     }
@@ -106,10 +103,10 @@ class NormUnit : public Named {
         Saved s = take(saved_, mb, "norm");
         int64_t N = rows(s.x), C = s.x.shape().back();
         if (rms_)
-            ops::rmsnorm_backward_weight(s.dy.data<float>(), s.x.data<float>(),
-                                         s.rstd.data<float>(), N, C, weight_->grad.data<float>());
+            be_.rmsnorm_backward_weight(s.dy.data<float>(), s.x.data<float>(), s.rstd.data<float>(),
+                                        N, C, weight_->grad.data<float>());
         else
-            ops::layernorm_backward_weight(
+            be_.layernorm_backward_weight(
                 s.dy.data<float>(), s.x.data<float>(), s.mean.data<float>(), s.rstd.data<float>(),
                 N, C, weight_->grad.data<float>(), bias_ ? bias_->grad.data<float>() : nullptr);
     }
@@ -132,7 +129,7 @@ class NormUnit : public Named {
 class AttentionUnit : public Named {
   public:
     AttentionUnit(const LayerSpec& l, UnitContext& ctx)
-        : Named(l.name), tp_(ctx, l.shard == ShardDim::heads), D_(l.head_dim),
+        : Named(l.name, ctx.device()), tp_(ctx, l.shard == ShardDim::heads), D_(l.head_dim),
           theta_(ctx.rotary_theta) {
         auto [h0, h1] = tp_.part(l.heads);
         auto [k0, k1] = tp_.part(l.kv_heads);
@@ -155,15 +152,16 @@ class AttentionUnit : public Named {
     Tensor forward(int64_t mb, const Tensor& x, const Batch&) override {
         int64_t B = x.dim(0), T = x.dim(1);
         Tensor qkv = qkv_.forward(x);
-        Tensor q({B, T, H_, D_}), k({B, T, KV_, D_}), v({B, T, KV_, D_});
+        Tensor q = be_.empty({B, T, H_, D_}), k = be_.empty({B, T, KV_, D_}),
+               v = be_.empty({B, T, KV_, D_});
         split(qkv, q, k, v);
         if (theta_ > 0) {
-            ops::rope_forward(q.data<float>(), B, T, H_, D_, theta_, 0, q.data<float>());
-            ops::rope_forward(k.data<float>(), B, T, KV_, D_, theta_, 0, k.data<float>());
+            be_.rope_forward(q.data<float>(), B, T, H_, D_, theta_, 0, q.data<float>());
+            be_.rope_forward(k.data<float>(), B, T, KV_, D_, theta_, 0, k.data<float>());
         }
-        Tensor a({B, T, H_ * D_}), lse({B, H_, T});
-        ops::attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), B, T, H_, KV_, D_,
-                               a.data<float>(), lse.data<float>());
+        Tensor a = be_.empty({B, T, H_ * D_}), lse = be_.empty({B, H_, T});
+        be_.attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), B, T, H_, KV_, D_,
+                              a.data<float>(), lse.data<float>());
         saved_[mb] = {x, q, k, v, a, lse, {}, {}};
         return out_.forward_row_parallel(a, tp_);
     }
@@ -172,16 +170,16 @@ class AttentionUnit : public Named {
         Saved& s = saved_.at(mb);
         int64_t B = s.x.dim(0), T = s.x.dim(1);
         Tensor da = out_.backward_input(dy);
-        Tensor dq = Tensor::zeros(s.q.shape()), dk = Tensor::zeros(s.k.shape()),
-               dv = Tensor::zeros(s.v.shape());
-        ops::attention_backward(da.data<float>(), s.q.data<float>(), s.k.data<float>(),
-                                s.v.data<float>(), s.a.data<float>(), s.lse.data<float>(), B, T, H_,
-                                KV_, D_, dq.data<float>(), dk.data<float>(), dv.data<float>());
-        Tensor dqkv({B, T, (H_ + 2 * KV_) * D_});
+        Tensor dq = be_.zeros(s.q.shape()), dk = be_.zeros(s.k.shape()),
+               dv = be_.zeros(s.v.shape());
+        be_.attention_backward(da.data<float>(), s.q.data<float>(), s.k.data<float>(),
+                               s.v.data<float>(), s.a.data<float>(), s.lse.data<float>(), B, T, H_,
+                               KV_, D_, dq.data<float>(), dk.data<float>(), dv.data<float>());
+        Tensor dqkv = be_.empty({B, T, (H_ + 2 * KV_) * D_});
         if (theta_ > 0) {
-            Tensor rq = Tensor::zeros(dq.shape()), rk = Tensor::zeros(dk.shape());
-            ops::rope_backward(dq.data<float>(), B, T, H_, D_, theta_, 0, rq.data<float>());
-            ops::rope_backward(dk.data<float>(), B, T, KV_, D_, theta_, 0, rk.data<float>());
+            Tensor rq = be_.zeros(dq.shape()), rk = be_.zeros(dk.shape());
+            be_.rope_backward(dq.data<float>(), B, T, H_, D_, theta_, 0, rq.data<float>());
+            be_.rope_backward(dk.data<float>(), B, T, KV_, D_, theta_, 0, rk.data<float>());
             dq = rq;
             dk = rk;
         }
@@ -202,6 +200,7 @@ class AttentionUnit : public Named {
     void discard(int64_t mb) override { saved_.erase(mb); }
 
     Tensor infer(const Tensor& x, const Batch&, const InferContext& ctx) override {
+        check_host("attention with a key/value cache");
         int64_t B = x.dim(0), T = x.dim(1);
         Tensor qkv = qkv_.forward(x);
         Tensor q({B, T, H_, D_}), k({B, T, KV_, D_}), v({B, T, KV_, D_});
@@ -219,8 +218,8 @@ class AttentionUnit : public Named {
                 int64_t p0 = ctx.pos0 - ctx.start(b);
                 float* qb = q.data<float>() + b * T * row_q;
                 float* kb = k.data<float>() + b * T * row_kv;
-                ops::rope_forward(qb, 1, T, H_, D_, theta_, p0, qb);
-                ops::rope_forward(kb, 1, T, KV_, D_, theta_, p0, kb);
+                be_.rope_forward(qb, 1, T, H_, D_, theta_, p0, qb);
+                be_.rope_forward(kb, 1, T, KV_, D_, theta_, p0, kb);
             }
             auto& K = cache.keys[static_cast<size_t>(b)];
             auto& V = cache.values[static_cast<size_t>(b)];
@@ -280,24 +279,16 @@ class AttentionUnit : public Named {
     void split(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) const {
         int64_t n = rows(qkv), row = (H_ + 2 * KV_) * D_;
         const float* src = qkv.data<float>();
-        for (int64_t i = 0; i < n; ++i) {
-            std::memcpy(q.data<float>() + i * H_ * D_, src + i * row, H_ * D_ * sizeof(float));
-            std::memcpy(k.data<float>() + i * KV_ * D_, src + i * row + H_ * D_,
-                        KV_ * D_ * sizeof(float));
-            std::memcpy(v.data<float>() + i * KV_ * D_, src + i * row + (H_ + KV_) * D_,
-                        KV_ * D_ * sizeof(float));
-        }
+        be_.copy_block(src, row, q.data<float>(), H_ * D_, n, H_ * D_);
+        be_.copy_block(src + H_ * D_, row, k.data<float>(), KV_ * D_, n, KV_ * D_);
+        be_.copy_block(src + (H_ + KV_) * D_, row, v.data<float>(), KV_ * D_, n, KV_ * D_);
     }
     void join(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& qkv) const {
         int64_t n = rows(qkv), row = (H_ + 2 * KV_) * D_;
         float* dst = qkv.data<float>();
-        for (int64_t i = 0; i < n; ++i) {
-            std::memcpy(dst + i * row, q.data<float>() + i * H_ * D_, H_ * D_ * sizeof(float));
-            std::memcpy(dst + i * row + H_ * D_, k.data<float>() + i * KV_ * D_,
-                        KV_ * D_ * sizeof(float));
-            std::memcpy(dst + i * row + (H_ + KV_) * D_, v.data<float>() + i * KV_ * D_,
-                        KV_ * D_ * sizeof(float));
-        }
+        be_.copy_block(q.data<float>(), H_ * D_, dst, row, n, H_ * D_);
+        be_.copy_block(k.data<float>(), KV_ * D_, dst + H_ * D_, row, n, KV_ * D_);
+        be_.copy_block(v.data<float>(), KV_ * D_, dst + (H_ + KV_) * D_, row, n, KV_ * D_);
     }
 
     struct Saved {
@@ -315,7 +306,7 @@ class AttentionUnit : public Named {
 class MlpUnit : public Named {
   public:
     MlpUnit(const LayerSpec& l, UnitContext& ctx)
-        : Named(l.name), tp_(ctx, l.shard == ShardDim::hidden), act_(l.activation) {
+        : Named(l.name, ctx.device()), tp_(ctx, l.shard == ShardDim::hidden), act_(l.activation) {
         auto [h0, h1] = tp_.part(l.hidden);
         hidden_ = h1 - h0;
         bool glu = act_ == Activation::swiglu;
@@ -334,13 +325,12 @@ class MlpUnit : public Named {
 
     Tensor forward(int64_t mb, const Tensor& x, const Batch&) override {
         Tensor h = fc_.forward(x);
-        Tensor g(with_last(x, hidden_));
+        Tensor g = be_.empty(with_last(x, hidden_));
         Tensor th;
         if (act_ == Activation::gelu_tanh) {
             // GPT-2's GELU keeps its tanh values: the backward then needs no tanh of its own.
-            th = Tensor(h.shape());
-            ops::gelu_forward_keeping(h.data<float>(), h.numel(), g.data<float>(),
-                                      th.data<float>());
+            th = be_.empty(h.shape());
+            be_.gelu_forward_keeping(h.data<float>(), h.numel(), g.data<float>(), th.data<float>());
         } else {
             activate(h, g);
         }
@@ -352,16 +342,15 @@ class MlpUnit : public Named {
         Saved& s = saved_.at(mb);
         Tensor dg = proj_.backward_input(dy);
         // Written whole by GELU's backward; the others accumulate into zeros.
-        Tensor dh =
-            act_ == Activation::gelu_tanh ? Tensor(s.h.shape()) : Tensor::zeros(s.h.shape());
+        Tensor dh = act_ == Activation::gelu_tanh ? be_.empty(s.h.shape()) : be_.zeros(s.h.shape());
         int64_t N = rows(s.h);
         switch (act_) {
         case Activation::swiglu:
-            ops::swiglu_backward(s.h.data<float>(), dg.data<float>(), N, hidden_, dh.data<float>());
+            be_.swiglu_backward(s.h.data<float>(), dg.data<float>(), N, hidden_, dh.data<float>());
             break;
         case Activation::gelu_tanh:
-            ops::gelu_backward_kept(s.h.data<float>(), s.th.data<float>(), dg.data<float>(),
-                                    s.h.numel(), dh.data<float>());
+            be_.gelu_backward_kept(s.h.data<float>(), s.th.data<float>(), dg.data<float>(),
+                                   s.h.numel(), dh.data<float>());
             s.th = Tensor(); // no longer needed
             break;
         case Activation::gelu:
@@ -388,30 +377,17 @@ class MlpUnit : public Named {
         float* out = g.data<float>();
         int64_t n = h.numel();
         switch (act_) {
-        case Activation::swiglu: ops::swiglu_forward(in, rows(h), hidden_, out); break;
-        case Activation::gelu_tanh: ops::gelu_forward(in, n, out); break;
-        case Activation::gelu:
-            for (int64_t i = 0; i < n; ++i)
-                out[i] = 0.5f * in[i] * (1.0f + std::erf(in[i] * 0.70710678f));
-            break;
-        case Activation::relu:
-            for (int64_t i = 0; i < n; ++i) out[i] = in[i] > 0 ? in[i] : 0.0f;
-            break;
+        case Activation::swiglu: be_.swiglu_forward(in, rows(h), hidden_, out); break;
+        case Activation::gelu_tanh: be_.gelu_forward(in, n, out); break;
+        case Activation::gelu: be_.gelu_erf_forward(in, n, out); break;
+        case Activation::relu: be_.relu_forward(in, n, out); break;
         }
     }
     void activation_backward(const Tensor& h, const Tensor& dg, Tensor& dh) const {
-        const float* x = h.data<float>();
-        const float* g = dg.data<float>();
-        float* d = dh.data<float>();
-        for (int64_t i = 0; i < h.numel(); ++i) {
-            if (act_ == Activation::relu) {
-                d[i] += x[i] > 0 ? g[i] : 0.0f;
-            } else {
-                float cdf = 0.5f * (1.0f + std::erf(x[i] * 0.70710678f));
-                float pdf = 0.39894228f * std::exp(-0.5f * x[i] * x[i]);
-                d[i] += g[i] * (cdf + x[i] * pdf);
-            }
-        }
+        if (act_ == Activation::relu)
+            be_.relu_backward(h.data<float>(), dg.data<float>(), h.numel(), dh.data<float>());
+        else
+            be_.gelu_erf_backward(h.data<float>(), dg.data<float>(), h.numel(), dh.data<float>());
     }
 
     struct Saved {

@@ -15,7 +15,10 @@ namespace dist::models::detail {
 
 namespace {
 
+// Tokens on a device were checked on the host before they were copied there (the runtime
+// copies only batches of its data, whose tokens the loader checked against the vocabulary).
 void check_tokens(const Tensor& tokens, int64_t vocab, const char* what) {
+    if (tokens.device().kind != kernels::Device::Kind::cpu) return;
     const int32_t* tok = tokens.data<int32_t>();
     for (int64_t i = 0; i < tokens.numel(); ++i)
         if (tok[i] < 0 || tok[i] >= vocab)
@@ -26,7 +29,7 @@ void check_tokens(const Tensor& tokens, int64_t vocab, const char* what) {
 class EmbeddingUnit : public Named {
   public:
     EmbeddingUnit(const LayerSpec& l, UnitContext& ctx)
-        : Named(l.name), tp_(ctx, l.shard == ShardDim::vocab), vocab_(l.vocab) {
+        : Named(l.name, ctx.device()), tp_(ctx, l.shard == ShardDim::vocab), vocab_(l.vocab) {
         auto [begin, end] = tp_.part(l.vocab);
         begin_ = begin;
         rows_ = end - begin;
@@ -39,18 +42,11 @@ class EmbeddingUnit : public Named {
         int64_t C = weight_->value.dim(1), N = tokens.numel();
         const int32_t* tok = tokens.data<int32_t>();
         const float* table = weight_->value.data<float>();
-        Tensor y({tokens.dim(0), tokens.dim(1), C});
+        Tensor y = be_.empty({tokens.dim(0), tokens.dim(1), C});
         if (!tp_.split) {
-            ops::embedding_forward(tok, table, N, C, y.data<float>());
+            be_.embedding_forward(tok, table, N, C, y.data<float>());
         } else {
-            float* out = y.data<float>();
-            for (int64_t i = 0; i < N; ++i) {
-                int64_t row = tok[i] - begin_;
-                if (row >= 0 && row < rows_)
-                    std::memcpy(out + i * C, table + row * C, static_cast<size_t>(C) * 4);
-                else
-                    std::memset(out + i * C, 0, static_cast<size_t>(C) * 4);
-            }
+            be_.embedding_forward_part(tok, table, N, C, begin_, rows_, y.data<float>());
             tp_.all_reduce(y);
         }
         saved_[mb].tokens = tokens;
@@ -64,17 +60,11 @@ class EmbeddingUnit : public Named {
         Saved s = take(saved_, mb, "embedding");
         int64_t C = weight_->value.dim(1), N = s.tokens.numel();
         const int32_t* tok = s.tokens.data<int32_t>();
-        float* grad = weight_->grad.data<float>();
-        if (!tp_.split) {
-            ops::embedding_backward(tok, s.dy.data<float>(), N, C, grad);
-            return;
-        }
-        const float* dy = s.dy.data<float>();
-        for (int64_t i = 0; i < N; ++i) {
-            int64_t row = tok[i] - begin_;
-            if (row < 0 || row >= rows_) continue;
-            for (int64_t c = 0; c < C; ++c) grad[row * C + c] += dy[i * C + c];
-        }
+        if (!tp_.split)
+            be_.embedding_backward(tok, s.dy.data<float>(), N, C, weight_->grad.data<float>());
+        else
+            be_.embedding_backward_part(tok, s.dy.data<float>(), N, C, begin_, rows_,
+                                        weight_->grad.data<float>());
     }
 
     void discard(int64_t mb) override { saved_.erase(mb); }
@@ -91,7 +81,7 @@ class EmbeddingUnit : public Named {
 
 class PositionUnit : public Named {
   public:
-    PositionUnit(const LayerSpec& l, UnitContext& ctx) : Named(l.name) {
+    PositionUnit(const LayerSpec& l, UnitContext& ctx) : Named(l.name, ctx.device()) {
         weight_ = &ctx.params.add(l.name + ".weight", {l.context, l.width}, Init::normal(0.02),
                                   true, ctx.seed);
     }
@@ -101,8 +91,8 @@ class PositionUnit : public Named {
                                     " tokens is longer than the context of " +
                                     std::to_string(weight_->value.dim(0)));
         Tensor y = x.clone();
-        ops::positions_forward(weight_->value.data<float>(), x.dim(0), x.dim(1), x.dim(2),
-                               y.data<float>());
+        be_.positions_forward(weight_->value.data<float>(), x.dim(0), x.dim(1), x.dim(2),
+                              y.data<float>());
         return y;
     }
     Tensor backward_input(int64_t mb, const Tensor& dy) override {
@@ -110,6 +100,7 @@ class PositionUnit : public Named {
         return dy;
     }
     Tensor infer(const Tensor& x, const Batch&, const InferContext& ctx) override {
+        check_host("positions of a generation");
         int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2), context = weight_->value.dim(0);
         Tensor y = x.clone();
         const float* wpe = weight_->value.data<float>();
@@ -128,8 +119,8 @@ class PositionUnit : public Named {
     }
     void backward_weight(int64_t mb) override {
         Tensor dy = take(saved_, mb, "positions");
-        ops::positions_backward(dy.data<float>(), dy.dim(0), dy.dim(1), dy.dim(2),
-                                weight_->grad.data<float>());
+        be_.positions_backward(dy.data<float>(), dy.dim(0), dy.dim(1), dy.dim(2),
+                               weight_->grad.data<float>());
     }
 
     void discard(int64_t mb) override { saved_.erase(mb); }
@@ -141,12 +132,13 @@ class PositionUnit : public Named {
 
 class HeadUnit : public Named {
   public:
-    HeadUnit(const LayerSpec& l, UnitContext& ctx) : Named(l.name), tp_(ctx, false) {
+    HeadUnit(const LayerSpec& l, UnitContext& ctx) : Named(l.name, ctx.device()), tp_(ctx, false) {
         Shard shard;
         if (l.tied) {
             if (!ctx.embedding) throw std::logic_error("tied head without an embedding");
             // A tied head is split exactly as the embedding it shares.
             head_.weight = ctx.embedding;
+            head_.be = &ctx.device();
             shard = ctx.embedding->shard;
             tp_.split = !shard.whole();
         } else {
@@ -155,6 +147,7 @@ class HeadUnit : public Named {
             if (tp_.split) shard = Shard::range(0, begin, end);
             head_.weight = &ctx.params.add(l.name + ".weight", {l.vocab, l.width},
                                            Init::normal(0.02), true, ctx.seed, shard);
+            head_.be = &ctx.device();
         }
         if (l.bias)
             head_.bias =
@@ -192,41 +185,34 @@ class HeadUnit : public Named {
 class LossUnit : public Named {
   public:
     LossUnit(const LayerSpec& l, const UnitContext& ctx)
-        : Named(l.name), tp_(ctx, ctx.logits_size != ctx.logits_vocab), vocab_(ctx.logits_vocab),
-          begin_(ctx.logits_begin) {}
+        : Named(l.name, ctx.device()), tp_(ctx, ctx.logits_size != ctx.logits_vocab),
+          vocab_(ctx.logits_vocab), begin_(ctx.logits_begin) {}
 
     Tensor forward(int64_t mb, const Tensor& logits, const Batch& batch) override {
         int64_t B = logits.dim(0), T = logits.dim(1), V = logits.dim(2);
-        Tensor losses({B, T}), lse({B * T});
+        Tensor losses = be_.empty({B, T}), lse = be_.empty({B * T});
         check_tokens(batch.targets, tp_.split ? vocab_ : V, "target token");
         const int32_t* tgt = batch.targets.data<int32_t>();
         if (tp_.split)
             split_forward(logits, tgt, losses, lse);
         else
-            ops::cross_entropy_forward(logits.data<float>(), tgt, B * T, V, losses.data<float>(),
-                                       lse.data<float>());
+            be_.cross_entropy_forward(logits.data<float>(), tgt, B * T, V, losses.data<float>(),
+                                      lse.data<float>());
         saved_[mb] = {logits, lse, batch.targets};
         return losses;
     }
     Tensor backward_input(int64_t mb, const Tensor& dlosses) override {
         Saved s = take(saved_, mb, "cross_entropy");
         int64_t N = rows(s.logits), V = s.logits.dim(2);
-        Tensor dlogits(s.logits.shape());
+        Tensor dlogits = be_.empty(s.logits.shape());
         const int32_t* tgt = s.targets.data<int32_t>();
         if (!tp_.split) {
-            ops::cross_entropy_backward(s.logits.data<float>(), tgt, s.lse.data<float>(),
-                                        dlosses.data<float>(), N, V, dlogits.data<float>());
+            be_.cross_entropy_backward(s.logits.data<float>(), tgt, s.lse.data<float>(),
+                                       dlosses.data<float>(), N, V, dlogits.data<float>());
             return dlogits;
         }
-        const float* x = s.logits.data<float>();
-        const float* lse = s.lse.data<float>();
-        const float* dl = dlosses.data<float>();
-        float* d = dlogits.data<float>();
-        for (int64_t n = 0; n < N; ++n) {
-            for (int64_t j = 0; j < V; ++j) d[n * V + j] = dl[n] * std::exp(x[n * V + j] - lse[n]);
-            int64_t t = tgt[n] - begin_;
-            if (t >= 0 && t < V) d[n * V + t] -= dl[n];
-        }
+        be_.cross_entropy_part_backward(s.logits.data<float>(), tgt, s.lse.data<float>(),
+                                        dlosses.data<float>(), N, V, begin_, dlogits.data<float>());
         return dlogits;
     }
     void backward_weight(int64_t) override {}
@@ -240,27 +226,14 @@ class LossUnit : public Named {
                        Tensor& lse) const {
         int64_t N = rows(logits), V = logits.dim(2);
         const float* x = logits.data<float>();
-        Tensor row_max({N}), sums({2 * N});
-        float* mx = row_max.data<float>();
-        for (int64_t n = 0; n < N; ++n) {
-            float m = x[n * V];
-            for (int64_t j = 1; j < V; ++j) m = std::max(m, x[n * V + j]);
-            mx[n] = m;
-        }
+        Tensor row_max = be_.empty({N}), sums = be_.empty({2 * N});
+        be_.row_max(x, N, V, row_max.data<float>());
         tp_.all_reduce(row_max, transport::ReduceOp::max);
-        float* s = sums.data<float>();
-        for (int64_t n = 0; n < N; ++n) {
-            float e = 0.0f;
-            for (int64_t j = 0; j < V; ++j) e += std::exp(x[n * V + j] - mx[n]);
-            s[n] = e;
-            int64_t t = tgt[n] - begin_;
-            s[N + n] = t >= 0 && t < V ? x[n * V + t] : 0.0f;
-        }
+        be_.cross_entropy_part_sums(x, tgt, row_max.data<float>(), N, V, begin_,
+                                    sums.data<float>());
         tp_.all_reduce(sums);
-        for (int64_t n = 0; n < N; ++n) {
-            lse.data<float>()[n] = mx[n] + std::log(s[n]);
-            losses.data<float>()[n] = lse.data<float>()[n] - s[N + n];
-        }
+        be_.cross_entropy_part_finish(row_max.data<float>(), sums.data<float>(), N,
+                                      lse.data<float>(), losses.data<float>());
     }
 
     struct Saved {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check.sh: the CUDA kernels on a GPU: build with CUDA for sm_90 (H100 / H200), run the CUDA
-# tests (every op against the CPU op), the NCCL tests and the GPU benchmarks side by side with
+# tests (every op against the CPU op), the NCCL tests, the runtime training on GPU ranks against
+# the CPU (runtime_tests' GPU suites), and the GPU benchmarks side by side with
 # PyTorch on the same shapes, and print a short table last. Meant to run within a few minutes:
 # a lent GPU machine is held for minutes, not hours.
 #
@@ -13,7 +14,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=build-gpu
-programs="cuda_tests cuda_bench nccl_tests kernel_tests kernels_bench"
+programs="cuda_tests cuda_bench nccl_tests kernel_tests kernels_bench runtime_tests"
 
 build_here() {
     mkdir -p "$build"
@@ -85,6 +86,10 @@ fi
 timeout 120 "$bin/nccl_tests" --gtest_brief=1 > "$logs/nccl_tests.log" 2>&1 || status=1
 tail -3 "$logs/nccl_tests.log"
 timeout 300 "$bin/kernel_tests" --gtest_brief=1 > "$logs/kernel_tests.log" 2>&1 || status=1
+# The runtime's GPU path: ranks on the GPU train as the CPU does (its stdlib from this tree).
+DIST_SOURCE_DIR=$PWD timeout 300 "$bin/runtime_tests" --gtest_brief=1 --gtest_filter='Devices.*:Meshes/GpuEquivalence.*' \
+    > "$logs/runtime_tests.log" 2>&1 || status=1
+grep -E '^\[  FAILED|Failure' "$logs/runtime_tests.log" | head -20
 timeout 300 "$bin/cuda_bench" --benchmark_min_time=0.2 --benchmark_out="$logs/cuda_bench.json" \
     --benchmark_out_format=json > "$logs/cuda_bench.log" 2>&1 || status=1
 grep -E 'ERROR OCCURRED' "$logs/cuda_bench.log" | head -3
@@ -95,7 +100,7 @@ timeout 120 "$bin/kernels_bench" --benchmark_min_time=0.2 \
 echo
 echo "| check | result |"
 echo "| --- | --- |"
-for t in cuda_tests nccl_tests kernel_tests; do
+for t in cuda_tests nccl_tests kernel_tests runtime_tests; do
     echo "| $t | $(grep -hE '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$t.log" | tr '\n' ' ') |"
 done
 grep -E '^BM_' "$logs/kernels_bench.log" | awk '{printf "| CPU %s | %s %s |\n", $1, $2, $3}'

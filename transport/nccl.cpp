@@ -32,13 +32,14 @@ std::string where(const char* file, int line) {
 
 class NcclCollectives final : public Collectives {
   public:
-    NcclCollectives(ncclComm_t comm, cudaStream_t stream, int device, int rank, int size,
-                    std::string name)
-        : comm_(comm), stream_(stream), device_(device), rank_(rank), size_(size),
+    NcclCollectives(ncclComm_t comm, cudaStream_t stream, cudaEvent_t ready, int device, int rank,
+                    int size, std::string name)
+        : comm_(comm), stream_(stream), ready_(ready), device_(device), rank_(rank), size_(size),
           name_(std::move(name)) {}
     ~NcclCollectives() override {
         cudaSetDevice(device_);
         ncclCommDestroy(comm_);
+        cudaEventDestroy(ready_);
         cudaStreamDestroy(stream_);
     }
 
@@ -77,6 +78,10 @@ class NcclCollectives final : public Collectives {
     template <typename F> void run(const char* call, F&& f) {
         try {
             DIST_CUDA_CHECK(cudaSetDevice(device_));
+            // The data was written by kernels on the device's default stream, with which this
+            // non-blocking stream does not synchronise by itself: wait for what is queued there.
+            DIST_CUDA_CHECK(cudaEventRecord(ready_, cudaStreamLegacy));
+            DIST_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
             f();
             DIST_CUDA_CHECK(cudaStreamSynchronize(stream_));
             ncclResult_t async = ncclSuccess;
@@ -90,6 +95,7 @@ class NcclCollectives final : public Collectives {
 
     ncclComm_t comm_;
     cudaStream_t stream_;
+    cudaEvent_t ready_;
     int device_, rank_, size_;
     std::string name_;
 };
@@ -121,7 +127,9 @@ std::unique_ptr<Collectives> make_nccl_collectives(KeyValueStore& store, const s
         DIST_NCCL_CHECK(ncclCommInitRank(&comm, size, id, rank));
         cudaStream_t stream;
         DIST_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        return std::make_unique<NcclCollectives>(comm, stream, device, rank, size, prefix);
+        cudaEvent_t ready;
+        DIST_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+        return std::make_unique<NcclCollectives>(comm, stream, ready, device, rank, size, prefix);
     } catch (const std::exception& e) {
         throw CollectiveError(prefix + ": rank " + std::to_string(rank) + " of " +
                               std::to_string(size) + " on cuda:" + std::to_string(device) +

@@ -2,9 +2,10 @@
 //
 // The data pointers given to the Collectives calls are device memory on the member's GPU.
 // Members meet through a KeyValueStore: rank 0 creates NCCL's unique id and publishes it under
-// the group's prefix; the others read it. Each call runs on the member's own CUDA stream and
-// returns when the result is in place (the interface is blocking). Compiled only where CUDA
-// and NCCL are found (DIST_HAVE_NCCL); no CUDA or NCCL type crosses this header.
+// the group's prefix; the others read it. Each call runs on the member's own CUDA stream, after
+// the work already queued on the device's default stream (where the kernels that wrote the
+// data run), and returns when the result is in place (the interface is blocking). Compiled only
+// where CUDA and NCCL are found (DIST_HAVE_NCCL); no CUDA or NCCL type crosses this header.
 #pragma once
 
 #include "transport/collectives.hpp"

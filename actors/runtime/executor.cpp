@@ -1,7 +1,6 @@
 // executor.cpp: running one rank's action list.
 #include "actors/runtime/executor.hpp"
 
-#include "kernels/cpu/ops.hpp"
 #include "models/trainer.hpp"
 
 #include <chrono>
@@ -14,7 +13,6 @@
 
 namespace dist::runtime {
 
-namespace ops = kernels::cpu;
 using kernels::Tensor;
 
 std::string RankFailure::str() const {
@@ -62,11 +60,12 @@ struct RankExecutor::StageState {
     std::map<int32_t, Tensor> inputs, outputs, grad_in, grad_out;
     std::map<int32_t, std::vector<int64_t>> loss_shape;
 
-    StageState(const plan::PlanStage& s, const Program& p, transport::Collectives* tp)
+    StageState(const plan::PlanStage& s, const Program& p, transport::Collectives* tp,
+               kernels::Backend& device)
         : info(s),
           stage(p.model,
                 models::StageSpan{s.first_block, s.first_block + s.blocks, s.embedding, s.head},
-                static_cast<uint64_t>(p.train.seed), p.schedule.recompute, tp) {}
+                static_cast<uint64_t>(p.train.seed), p.schedule.recompute, tp, &device) {}
 
     void clear() {
         inputs.clear();
@@ -84,8 +83,9 @@ struct RankExecutor::StageState {
 // share of a stage's gradients, flattened in parameter order.
 class RankExecutor::Reducer {
   public:
-    Reducer(transport::Collectives* dp, std::map<int32_t, std::unique_ptr<StageState>>& stages)
-        : dp_(dp), stages_(stages), thread_([this] { loop(); }) {}
+    Reducer(transport::Collectives* dp, std::map<int32_t, std::unique_ptr<StageState>>& stages,
+            kernels::Backend& device)
+        : dp_(dp), stages_(stages), device_(device), thread_([this] { loop(); }) {}
     ~Reducer() {
         {
             std::lock_guard lock(mutex_);
@@ -145,7 +145,8 @@ class RankExecutor::Reducer {
         for (const auto& p : params) total += p.grad.numel();
         auto k = static_cast<int64_t>(std::max<size_t>(1, s.info.buckets.size()));
         int64_t begin = total * bucket / k, end = total * (bucket + 1) / k;
-        buffer_.resize(static_cast<size_t>(end - begin));
+        if (buffer_.numel() != end - begin) buffer_ = device_.empty({end - begin});
+        float* buffer = buffer_.data<float>();
         // Pack the bucket's range of the flattened gradients, reduce, unpack averaged.
         auto walk = [&](auto&& visit) {
             int64_t offset = 0;
@@ -157,13 +158,13 @@ class RankExecutor::Reducer {
             }
         };
         walk([&](float* g, int64_t at, int64_t n) {
-            std::memcpy(buffer_.data() + at, g, static_cast<size_t>(n) * sizeof(float));
+            device_.copy_block(g, n, buffer + at, n, 1, n);
         });
-        dp_->all_reduce(buffer_.data(), static_cast<int64_t>(buffer_.size()),
-                        transport::ReduceOp::sum);
+        dp_->all_reduce(buffer, end - begin, transport::ReduceOp::sum);
         float inv = 1.0f / static_cast<float>(dp_->size());
         walk([&](float* g, int64_t at, int64_t n) {
-            for (int64_t i = 0; i < n; ++i) g[i] = buffer_[static_cast<size_t>(at + i)] * inv;
+            device_.copy_block(buffer + at, n, g, n, 1, n);
+            device_.scale(g, n, inv);
         });
     }
 
@@ -175,23 +176,25 @@ class RankExecutor::Reducer {
     bool busy_ = false;
     bool stop_ = false;
     std::exception_ptr error_;
-    std::vector<float> buffer_;
+    kernels::Backend& device_;
+    Tensor buffer_; // on the device
     std::thread thread_;
 };
 
 // ----- the executor ---------------------------------------------------------------------------
 
 RankExecutor::RankExecutor(const Program& program, const plan::Graph& graph, int32_t rank,
-                           RankComms comms)
+                           RankComms comms, kernels::Backend* device)
     : program_(program), graph_(graph), rank_(rank), me_(graph.ranks.at(static_cast<size_t>(rank))),
-      comms_(comms), tied_name_(tied_embedding(program.model)) {
+      comms_(comms), device_(device ? device : &kernels::cpu_backend()),
+      tied_name_(tied_embedding(program.model)) {
     for (const auto& a : me_.actions)
         if (plan::is_compute(a.kind) && !stages_.count(a.stage))
             stages_.emplace(
                 a.stage, std::make_unique<StageState>(graph.stages.at(static_cast<size_t>(a.stage)),
-                                                      program, comms.tp));
+                                                      program, comms.tp, *device_));
     if (comms_.dp && comms_.dp->size() > 1)
-        reducer_ = std::make_unique<Reducer>(comms_.dp, stages_);
+        reducer_ = std::make_unique<Reducer>(comms_.dp, stages_, *device_);
     int64_t rows = program.train.batch / graph.dp;
     microbatch_rows_ = rows / graph.microbatches;
     if (microbatch_rows_ * graph.microbatches * graph.dp != program.train.batch)
@@ -250,6 +253,9 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
             finish_step(step, result);
         else
             execute(a, step, result);
+        // An action's time is the device's: its kernels have run when it is over (a GPU queues
+        // them), so the trace and the measured bubble show the work, not its launch.
+        device_->synchronize();
         result.timings.push_back({i, since(t0), since(clock::now())});
         ++progress_;
     }
@@ -281,15 +287,15 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
         size_t bytes = mb_tokens.bytes();
         std::memcpy(mb_tokens.raw(), tokens_.data<int32_t>() + mb * mb_tokens.numel(), bytes);
         std::memcpy(mb_targets.raw(), targets_.data<int32_t>() + mb * mb_targets.numel(), bytes);
-        models::Batch batch{mb_tokens, mb_targets};
+        kernels::Backend& dev = *device_;
+        models::Batch batch{dev.here(mb_tokens), dev.here(mb_targets)};
+        mb_tokens = batch.tokens;
         Tensor input = st.info.embedding          ? mb_tokens
                        : st.inputs.count(mb) != 0 ? take(st.inputs, mb, "input", s)
                                                   : take(state(s - 1).outputs, mb, "output", s - 1);
         Tensor out = st.stage.forward(mb, input, batch);
         if (st.info.head) {
-            double sum = 0.0;
-            const float* l = out.data<float>();
-            for (int64_t i = 0; i < out.numel(); ++i) sum += l[i];
+            double sum = dev.sum(out.data<float>(), out.numel());
             if (me_.tp == 0) {
                 result.loss_sum += sum / static_cast<double>(out.numel());
                 ++result.loss_microbatches;
@@ -309,11 +315,10 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
             if (it == st.loss_shape.end())
                 throw std::logic_error("backward of microbatch " + std::to_string(mb) +
                                        " before its forward");
-            dy = Tensor(it->second);
+            dy = device_->empty(it->second);
             float w = static_cast<float>(1.0 / static_cast<double>(graph_.microbatches) /
                                          static_cast<double>(dy.numel()));
-            float* d = dy.data<float>();
-            for (int64_t i = 0; i < dy.numel(); ++i) d[i] = w;
+            device_->fill(dy.data<float>(), dy.numel(), w);
             st.loss_shape.erase(it);
         } else {
             dy = st.grad_in.count(mb) != 0
@@ -331,14 +336,16 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
                          take(state(s).outputs, mb, "output", s));
         break;
     case ActionKind::recv_forward:
-        state(s).inputs[mb] = comms_.p2p->recv(a.peer, {step, s - 1, mb, Direction::activation});
+        state(s).inputs[mb] =
+            device_->here(comms_.p2p->recv(a.peer, {step, s - 1, mb, Direction::activation}));
         break;
     case ActionKind::send_backward:
         comms_.p2p->send(a.peer, {step, s, mb, Direction::gradient},
                          take(state(s).grad_out, mb, "input gradient", s));
         break;
     case ActionKind::recv_backward:
-        state(s).grad_in[mb] = comms_.p2p->recv(a.peer, {step, s + 1, mb, Direction::gradient});
+        state(s).grad_in[mb] =
+            device_->here(comms_.p2p->recv(a.peer, {step, s + 1, mb, Direction::gradient}));
         break;
     case ActionKind::reduce_grad:
         if (reducer_) reducer_->enqueue(s, mb);
@@ -359,7 +366,9 @@ void RankExecutor::sum_tied_gradients() {
         // Embedding and head on this rank (a V-shaped schedule): sum the two locally.
         float* a = held[0]->grad.data<float>();
         float* b = held[1]->grad.data<float>();
-        for (int64_t i = 0; i < held[0]->grad.numel(); ++i) a[i] = b[i] = a[i] + b[i];
+        const int64_t n = held[0]->grad.numel();
+        device_->add(a, b, n, a);
+        device_->copy_block(a, n, b, n, 1, n);
         return;
     }
     if (!comms_.tied) return; // the head is not tied across ranks (one pipeline rank)
@@ -376,7 +385,7 @@ double RankExecutor::gradient_norm() {
             // replicated over the tensor-parallel ranks only on the first of them.
             if (std::find(copies.begin(), copies.end(), p.name) != copies.end()) continue;
             if (p.shard.whole() && me_.tp != 0) continue;
-            sq += ops::sum_squares(p.grad.data<float>(), p.grad.numel());
+            sq += device_->sum_squares(p.grad.data<float>(), p.grad.numel());
         }
     }
     if (comms_.model && comms_.model->size() > 1) {
@@ -397,7 +406,7 @@ void RankExecutor::finish_step(int64_t step, RankStepResult& result) {
     std::vector<models::Parameter*> params;
     for (auto& [i, s] : stages_)
         for (auto& p : s->stage.params().all()) params.push_back(&p);
-    result.lr = models::optimizer_step(program_.train, step, result.grad_norm, params);
+    result.lr = models::optimizer_step(program_.train, step, result.grad_norm, params, *device_);
 }
 
 } // namespace dist::runtime

@@ -64,8 +64,10 @@ struct RankFailure {
 
 class RankExecutor {
   public:
-    /// Builds the rank's stages (materialising exactly its parameters) from `program.train.seed`.
-    RankExecutor(const Program& program, const plan::Graph& graph, int32_t rank, RankComms comms);
+    /// Builds the rank's stages (materialising exactly its parameters) from `program.train.seed`,
+    /// on `device` (null: the CPU). Tensors received from other ranks are moved there.
+    RankExecutor(const Program& program, const plan::Graph& graph, int32_t rank, RankComms comms,
+                 kernels::Backend* device = nullptr);
     ~RankExecutor();
     RankExecutor(const RankExecutor&) = delete;
     RankExecutor& operator=(const RankExecutor&) = delete;
@@ -86,6 +88,7 @@ class RankExecutor {
     }
 
     int32_t rank() const { return rank_; }
+    kernels::Backend& device() const { return *device_; }
     const plan::PlanRank& plan_rank() const { return me_; }
     /// The stages this rank runs, by global stage index.
     std::map<int32_t, models::Stage*> stages();
@@ -104,6 +107,7 @@ class RankExecutor {
     int32_t rank_;
     plan::PlanRank me_;
     RankComms comms_;
+    kernels::Backend* device_;
     std::string tied_name_; // the embedding a tied head shares, or ""
     std::map<int32_t, std::unique_ptr<StageState>> stages_;
     std::unique_ptr<Reducer> reducer_;

@@ -2,6 +2,8 @@
 // the control plane between processes (CAF's middleman).
 #include "actors/runtime/job.hpp"
 
+#include "kernels/devices.hpp"
+
 #include <arpa/inet.h>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -813,13 +815,35 @@ std::vector<int32_t> process_of_ranks(int32_t ranks, int32_t processes) {
     return out;
 }
 
+std::vector<kernels::Device> place_ranks(const Program& program, const plan::Graph& graph,
+                                         const std::vector<int32_t>& process_of, int32_t process,
+                                         int32_t local_process) {
+    std::vector<kernels::Device> out(graph.ranks.size());
+    if (program.mesh.profile.name == "cpu") return out;
+    const int gpus = kernels::gpu_count();
+    if (gpus == 0)
+        throw std::runtime_error("the mesh is " + std::to_string(program.mesh.devices) + " " +
+                                 program.mesh.profile.name + " device(s), but " +
+                                 (kernels::built_with_cuda()
+                                      ? std::string("this machine has no GPU that CUDA can use")
+                                      : std::string("this build has no CUDA support")) +
+                                 "; --set 'mesh.devices=cpu' trains on this machine's cores");
+    int64_t mine = std::count(process_of.begin(), process_of.end(), process), i = 0;
+    for (size_t r = 0; r < out.size(); ++r)
+        if (process_of.at(r) == process)
+            out[r] = {kernels::Device::Kind::cuda,
+                      static_cast<int>((local_process * mine + i++) % gpus)};
+    return out;
+}
+
 Job::Job(const Program& program, const plan::Graph& graph, const models::TokenData& data,
          CollectivesBackend backend)
     : program_(program), data_(data), net_(std::make_unique<Net>()) {
     configure(net_->cfg, false);
     net_->sys = std::make_unique<caf::actor_system>(net_->cfg);
     net_->process_of.assign(graph.ranks.size(), 0);
-    comms_ = std::make_unique<LocalComms>(graph, backend);
+    devices_ = place_ranks(program, graph, net_->process_of, 0, 0);
+    comms_ = std::make_unique<LocalComms>(graph, backend, std::chrono::minutes(5), devices_);
     build_executors(graph);
 }
 
@@ -843,6 +867,7 @@ Job::Job(const Program& program, const plan::Graph& graph, const models::TokenDa
             " is not on loopback: every process needs the job's token (DIST_JOB_TOKEN or "
             "DIST_JOB_TOKEN_FILE)");
     net.process_of = process_of_ranks(ranks, cluster.processes);
+    devices_ = place_ranks(program, graph, net.process_of, cluster.process, cluster.local_process);
     configure(net.cfg, true);
     net.sys = std::make_unique<caf::actor_system>(net.cfg);
     caf::actor_system& sys = *net.sys;
@@ -899,6 +924,7 @@ Job::Job(const Program& program, const plan::Graph& graph, const models::TokenDa
     layout.store = net.store.get();
     layout.gloo_host = address_towards(cluster.host, cluster.port);
     layout.ucx = cluster.ucx;
+    layout.devices = devices_;
     comms_ = std::make_unique<LocalComms>(graph, layout);
     build_executors(graph);
 }
@@ -906,8 +932,9 @@ Job::Job(const Program& program, const plan::Graph& graph, const models::TokenDa
 void Job::build_executors(const plan::Graph& graph) {
     for (const auto& r : graph.ranks)
         if (net_->process_of[static_cast<size_t>(r.rank)] == cluster_.process)
-            executors_.push_back(
-                std::make_unique<RankExecutor>(program_, graph, r.rank, comms_->for_rank(r.rank)));
+            executors_.push_back(std::make_unique<RankExecutor>(
+                program_, graph, r.rank, comms_->for_rank(r.rank),
+                &kernels::backend_for(devices_.at(static_cast<size_t>(r.rank)))));
     {
         std::lock_guard lock(net_->parts);
         for (auto& ex : executors_) net_->executors.push_back(ex.get());

@@ -48,8 +48,10 @@ struct StepReport {
 struct ClusterOptions {
     int32_t process = 0;
     int32_t processes = 1;
-    /// Processes of this job on this host (they share its cores).
+    /// Processes of this job on this host (they share its cores and GPUs), and this one's
+    /// index among them (the launcher's local rank).
     int32_t local_processes = 1;
+    int32_t local_process = 0;
     /// Where process 0's coordinator listens (and binds: loopback stays loopback).
     std::string host = "127.0.0.1";
     uint16_t port = 29400;
@@ -79,6 +81,15 @@ struct ClusterOptions {
 /// The process of every rank when `ranks` ranks are divided among `processes` processes:
 /// contiguous blocks, sizes differing by at most one.
 std::vector<int32_t> process_of_ranks(int32_t ranks, int32_t processes);
+
+/// The device of every rank of `graph` that process `process` runs (the others' entries are
+/// the CPU, unread): the CPU for a mesh of `cpu` devices; else this host's GPUs in turn, the
+/// process's ranks after those of the `local_process` processes before it on the host, as
+/// torchrun gives local rank i the GPU i. More ranks than GPUs share them. Throws
+/// std::runtime_error when the mesh names GPUs and this build or machine has none.
+std::vector<kernels::Device> place_ranks(const Program& program, const plan::Graph& graph,
+                                         const std::vector<int32_t>& process_of, int32_t process,
+                                         int32_t local_process);
 
 struct JobOptions {
     int64_t first_step = 0; // 0-based: the first step to run
@@ -110,6 +121,11 @@ class Job {
     /// ranks' steps until the coordinator ends the job (options.on_step is not called there).
     std::string run(const JobOptions& options);
 
+    /// The device of every rank of this process (place_ranks).
+    const std::vector<kernels::Device>& devices() const { return devices_; }
+    /// What reduces GPU ranks' groups here (LocalComms::device_collectives).
+    std::string device_collectives() const { return comms_->device_collectives(); }
+
     /// The executor of `rank`, a rank of this process (tests plant faults through its action
     /// hook).
     RankExecutor& executor(int32_t rank);
@@ -132,6 +148,7 @@ class Job {
     const models::TokenData& data_;
     ClusterOptions cluster_;
     std::unique_ptr<Net> net_; // the actor system and the control plane
+    std::vector<kernels::Device> devices_;
     std::unique_ptr<LocalComms> comms_;
     std::vector<std::unique_ptr<RankExecutor>> executors_;
 };

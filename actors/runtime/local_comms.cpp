@@ -1,7 +1,12 @@
 // local_comms.cpp: building the groups of a graph's ranks in this process.
 #include "actors/runtime/local_comms.hpp"
 
+#include "kernels/devices.hpp"
 #include "transport/gloo.hpp"
+#include "transport/staged.hpp"
+#ifdef DIST_HAVE_NCCL
+#include "transport/nccl.hpp"
+#endif
 
 #include <algorithm>
 #include <future>
@@ -27,7 +32,8 @@ class LocalComms::Routed final : public transport::PointToPoint {
     int rank() const override { return near_->rank(); }
     void send(int peer, const transport::P2PTag& tag, const kernels::Tensor& t) override {
         if (comms_.local(peer)) return near_->send(peer, tag, t);
-        far_->send(peer, tag, t);
+        // UCX carries host memory here: a GPU rank's tensor goes through the host.
+        far_->send(peer, tag, t.on_host());
         far_->away(); // the rank goes on computing: its transfers move on meanwhile
     }
     kernels::Tensor recv(int peer, const transport::P2PTag& tag) override {
@@ -79,8 +85,9 @@ class LocalComms::AwayHint final : public transport::Collectives {
 };
 
 LocalComms::LocalComms(const plan::Graph& graph, CollectivesBackend backend,
-                       std::chrono::milliseconds timeout)
-    : graph_(graph), backend_(backend), timeout_(timeout), fabric_(timeout) {
+                       std::chrono::milliseconds timeout, std::vector<kernels::Device> devices)
+    : graph_(graph), backend_(backend), timeout_(timeout), devices_(std::move(devices)),
+      fabric_(timeout) {
     for (const auto& r : graph.ranks) endpoints_[r.rank] = fabric_.endpoint(r.rank);
     form_groups();
 }
@@ -88,7 +95,7 @@ LocalComms::LocalComms(const plan::Graph& graph, CollectivesBackend backend,
 LocalComms::LocalComms(const plan::Graph& graph, const CommsLayout& layout,
                        std::chrono::milliseconds timeout)
     : graph_(graph), backend_(CollectivesBackend::inprocess), timeout_(timeout), layout_(layout),
-      fabric_(timeout) {
+      devices_(layout.devices), fabric_(timeout) {
     if (layout.process_of.size() != graph.ranks.size() || !layout.store)
         throw std::logic_error("LocalComms: a layout needs every rank's process and a store");
     const int size = static_cast<int>(graph.ranks.size());
@@ -113,6 +120,27 @@ LocalComms::LocalComms(const plan::Graph& graph, const CommsLayout& layout,
 }
 
 LocalComms::~LocalComms() = default;
+
+bool LocalComms::gpu(int32_t rank) const {
+    return static_cast<size_t>(rank) < devices_.size() &&
+           devices_[static_cast<size_t>(rank)].kind == kernels::Device::Kind::cuda;
+}
+
+bool LocalComms::nccl_serves(const std::vector<int32_t>& mine) const {
+#ifdef DIST_HAVE_NCCL
+    // NCCL refuses a communicator with two members on one GPU.
+    std::set<int> devices;
+    for (int32_t r : mine) {
+        const kernels::Device d = devices_.at(static_cast<size_t>(r));
+        if (!kernels::backend_for(d).nccl_memory()) return false;
+        devices.insert(d.index);
+    }
+    return devices.size() == mine.size();
+#else
+    (void)mine;
+    return false;
+#endif
+}
 
 bool LocalComms::local(int32_t rank) const {
     return !layout_ || layout_->process_of.at(static_cast<size_t>(rank)) == layout_->process;
@@ -163,13 +191,30 @@ void LocalComms::form_groups() {
                 return static_cast<int>(std::find(ranks.begin(), ranks.end(), r) - ranks.begin());
             };
             const bool within = mine.size() == ranks.size();
-            if (within && backend_ == CollectivesBackend::inprocess) {
+            std::string prefix = (layout_ ? layout_->prefix + "/" : std::string()) + name;
+            for (int32_t r : ranks) prefix += "." + std::to_string(r);
+            // Groups other than the model replica's (kind 2: a host scalar) reduce the device
+            // memory of GPU ranks.
+            const bool on_gpu = key[0] != 2 && gpu(mine.front());
+            const bool nccl = on_gpu && nccl_serves(mine);
+            if (nccl) {
+#ifdef DIST_HAVE_NCCL
+                transport::KeyValueStore& store = within ? store_ : *layout_->store;
+                std::vector<std::future<std::unique_ptr<transport::Collectives>>> joining;
+                for (int32_t r : mine)
+                    joining.push_back(std::async(std::launch::async, [&, r] {
+                        return transport::make_nccl_collectives(
+                            store, prefix + "/nccl", index(r), size,
+                            devices_[static_cast<size_t>(r)].index, timeout_);
+                    }));
+                for (size_t i = 0; i < mine.size(); ++i) g->members[mine[i]] = joining[i].get();
+                device_collectives_ = "nccl";
+#endif
+            } else if (within && backend_ == CollectivesBackend::inprocess) {
                 g->inprocess = std::make_unique<transport::InProcessGroup>(size, name, timeout_);
                 for (int32_t r : ranks) g->members[r] = g->inprocess->member(index(r));
             } else {
                 transport::KeyValueStore& store = within ? store_ : *layout_->store;
-                std::string prefix = (layout_ ? layout_->prefix + "/" : std::string()) + name;
-                for (int32_t r : ranks) prefix += "." + std::to_string(r);
                 transport::GlooOptions o;
                 o.timeout = timeout_;
                 if (layout_) o.hostname = layout_->gloo_host;
@@ -179,6 +224,13 @@ void LocalComms::form_groups() {
                         return transport::make_gloo_collectives(store, prefix, index(r), size, o);
                     }));
                 for (size_t i = 0; i < mine.size(); ++i) g->members[mine[i]] = joining[i].get();
+            }
+            if (on_gpu && !nccl) {
+                for (int32_t r : mine)
+                    g->members[r] = transport::make_host_staged(
+                        std::move(g->members[r]),
+                        kernels::backend_for(devices_[static_cast<size_t>(r)]).allocator());
+                if (device_collectives_.empty()) device_collectives_ = "staged";
             }
             groups_[key] = std::move(g);
         }

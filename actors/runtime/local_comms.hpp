@@ -9,6 +9,12 @@
 // processes reduces through Gloo, meeting in the same store, and a group wholly inside this
 // process stays in-process. Groups are formed in one order that every process follows, so no
 // two processes wait for each other's groups.
+//
+// Ranks on GPUs (devices naming CUDA devices) reduce their tensor-parallel, data-parallel and
+// tied-embedding groups in device memory: through NCCL where the build has it and this
+// process's members of the group are on different GPUs (NCCL's unique id travels through the
+// same store), else through the host groups above with staging copies. The model-replica group
+// reduces one host scalar (the gradient norm) and stays on the host.
 #pragma once
 
 #include "actors/plan/graph.hpp"
@@ -42,6 +48,8 @@ struct CommsLayout {
     /// The address this process's Gloo members listen on (reachable by the other processes).
     std::string gloo_host = "127.0.0.1";
     transport::UcxOptions ucx;
+    /// The device of every rank (only this process's are read); empty: all on the CPU.
+    std::vector<kernels::Device> devices;
 };
 
 /// Bytes and time of one rank's point-to-point traffic with one rank of another process, by
@@ -55,9 +63,10 @@ using RankTraffic = std::map<int32_t, PeerTraffic>;
 
 class LocalComms {
   public:
-    /// Every rank of `graph` in this process.
+    /// Every rank of `graph` in this process, on `devices` (by rank; empty: all on the CPU).
     LocalComms(const plan::Graph& graph, CollectivesBackend backend = CollectivesBackend::inprocess,
-               std::chrono::milliseconds timeout = std::chrono::minutes(5));
+               std::chrono::milliseconds timeout = std::chrono::minutes(5),
+               std::vector<kernels::Device> devices = {});
     /// The ranks of `layout.process` only, the others reached across processes.
     LocalComms(const plan::Graph& graph, const CommsLayout& layout,
                std::chrono::milliseconds timeout = std::chrono::minutes(5));
@@ -65,6 +74,9 @@ class LocalComms {
 
     /// The handles of `rank`, a rank of this process (valid while this object lives).
     RankComms for_rank(int32_t rank);
+    /// What reduces the device-memory groups of GPU ranks in this process: "nccl", "staged"
+    /// (through host groups), or "" when no group of this process has GPU members.
+    std::string device_collectives() const { return device_collectives_; }
     /// Fails every pending and later transfer and in-process collective with `why`.
     void abort(const std::string& why);
     /// The traffic of `rank` with other processes so far (zero within one process). From the
@@ -77,16 +89,21 @@ class LocalComms {
     void form_groups();
     transport::Collectives* member(const std::vector<int32_t>& key, int32_t rank) const;
     bool local(int32_t rank) const;
+    bool gpu(int32_t rank) const;
+    /// Whether NCCL reduces a device group whose members in this process are `mine`.
+    bool nccl_serves(const std::vector<int32_t>& mine) const;
 
     const plan::Graph& graph_;
     CollectivesBackend backend_;
     std::chrono::milliseconds timeout_;
     std::optional<CommsLayout> layout_;
+    std::vector<kernels::Device> devices_;
     transport::InProcessFabric fabric_;
     transport::MemoryStore store_;
     std::map<int32_t, std::unique_ptr<transport::PointToPoint>> endpoints_;
     std::map<int32_t, transport::UcxEndpoint*> ucx_; // inside the Routed endpoints
     std::map<std::vector<int32_t>, std::unique_ptr<Group>> groups_;
+    std::string device_collectives_;
     class AwayHint;
     std::map<std::pair<int32_t, transport::Collectives*>, std::unique_ptr<AwayHint>> hints_;
 };

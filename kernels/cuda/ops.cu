@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -23,18 +24,24 @@ using detail::block_max;
 using detail::block_sum;
 using detail::blocks_for;
 
+// The cuBLAS handle of the calling thread's current device (a handle belongs to the device
+// that was current when it was made), created on first use.
 std::string handle(cublasHandle_t* out) {
-    static cublasHandle_t h = nullptr;
-    static std::string error;
-    static std::once_flag once;
-    std::call_once(once, [] {
-        if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
-            error = "cannot create a cuBLAS handle";
-        else
-            cublasSetMathMode(h, CUBLAS_DEFAULT_MATH); // no TF32: float results
-    });
+    static std::mutex mutex;
+    static std::map<int, cublasHandle_t> handles;
+    int device = 0;
+    DIST_CUDA(cudaGetDevice(&device));
+    std::lock_guard lock(mutex);
+    cublasHandle_t& h = handles[device];
+    if (!h) {
+        if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+            h = nullptr;
+            return "cannot create a cuBLAS handle on cuda:" + std::to_string(device);
+        }
+        cublasSetMathMode(h, CUBLAS_DEFAULT_MATH); // no TF32: float results
+    }
     *out = h;
-    return error;
+    return {};
 }
 
 __global__ void add_bias(float* out, const float* bias, int64_t N, int64_t OC) {
@@ -249,6 +256,11 @@ std::string copy_to_host(const void* device, size_t bytes, void* host) {
     DIST_CUDA(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
     return {};
 }
+std::string set_device(int index) {
+    DIST_CUDA(cudaSetDevice(index));
+    return {};
+}
+
 std::string synchronize() {
     DIST_CUDA(cudaDeviceSynchronize());
     return {};

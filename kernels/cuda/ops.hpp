@@ -125,4 +125,39 @@ std::string matmul_backward_input_bf16(const uint16_t* dout, const uint16_t* wei
 std::string matmul_backward_weight_bf16(const uint16_t* dout, const uint16_t* inp, int64_t N,
                                         int64_t C, int64_t OC, float* dweight, float* dbias);
 
+// ----- what layers need besides the ops above (ops_layers.cu) ------------------------------
+// The same contracts as kernels::Backend's functions of these names (kernels/backend.hpp).
+
+std::string add(const float* a, const float* b, int64_t n, float* out);
+std::string fill(float* x, int64_t n, float value);
+std::string add_rows(const float* bias, int64_t N, int64_t C, float* out);
+std::string copy_block(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                       int64_t rows, int64_t width);
+std::string gelu_erf_forward(const float* inp, int64_t n, float* out);
+std::string gelu_erf_backward(const float* inp, const float* dout, int64_t n, float* dinp);
+/// GPT-2's GELU keeping each element's tanh in th (n); its backward from them WRITES dinp.
+std::string gelu_forward_keeping(const float* inp, int64_t n, float* out, float* th);
+std::string gelu_backward_kept(const float* inp, const float* th, const float* dout, int64_t n,
+                               float* dinp);
+std::string relu_forward(const float* inp, int64_t n, float* out);
+std::string relu_backward(const float* inp, const float* dout, int64_t n, float* dinp);
+std::string embedding_forward_part(const int32_t* tokens, const float* table, int64_t N, int64_t C,
+                                   int64_t begin, int64_t rows, float* out);
+std::string embedding_backward_part(const int32_t* tokens, const float* dout, int64_t N, int64_t C,
+                                    int64_t begin, int64_t rows, float* dtable);
+/// total (one double in device memory) += sum of x, accumulated in double.
+std::string sum(const float* x, int64_t n, double* total);
+std::string row_max(const float* logits, int64_t N, int64_t V, float* out);
+std::string cross_entropy_part_sums(const float* logits, const int32_t* targets,
+                                    const float* row_max, int64_t N, int64_t V, int64_t begin,
+                                    float* sums);
+std::string cross_entropy_part_finish(const float* row_max, const float* sums, int64_t N,
+                                      float* lse, float* losses);
+std::string cross_entropy_part_backward(const float* logits, const int32_t* targets,
+                                        const float* lse, const float* dlosses, int64_t N,
+                                        int64_t V, int64_t begin, float* dlogits);
+
+/// Makes `index` the calling thread's current device (kernels launch on the current device).
+std::string set_device(int index);
+
 } // namespace dist::kernels::cuda

@@ -106,3 +106,19 @@ TEST(Allocator, TensorsMoveBetweenDevicesThroughTheDevicesMemoryOps) {
     // dtype conversion is a CPU operation.
     EXPECT_THROW(b.to(DType::bf16), std::invalid_argument);
 }
+
+TEST(Tensor, CopyFromOverwritesInPlaceFromAnyDevice) {
+    Allocator other(Device{Device::Kind::cuda, 2}, MemoryOps::host()); // host memory, as a device
+    Tensor a({3});
+    for (int i = 0; i < 3; ++i) a.data<float>()[i] = static_cast<float>(i + 7);
+    Tensor on_device = Tensor::zeros({3}, DType::f32, other);
+    void* where = on_device.raw();
+    on_device.copy_from(a);
+    EXPECT_EQ(on_device.raw(), where); // in place, not a new buffer
+    Tensor back = on_device.on_host();
+    EXPECT_EQ(back.device(), Device::cpu());
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(back.data<float>()[i], static_cast<float>(i + 7));
+    EXPECT_EQ(a.on_host().raw(), a.raw()); // a host tensor is its own host copy
+    EXPECT_THROW(on_device.copy_from(Tensor({4})), std::invalid_argument);
+    EXPECT_THROW(on_device.copy_from(Tensor({3}, DType::i32)), std::invalid_argument);
+}

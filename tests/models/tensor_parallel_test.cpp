@@ -171,6 +171,58 @@ TEST(Shard, SerialisedShardsMergeLikeCopyToWholeAndBadBytesAreRefused) {
     EXPECT_EQ(merge_serialised(past, small), "");
 }
 
+TEST(Parameters, ADevicesStoreIsReadAndWrittenThroughTheHost) {
+    // A stand-in device whose memory is host memory: what differs from a CPU store is only
+    // that every read and write must go through to_host / from_host copies.
+    kernels::Allocator device(kernels::Device{kernels::Device::Kind::cuda, 1},
+                              kernels::MemoryOps::host());
+    ParameterStore host_part, device_part(device);
+    for (ParameterStore* s : {&host_part, &device_part}) {
+        s->add("w", {5, 3}, Init::normal(0.02), true, 7, Shard{0, {{1, 2}, {3, 5}}});
+        s->add("b", {4}, Init::normal(0.02), false, 7, Shard::range(0, 2, 4));
+    }
+    // The same initial values, materialised on the host and copied.
+    for (const Parameter& h : host_part.all()) {
+        const Parameter* d = device_part.find(h.name);
+        EXPECT_EQ(d->value.device(), device.device());
+        EXPECT_EQ(d->grad.device(), device.device());
+        for (int64_t i = 0; i < h.value.numel(); ++i)
+            EXPECT_EQ(d->value.data<float>()[i], h.value.data<float>()[i]) << h.name << i;
+    }
+    ParameterStore whole;
+    whole.add("w", {5, 3}, Init{}, true, 1);
+    whole.add("b", {4}, Init{}, false, 1);
+    for (Parameter& p : whole.all())
+        for (int64_t i = 0; i < p.value.numel(); ++i) {
+            p.value.data<float>()[i] = static_cast<float>(i) + 0.5f;
+            p.m.data<float>()[i] = -static_cast<float>(i);
+            p.v.data<float>()[i] = 3.0f * static_cast<float>(i);
+        }
+    copy_from_whole(whole, host_part);
+    copy_from_whole(whole, device_part);
+    ParameterStore from_host, from_device;
+    for (ParameterStore* s : {&from_host, &from_device}) {
+        s->add("w", {5, 3}, Init{}, true, 1);
+        s->add("b", {4}, Init{}, false, 1);
+    }
+    copy_to_whole(host_part, from_host);
+    copy_to_whole(device_part, from_device);
+    std::string host_bytes, device_bytes;
+    append_serialised(host_part, {}, host_bytes);
+    append_serialised(device_part, {}, device_bytes);
+    EXPECT_EQ(device_bytes, host_bytes);
+    for (const Parameter& h : from_host.all()) {
+        const Parameter* d = from_device.find(h.name);
+        for (int64_t i = 0; i < h.value.numel(); ++i) {
+            EXPECT_EQ(d->value.data<float>()[i], h.value.data<float>()[i]) << h.name << i;
+            EXPECT_EQ(d->m.data<float>()[i], h.m.data<float>()[i]) << h.name << i;
+            EXPECT_EQ(d->v.data<float>()[i], h.v.data<float>()[i]) << h.name << i;
+        }
+    }
+    // And the shard took the whole's elements: row 1 of w is its elements 3..5.
+    EXPECT_EQ(device_part.find("w")->value.data<float>()[0], 3.5f);
+}
+
 TEST(TensorParallel, GroupOfOneIsExactlyTheOneDeviceModel) {
     ModelSpec spec = spec_of(gpt);
     Data a = data(2, 5, 12, 1), b = data(2, 5, 12, 2);

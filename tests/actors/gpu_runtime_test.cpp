@@ -1,0 +1,154 @@
+// gpu_runtime_test.cpp: the runtime on GPUs. Where ranks go (place_ranks), the clear error of a
+// GPU mesh on a machine without one, and, where a GPU is visible, the equivalence test of
+// runtime_test.cpp on a mesh of h200 devices: every rank on a GPU (ranks share GPUs when there
+// are fewer GPUs than ranks, their groups then reduce through the host; with a GPU per rank,
+// through NCCL), the per-step losses and gradient norms of the CPU's single-device run within
+// float tolerance of a different reduction order, and the gathered weights likewise.
+#include "actors/plan/lower.hpp"
+#include "actors/runtime/job.hpp"
+#include "kernels/devices.hpp"
+#include "lang/check.hpp"
+#include "models/trainer.hpp"
+
+#include "tests/common/tiny_scripts.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+using namespace dist;
+
+namespace {
+
+Program checked(const std::string& text, const std::vector<std::string>& overrides) {
+    lang::FrontendOptions o;
+    // A bundle run on another machine (scripts/gpu-check.sh) names the tree it runs in.
+    const char* tree = std::getenv("DIST_SOURCE_DIR");
+    o.search_roots = {std::filesystem::path(tree ? tree : DIST_SOURCE_DIR) / "stdlib"};
+    o.overrides = overrides;
+    lang::CheckResult r = lang::check_text("t.dist", text, o);
+    EXPECT_TRUE(r.ok()) << r.report();
+    return r.ok() ? *r.program : Program{};
+}
+
+std::vector<std::string> mesh(const std::string& devices, int dp, int tp, int pp,
+                              const std::string& kind, int m) {
+    return {"mesh.devices=" + devices,       "mesh.dp=" + std::to_string(dp),
+            "mesh.tp=" + std::to_string(tp), "mesh.pp=" + std::to_string(pp),
+            "schedule.kind=" + kind,         "schedule.microbatches=" + std::to_string(m)};
+}
+
+TEST(Devices, ACpuMeshPutsEveryRankOnTheCpu) {
+    Program p = checked(tests::tiny_gpt_script(2), mesh("cpu", 2, 1, 2, "1f1b", 2));
+    plan::PlanResult planned = plan::lower(p);
+    ASSERT_TRUE(planned.ok());
+    auto devices = runtime::place_ranks(p, *planned.graph, {0, 0, 1, 1}, 1, 1);
+    ASSERT_EQ(devices.size(), 4u);
+    for (const auto& d : devices) EXPECT_EQ(d, kernels::Device::cpu());
+}
+
+TEST(Devices, GpuRanksTakeTheHostsGpusInTurn) {
+    Program p = checked(tests::tiny_gpt_script(2), mesh("h200", 2, 1, 2, "1f1b", 2));
+    plan::PlanResult planned = plan::lower(p);
+    ASSERT_TRUE(planned.ok());
+    const int gpus = kernels::gpu_count();
+    if (gpus == 0) {
+        // A GPU mesh here is refused before anything is built, with what to do instead.
+        try {
+            runtime::place_ranks(p, *planned.graph, {0, 0, 0, 0}, 0, 0);
+            FAIL() << "a GPU mesh was placed on a machine without GPUs";
+        } catch (const std::runtime_error& e) {
+            std::string what = e.what();
+            EXPECT_NE(what.find("4 h200-sxm device(s)"), std::string::npos) << what;
+            EXPECT_NE(what.find("mesh.devices=cpu"), std::string::npos) << what;
+        }
+        return;
+    }
+    // Process 1 of two on this host holds ranks 2 and 3: after process 0's two GPUs.
+    auto devices = runtime::place_ranks(p, *planned.graph, {0, 0, 1, 1}, 1, 1);
+    EXPECT_EQ(devices[0], kernels::Device::cpu()); // another process's rank: not placed here
+    EXPECT_EQ(devices[2], (kernels::Device{kernels::Device::Kind::cuda, 2 % gpus}));
+    EXPECT_EQ(devices[3], (kernels::Device{kernels::Device::Kind::cuda, 3 % gpus}));
+}
+
+struct GpuCase {
+    std::string name;
+    bool llama;
+    int dp, tp, pp;
+    std::string kind;
+    int microbatches;
+};
+
+void PrintTo(const GpuCase& c, std::ostream* os) {
+    *os << c.name;
+}
+
+class GpuEquivalence : public ::testing::TestWithParam<GpuCase> {};
+
+TEST_P(GpuEquivalence, LossesNormsAndWeightsMatchTheCpu) {
+    if (kernels::gpu_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+    const GpuCase& c = GetParam();
+    const std::string text = c.llama ? tests::tiny_llama_script(3) : tests::tiny_gpt_script(3);
+
+    // The reference: one CPU device.
+    Program ref_program = checked(text, {});
+    models::TokenData data;
+    ASSERT_EQ(models::load_data(ref_program.train.data, ref_program.model, data), "");
+    models::Model ref(ref_program.model, static_cast<uint64_t>(ref_program.train.seed));
+    std::vector<double> ref_losses, ref_norms;
+    ASSERT_EQ(models::train(ref_program, ref, data, 0,
+                            [&](const models::StepMetrics& m) {
+                                ref_losses.push_back(m.loss);
+                                ref_norms.push_back(m.grad_norm);
+                                return true;
+                            }),
+              "");
+
+    Program p = checked(text, mesh("h200", c.dp, c.tp, c.pp, c.kind, c.microbatches));
+    plan::PlanResult planned = plan::lower(p);
+    ASSERT_TRUE(planned.ok()) << plan::render_errors("t.dist", planned.errors);
+    runtime::Job job(p, *planned.graph, data);
+    for (const auto& d : job.devices()) EXPECT_EQ(d.kind, kernels::Device::Kind::cuda);
+    const int ranks = c.dp * c.tp * c.pp;
+    if (c.dp * c.tp > 1) {
+        EXPECT_EQ(job.device_collectives(),
+                  kernels::gpu_count() >= ranks ? std::string("nccl") : std::string("staged"));
+    }
+    std::vector<double> losses, norms;
+    runtime::JobOptions o;
+    o.end_step = p.train.steps;
+    o.watchdog = std::chrono::seconds(60);
+    o.on_step = [&](const runtime::StepReport& r) {
+        losses.push_back(r.metrics.loss);
+        norms.push_back(r.metrics.grad_norm);
+        return true;
+    };
+    ASSERT_EQ(job.run(o), "");
+    ASSERT_EQ(losses.size(), ref_losses.size());
+    for (size_t i = 0; i < losses.size(); ++i) {
+        EXPECT_NEAR(losses[i], ref_losses[i], 1e-4 * std::abs(ref_losses[i])) << "step " << i + 1;
+        EXPECT_NEAR(norms[i], ref_norms[i], 1e-3 * ref_norms[i]) << "step " << i + 1;
+    }
+    models::Model whole(p.model, 0); // other initial values: every element must be overwritten
+    job.gather(whole);
+    for (const auto& w : ref.params().all()) {
+        const models::Parameter* g = whole.params().find(w.name);
+        ASSERT_NE(g, nullptr) << w.name;
+        for (int64_t i = 0; i < w.value.numel(); ++i)
+            ASSERT_NEAR(g->value.data<float>()[i], w.value.data<float>()[i], 1e-3) << w.name;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, GpuEquivalence,
+                         ::testing::Values(GpuCase{"one", false, 1, 1, 1, "1f1b", 1},
+                                           GpuCase{"dp2", false, 2, 1, 1, "1f1b", 2},
+                                           GpuCase{"tp2", false, 1, 2, 1, "1f1b", 1},
+                                           GpuCase{"pp2_1f1b", false, 1, 1, 2, "1f1b", 4},
+                                           GpuCase{"pp2_zb_h1", false, 1, 1, 2, "zb_h1", 4},
+                                           GpuCase{"dp2_tp2_pp2", false, 2, 2, 2, "1f1b", 2},
+                                           GpuCase{"llama_tp2_pp2", true, 1, 2, 2, "1f1b", 2}),
+                         [](const ::testing::TestParamInfo<GpuCase>& i) { return i.param.name; });
+
+} // namespace
