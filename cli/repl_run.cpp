@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <ostream>
 #include <unistd.h>
 
@@ -57,10 +58,17 @@ void ReplSession::cmd_run(const std::string& args) {
         error(e);
         return;
     }
+    std::optional<runtime::Job> job_storage;
+    try {
+        job_storage.emplace(p, graph, data);
+    } catch (const std::runtime_error& e) {
+        error(e.what(), "`set mesh.devices cpu`");
+        return;
+    }
+    runtime::Job& job = *job_storage;
     out_ << "training " << steps << (steps == 1 ? " step" : " steps") << " on " << mesh_line(p)
          << "\n"
          << std::flush;
-    runtime::Job job(p, graph, data);
     runtime::JobOptions jo;
     jo.first_step = 0;
     jo.end_step = steps;

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <stdexcept>
 #include <unistd.h>
 
@@ -87,7 +88,13 @@ Result<TrainSummary> Script::train(const TrainOptions& options) {
                                      "`: " + (ec ? ec.message() : std::strerror(errno)));
         }
 
-        runtime::Job job(p, graph, data);
+        std::optional<runtime::Job> job_storage;
+        try {
+            job_storage.emplace(p, graph, data);
+        } catch (const std::runtime_error& e) {
+            return Status::error(e.what()); // a mesh of GPUs where there are none
+        }
+        runtime::Job& job = *job_storage;
         if (!options.resume_from.empty()) job.scatter(*whole);
         TrainSummary summary;
         summary.first_step = first + 1;

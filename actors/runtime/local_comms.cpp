@@ -128,6 +128,7 @@ bool LocalComms::gpu(int32_t rank) const {
 
 bool LocalComms::nccl_serves(const std::vector<int32_t>& mine) const {
 #ifdef DIST_HAVE_NCCL
+    if (layout_ && layout_->gpus_shared) return false;
     // NCCL refuses a communicator with two members on one GPU.
     std::set<int> devices;
     for (int32_t r : mine) {

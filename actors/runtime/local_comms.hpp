@@ -50,6 +50,9 @@ struct CommsLayout {
     transport::UcxOptions ucx;
     /// The device of every rank (only this process's are read); empty: all on the CPU.
     std::vector<kernels::Device> devices;
+    /// Whether the host's GPUs are shared by ranks of different processes: NCCL refuses such a
+    /// group, so GPU groups then reduce through the host.
+    bool gpus_shared = false;
 };
 
 /// Bytes and time of one rank's point-to-point traffic with one rank of another process, by

@@ -154,6 +154,21 @@ TEST(Repl, RunRefusesPlansTooBigForThisMachine) {
         << r.out;
 }
 
+TEST(Repl, RunOnAGpuMeshTrainsOnTheGpuOrSaysThereIsNone) {
+    TempDir dir("run-gpu");
+    Result r = run_in(dir.path, "repl", "set model.layers 2\nset mesh.devices h200\nrun 1\nsim\n");
+    EXPECT_EQ(r.status, 0) << r.out; // the session goes on either way
+    if (r.out.find("no GPU that CUDA can use") != std::string::npos ||
+        r.out.find("no CUDA support") != std::string::npos) {
+        EXPECT_NE(r.out.find("error: the mesh is 2 h200-sxm device(s)"), std::string::npos)
+            << r.out;
+        EXPECT_EQ(r.out.find("step 1  loss "), std::string::npos) << r.out;
+    } else {
+        EXPECT_NE(r.out.find("\nstep 1  loss "), std::string::npos) << r.out;
+    }
+    EXPECT_NE(r.out.find("makespan"), std::string::npos) << r.out; // `sim` after it still runs
+}
+
 TEST(Repl, SavedScriptGivesTheSameProgramAsTheOverrides) {
     TempDir dir("save");
     const std::string file = src + "/examples/llama3_8b_64xh100.dist";

@@ -217,6 +217,17 @@ TEST(EmbedApi, TrainStopsWhenTheCallbackSaysSo) {
     EXPECT_FALSE(empty_prompt.ok());
 }
 
+TEST(EmbedApi, TrainingAGpuMeshWithoutAGpuIsAnErrorThatSaysWhy) {
+    TempDir dir;
+    dist::Script s = tiny(dir);
+    ASSERT_TRUE(s.set("mesh.devices", "h200").ok());
+    ASSERT_TRUE(s.set("train.stop_after", "1").ok());
+    auto r = s.train();
+    if (r.ok()) return; // a machine with a GPU trains on it
+    EXPECT_NE(r.error().find("h200-sxm device(s), but this"), std::string::npos) << r.error();
+    EXPECT_EQ(r.error().find("internal error"), std::string::npos) << r.error();
+}
+
 TEST(EmbedApi, NoWeightsIsAnError) {
     TempDir dir;
     dist::Script s = tiny(dir);
