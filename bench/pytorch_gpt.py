@@ -1,12 +1,13 @@
 """pytorch_gpt.py: the reference for bench/compare.sh: the same GPT-2 trained by PyTorch.
 
-Usage: pytorch_gpt.py VOCAB CONTEXT LAYERS HEADS WIDTH BATCH STEPS
+Usage: [DEVICE=cuda] pytorch_gpt.py VOCAB CONTEXT LAYERS HEADS WIDTH BATCH STEPS
 Prints one line of JSON: tokens per second over the steps after the first two, and the model's
 parameter count. Same architecture as std/gpt.dist (pre-norm, tanh GELU, 4x MLP, biases, tied
-head), same optimizer (AdamW), fp32, random tokens.
+head), same optimizer (AdamW), fp32 (TF32 off on a GPU, as Dist's cuBLAS calls), random tokens.
 """
 import json
 import math
+import os
 import sys
 import time
 
@@ -39,7 +40,7 @@ class Block(nn.Module):
     def attend(q, k, v):
         T = q.shape[2]
         s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=q.device), diagonal=1)
         return s.masked_fill(mask, float("-inf")).softmax(-1) @ v
 
 
@@ -52,7 +53,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(width, eps=1e-5)
 
     def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for b in self.h:
             x = b(x)
         logits = self.ln_f(x) @ self.wte.weight.t()
@@ -61,23 +62,30 @@ class GPT(nn.Module):
 
 def main():
     vocab, context, layers, heads, width, batch, steps = map(int, sys.argv[1:8])
+    device = os.environ.get("DEVICE", "cpu")
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
-    model = GPT(vocab, context, layers, heads, width)
+    model = GPT(vocab, context, layers, heads, width).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
     times = []
     for _ in range(steps):
-        idx = torch.randint(0, vocab, (batch, context + 1))
+        idx = torch.randint(0, vocab, (batch, context + 1)).to(device)
         start = time.perf_counter()
         loss = model(idx[:, :-1], idx[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     measured = times[2:]
     tokens = batch * context * len(measured)
     print(json.dumps({"tokens_per_s": tokens / sum(measured),
                       "parameters": sum(p.numel() for p in model.parameters()),
-                      "torch": torch.__version__, "threads": torch.get_num_threads()}))
+                      "torch": torch.__version__, "threads": torch.get_num_threads(),
+                      "device": device}))
 
 
 if __name__ == "__main__":

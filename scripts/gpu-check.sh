@@ -14,7 +14,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=build-gpu
-programs="cuda_tests cuda_bench nccl_tests kernel_tests kernels_bench runtime_tests"
+programs="cuda_tests cuda_bench nccl_tests kernel_tests kernels_bench runtime_tests dist"
 
 build_here() {
     mkdir -p "$build"
@@ -90,6 +90,33 @@ timeout 300 "$bin/kernel_tests" --gtest_brief=1 > "$logs/kernel_tests.log" 2>&1 
 DIST_SOURCE_DIR=$PWD timeout 300 "$bin/runtime_tests" --gtest_brief=1 --gtest_filter='Devices.*:Meshes/GpuEquivalence.*' \
     > "$logs/runtime_tests.log" 2>&1 || status=1
 grep -E '^\[  FAILED|Failure' "$logs/runtime_tests.log" | head -20
+# End to end: GPT-2 124M (context 256, batch 16) trained by `dist run` on one GPU, beside
+# PyTorch training the same model on the same GPU (fp32, TF32 off on both sides).
+e2e=""
+if [ -x "$bin/dist" ]; then
+    rm -f "$logs/dist-gpu.jsonl"
+    DIST_PATH=$PWD/stdlib timeout 240 "$bin/dist" run bench/gpt2_124m.dist --quiet \
+        --set mesh.devices=h200 --set train.batch=16 --metrics "$logs/dist-gpu.jsonl" \
+        > "$logs/dist-gpu.log" 2>&1 || { status=1; tail -5 "$logs/dist-gpu.log"; }
+    DEVICE=cuda timeout 240 python3 bench/pytorch_gpt.py 50257 256 12 12 768 16 8 \
+        > "$logs/torch-gpu.json" 2> "$logs/torch-gpu.log" || { status=1; tail -5 "$logs/torch-gpu.log"; }
+    e2e=$(python3 - "$logs/dist-gpu.jsonl" "$logs/torch-gpu.json" <<'PY' 2>&1
+import json, sys
+try:
+    r = [json.loads(l) for l in open(sys.argv[1])][2:]
+    d = sum(x["tokens"] for x in r) / sum(x["step_time_s"] for x in r)
+except Exception as e:
+    d = None
+try:
+    p = json.load(open(sys.argv[2]))["tokens_per_s"]
+except Exception:
+    p = None
+fmt = lambda v: "-" if v is None else f"{v:,.0f}"
+ratio = f"{d / p:.2f}" if d and p else "-"
+print(f"| GPT-2 124M on one GPU, tokens/s: Dist {fmt(d)}, PyTorch {fmt(p)} | ratio {ratio} |")
+PY
+)
+fi
 timeout 300 "$bin/cuda_bench" --benchmark_min_time=0.2 --benchmark_out="$logs/cuda_bench.json" \
     --benchmark_out_format=json > "$logs/cuda_bench.log" 2>&1 || status=1
 grep -E 'ERROR OCCURRED' "$logs/cuda_bench.log" | head -3
@@ -104,6 +131,7 @@ for t in cuda_tests nccl_tests kernel_tests runtime_tests; do
     echo "| $t | $(grep -hE '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$t.log" | tr '\n' ' ') |"
 done
 grep -E '^BM_' "$logs/kernels_bench.log" | awk '{printf "| CPU %s | %s %s |\n", $1, $2, $3}'
+[ -n "$e2e" ] && echo "$e2e"
 echo
 python3 bench/cuda_compare.py "$logs/cuda_bench.json" 2>&1 | grep -E '^\||cuda_compare' || status=1
 exit $status
