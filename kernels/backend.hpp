@@ -103,7 +103,8 @@ class Backend {
     virtual double sum(const float* x, int64_t n) = 0;
     /// x (n) *= s.
     virtual void scale(float* x, int64_t n, double s) = 0;
-    /// Waits until everything queued on the device has run (the CPU runs each op at its call).
+    /// Waits until the ops queued on the device have run (the CPU runs each op at its call).
+    /// Only the ops: a collective another thread has under way on the device is not waited for.
     virtual void synchronize() {}
 
     // ----- what layers used to do over host memory ---------------------------------------

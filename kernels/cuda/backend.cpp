@@ -132,7 +132,7 @@ class CudaBackend final : public Backend {
     void scale(float* x, int64_t n, double s) override { run(cuda::scale(current(x), n, s)); }
     void synchronize() override {
         run(cuda::set_device(index_));
-        run(cuda::synchronize());
+        run(cuda::synchronize_default_stream());
     }
 
     void add(const float* a, const float* b, int64_t n, float* out) override {

@@ -261,6 +261,11 @@ std::string set_device(int index) {
     return {};
 }
 
+std::string synchronize_default_stream() {
+    DIST_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
+    return {};
+}
+
 std::string synchronize() {
     DIST_CUDA(cudaDeviceSynchronize());
     return {};

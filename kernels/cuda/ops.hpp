@@ -159,5 +159,9 @@ std::string cross_entropy_part_backward(const float* logits, const int32_t* targ
 
 /// Makes `index` the calling thread's current device (kernels launch on the current device).
 std::string set_device(int index);
+/// Waits for the kernels queued on the current device's default stream (where the ops above
+/// run), and for nothing else: not for the communication streams of other threads, which may
+/// be waiting for this thread's next move.
+std::string synchronize_default_stream();
 
 } // namespace dist::kernels::cuda
