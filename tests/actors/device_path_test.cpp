@@ -10,6 +10,7 @@
 // runtime's.
 #include "actors/plan/lower.hpp"
 #include "actors/runtime/executor.hpp"
+#include "actors/runtime/job.hpp"
 #include "actors/runtime/local_comms.hpp"
 #include "kernels/devices.hpp"
 #include "lang/check.hpp"
@@ -324,18 +325,45 @@ struct Losses {
 };
 
 // Two steps of every rank of `graph` on plain threads, each rank on `device_of(rank)` (null:
-// the CPU); the weights gathered from the ranks into `whole`.
+// the CPU); the weights gathered from the ranks into `whole`. With `processes` > 1 the ranks
+// are laid out as the processes of a job would hold them (one LocalComms per process, meeting
+// in one store): UCX between the processes, Gloo for their groups.
 Losses run(const Program& p, const plan::Graph& graph, const models::TokenData& data,
-           const std::function<kernels::Backend*(int32_t)>& device_of, models::Model& whole) {
+           const std::function<kernels::Backend*(int32_t)>& device_of, models::Model& whole,
+           int32_t processes = 1) {
     std::vector<kernels::Device> devices;
     for (const auto& r : graph.ranks)
         devices.push_back(device_of(r.rank) ? device_of(r.rank)->device() : kernels::Device::cpu());
-    runtime::LocalComms comms(graph, runtime::CollectivesBackend::inprocess,
-                              std::chrono::seconds(60), devices);
+    std::vector<std::unique_ptr<runtime::LocalComms>> comms;
+    transport::MemoryStore store;
+    const auto ranks_count = static_cast<int32_t>(graph.ranks.size());
+    std::vector<int32_t> process_of = runtime::process_of_ranks(ranks_count, processes);
+    if (processes == 1) {
+        comms.push_back(std::make_unique<runtime::LocalComms>(
+            graph, runtime::CollectivesBackend::inprocess, std::chrono::seconds(60), devices));
+    } else {
+        // The processes' groups and endpoints form together, as separate processes would.
+        std::vector<std::future<std::unique_ptr<runtime::LocalComms>>> forming;
+        for (int32_t proc = 0; proc < processes; ++proc)
+            forming.push_back(std::async(std::launch::async, [&, proc] {
+                runtime::CommsLayout layout;
+                layout.process_of = process_of;
+                layout.process = proc;
+                layout.store = &store;
+                layout.devices = devices;
+                return std::make_unique<runtime::LocalComms>(graph, layout,
+                                                             std::chrono::seconds(60));
+            }));
+        for (auto& f : forming) comms.push_back(f.get());
+    }
     std::vector<std::unique_ptr<runtime::RankExecutor>> ranks;
-    for (const auto& r : graph.ranks)
+    for (const auto& r : graph.ranks) {
+        auto& mine =
+            *comms[processes == 1 ? 0
+                                  : static_cast<size_t>(process_of[static_cast<size_t>(r.rank)])];
         ranks.push_back(std::make_unique<runtime::RankExecutor>(
-            p, graph, r.rank, comms.for_rank(r.rank), device_of(r.rank)));
+            p, graph, r.rank, mine.for_rank(r.rank), device_of(r.rank)));
+    }
     Losses out;
     for (int64_t step = 0; step < 2; ++step) {
         std::vector<std::future<runtime::RankStepResult>> running;
@@ -363,6 +391,7 @@ struct DeviceCase {
     std::string name;
     bool llama;
     std::vector<std::string> mesh;
+    int32_t processes = 1;
 };
 
 void PrintTo(const DeviceCase& c, std::ostream* os) {
@@ -385,7 +414,8 @@ TEST_P(DevicePath, RanksOnStandInDevicesTrainAsOnTheCpu) {
         p, *planned.graph, data, [](int32_t) { return nullptr; }, on_cpu);
     StandIns devices;
     Losses dev = run(
-        p, *planned.graph, data, [&](int32_t r) { return &devices.of(r); }, on_devices);
+        p, *planned.graph, data, [&](int32_t r) { return &devices.of(r); }, on_devices,
+        c.processes);
     EXPECT_EQ(devices.six.misplaced() + devices.seven.misplaced(), 0);
     for (size_t i = 0; i < cpu.loss.size(); ++i) {
         EXPECT_NEAR(dev.loss[i], cpu.loss[i], 1e-6 * cpu.loss[i]) << "step " << i + 1;
@@ -411,7 +441,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(DeviceCase{"dp2_tp2_pp2", false, mesh(2, 2, 2, "1f1b", 2)},
                       DeviceCase{"tp2", false, mesh(1, 2, 1, "1f1b", 1)},
                       DeviceCase{"pp2_zbv", false, mesh(1, 1, 2, "zbv", 4, 2)},
-                      DeviceCase{"llama_dp2_tp2", true, mesh(2, 2, 1, "1f1b", 2)}),
+                      DeviceCase{"llama_dp2_tp2", true, mesh(2, 2, 1, "1f1b", 2)},
+                      // As the processes of a job: the two pipeline ranks in two processes
+                      // (activations over UCX, the tied embedding's group over Gloo), and the
+                      // data-parallel groups of a dp 2 x pp 2 mesh across two processes.
+                      DeviceCase{"two_processes_pp2", false, mesh(1, 1, 2, "1f1b", 4), 2},
+                      DeviceCase{"two_processes_dp2_pp2", false, mesh(2, 1, 2, "1f1b", 2), 2}),
     [](const ::testing::TestParamInfo<DeviceCase>& i) { return i.param.name; });
 
 } // namespace
