@@ -17,6 +17,7 @@
 #include "kernels/tensor.hpp"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace dist::kernels {
@@ -29,6 +30,9 @@ class Backend {
     virtual Allocator& allocator() = 0;
     /// Whether NCCL can reduce this device's memory (a CUDA device's, not a stand-in's).
     virtual bool nccl_memory() const { return false; }
+    /// What tells this device from the others of its host, however the process numbers them
+    /// (a GPU's PCI bus id; CUDA_VISIBLE_DEVICES renumbers GPUs per process).
+    virtual std::string identity() const { return device().str(); }
 
     /// A tensor on this device, uninitialised or zeroed.
     Tensor empty(std::vector<int64_t> shape, DType dtype = DType::f32) {

@@ -38,6 +38,10 @@ class Collectives {
     virtual void reduce_scatter(const float* in, int64_t n, float* out) = 0;
     /// data (n): every member ends with the root's data.
     virtual void broadcast(float* data, int64_t n, int root) = 0;
+    /// From any thread: ends this member's collective under way, and fails every later one,
+    /// with a CollectiveError (a peer has failed and will never join). Backends that abort a
+    /// whole group (InProcessGroup::abort) or time out by themselves (Gloo) need nothing here.
+    virtual void abort() {}
 };
 
 /// The group of one: every collective is the identity (all_gather and reduce_scatter copy).

@@ -4,6 +4,10 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 namespace dist::transport {
@@ -38,10 +42,13 @@ class NcclCollectives final : public Collectives {
           name_(std::move(name)) {}
     ~NcclCollectives() override {
         cudaSetDevice(device_);
-        ncclCommDestroy(comm_);
+        // An aborted group's peers may be gone: abort rather than destroy (no last handshake).
+        if (comm_) aborted_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
         cudaEventDestroy(ready_);
         cudaStreamDestroy(stream_);
     }
+
+    void abort() override { aborted_ = true; }
 
     int rank() const override { return rank_; }
     int size() const override { return size_; }
@@ -77,23 +84,47 @@ class NcclCollectives final : public Collectives {
   private:
     template <typename F> void run(const char* call, F&& f) {
         try {
+            if (aborted_ || !comm_) throw CollectiveError("the group was aborted");
             DIST_CUDA_CHECK(cudaSetDevice(device_));
             // The data was written by kernels on the device's default stream, with which this
             // non-blocking stream does not synchronise by itself: wait for what is queued there.
             DIST_CUDA_CHECK(cudaEventRecord(ready_, cudaStreamLegacy));
             DIST_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
             f();
-            DIST_CUDA_CHECK(cudaStreamSynchronize(stream_));
-            ncclResult_t async = ncclSuccess;
-            DIST_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-            DIST_NCCL_CHECK(async);
+            wait();
         } catch (const CollectiveError& e) {
             throw CollectiveError(name_ + ": " + call + " on rank " + std::to_string(rank_) +
                                   " failed: " + e.what());
         }
     }
 
+    // Waits for the collective on this member's stream, polling so that an abort (a peer that
+    // failed and will never join) ends the wait: the communicator is then aborted here, by the
+    // only thread that uses it.
+    void wait() {
+        auto pause = std::chrono::microseconds(10);
+        for (;;) {
+            cudaError_t e = cudaStreamQuery(stream_);
+            if (e == cudaSuccess) break;
+            if (e != cudaErrorNotReady) DIST_CUDA_CHECK(e);
+            ncclResult_t async = ncclSuccess;
+            DIST_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+            if (async != ncclSuccess && async != ncclInProgress) DIST_NCCL_CHECK(async);
+            if (aborted_) {
+                ncclCommAbort(comm_);
+                comm_ = nullptr;
+                throw CollectiveError("aborted while waiting for the other members");
+            }
+            std::this_thread::sleep_for(pause);
+            pause = std::min(pause * 2, std::chrono::microseconds(200));
+        }
+        ncclResult_t async = ncclSuccess;
+        DIST_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+        DIST_NCCL_CHECK(async);
+    }
+
     ncclComm_t comm_;
+    std::atomic<bool> aborted_{false};
     cudaStream_t stream_;
     cudaEvent_t ready_;
     int device_, rank_, size_;

@@ -4,8 +4,10 @@
 // Members meet through a KeyValueStore: rank 0 creates NCCL's unique id and publishes it under
 // the group's prefix; the others read it. Each call runs on the member's own CUDA stream, after
 // the work already queued on the device's default stream (where the kernels that wrote the
-// data run), and returns when the result is in place (the interface is blocking). Compiled only
-// where CUDA and NCCL are found (DIST_HAVE_NCCL); no CUDA or NCCL type crosses this header.
+// data run), and returns when the result is in place (the interface is blocking). The wait
+// polls, so that abort() from another thread (a peer failed and will never join) ends it with a
+// CollectiveError instead of a hang. Compiled only where CUDA and NCCL are found
+// (DIST_HAVE_NCCL); no CUDA or NCCL type crosses this header.
 #pragma once
 
 #include "transport/collectives.hpp"

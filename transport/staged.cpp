@@ -36,6 +36,7 @@ class HostStaged final : public Collectives {
         host_->broadcast(h, n, root);
         up(h, n, data);
     }
+    void abort() override { host_->abort(); }
 
   private:
     float* down(const float* device, int64_t n, std::vector<float>& buffer) {

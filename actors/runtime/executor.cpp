@@ -3,6 +3,8 @@
 
 #include "models/trainer.hpp"
 
+#include <omp.h>
+
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -114,6 +116,9 @@ class RankExecutor::Reducer {
 
   private:
     void loop() {
+        // The copies and the scaling here are short: one thread, beside the rank's own
+        // compute threads (OpenMP would start a team of its own here).
+        omp_set_num_threads(1);
         std::unique_lock lock(mutex_);
         while (true) {
             cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !error_); });

@@ -828,11 +828,14 @@ std::vector<kernels::Device> place_ranks(const Program& program, const plan::Gra
                                       ? std::string("this machine has no GPU that CUDA can use")
                                       : std::string("this build has no CUDA support")) +
                                  "; a mesh of `cpu` devices trains on this machine's cores");
-    int64_t mine = std::count(process_of.begin(), process_of.end(), process), i = 0;
+    // This host's processes are the `local_process` before this one and those after it: the
+    // ranks of the ones before take the first GPUs (process sizes may differ by one).
+    int64_t next = 0;
+    for (int32_t q : process_of)
+        if (q >= process - local_process && q < process) ++next;
     for (size_t r = 0; r < out.size(); ++r)
         if (process_of.at(r) == process)
-            out[r] = {kernels::Device::Kind::cuda,
-                      static_cast<int>((local_process * mine + i++) % gpus)};
+            out[r] = {kernels::Device::Kind::cuda, static_cast<int>(next++ % gpus)};
     return out;
 }
 
@@ -925,12 +928,6 @@ Job::Job(const Program& program, const plan::Graph& graph, const models::TokenDa
     layout.gloo_host = address_towards(cluster.host, cluster.port);
     layout.ucx = cluster.ucx;
     layout.devices = devices_;
-    const auto mine = std::count(net.process_of.begin(), net.process_of.end(), cluster.process);
-    layout.gpus_shared = std::any_of(devices_.begin(), devices_.end(),
-                                     [](const kernels::Device& d) {
-                                         return d.kind == kernels::Device::Kind::cuda;
-                                     }) &&
-                         cluster.local_processes * mine > kernels::gpu_count();
     comms_ = std::make_unique<LocalComms>(graph, layout);
     build_executors(graph);
 }

@@ -84,8 +84,9 @@ std::vector<int32_t> process_of_ranks(int32_t ranks, int32_t processes);
 
 /// The device of every rank of `graph` that process `process` runs (the others' entries are
 /// the CPU, unread): the CPU for a mesh of `cpu` devices; else this host's GPUs in turn, the
-/// process's ranks after those of the `local_process` processes before it on the host, as
-/// torchrun gives local rank i the GPU i. More ranks than GPUs share them. Throws
+/// process's ranks after those of the `local_process` processes before it on the host (the
+/// processes numbered just before it), as torchrun gives local rank i the GPU i. More ranks
+/// than GPUs share them. Throws
 /// std::runtime_error when the mesh names GPUs and this build or machine has none.
 std::vector<kernels::Device> place_ranks(const Program& program, const plan::Graph& graph,
                                          const std::vector<int32_t>& process_of, int32_t process,

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <future>
 #include <set>
+#include <unistd.h>
 
 namespace dist::runtime {
 
@@ -89,6 +90,7 @@ LocalComms::LocalComms(const plan::Graph& graph, CollectivesBackend backend,
     : graph_(graph), backend_(backend), timeout_(timeout), devices_(std::move(devices)),
       fabric_(timeout) {
     for (const auto& r : graph.ranks) endpoints_[r.rank] = fabric_.endpoint(r.rank);
+    learn_identities();
     form_groups();
 }
 
@@ -116,6 +118,7 @@ LocalComms::LocalComms(const plan::Graph& graph, const CommsLayout& layout,
         ucx_[r.rank] = routed->far();
         endpoints_[r.rank] = std::move(routed);
     }
+    learn_identities();
     form_groups();
 }
 
@@ -126,18 +129,48 @@ bool LocalComms::gpu(int32_t rank) const {
            devices_[static_cast<size_t>(rank)].kind == kernels::Device::Kind::cuda;
 }
 
-bool LocalComms::nccl_serves(const std::vector<int32_t>& mine) const {
-#ifdef DIST_HAVE_NCCL
-    if (layout_ && layout_->gpus_shared) return false;
-    // NCCL refuses a communicator with two members on one GPU.
-    std::set<int> devices;
-    for (int32_t r : mine) {
-        const kernels::Device d = devices_.at(static_cast<size_t>(r));
-        if (!kernels::backend_for(d).nccl_memory()) return false;
-        devices.insert(d.index);
+void LocalComms::learn_identities() {
+    bool any = false;
+    for (const auto& r : graph_.ranks) any |= local(r.rank) && gpu(r.rank);
+    if (!any) return;
+    identity_.assign(graph_.ranks.size(), std::string());
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    for (const auto& r : graph_.ranks)
+        if (local(r.rank) && gpu(r.rank))
+            identity_[static_cast<size_t>(r.rank)] =
+                std::string(host) + "/" +
+                kernels::backend_for(devices_[static_cast<size_t>(r.rank)]).identity();
+    if (!layout_) return;
+    // Publish ours, then read the others' (every process publishes before it reads).
+    auto key = [&](int32_t rank) { return layout_->prefix + "/gpu." + std::to_string(rank); };
+    for (const auto& r : graph_.ranks) {
+        const std::string& id = identity_[static_cast<size_t>(r.rank)];
+        if (local(r.rank))
+            layout_->store->set(key(r.rank), std::vector<char>(id.begin(), id.end()));
     }
-    return devices.size() == mine.size();
+    for (const auto& r : graph_.ranks) {
+        if (local(r.rank)) continue;
+        std::vector<char> id = layout_->store->get(key(r.rank), timeout_);
+        identity_[static_cast<size_t>(r.rank)].assign(id.begin(), id.end());
+    }
+}
+
+bool LocalComms::nccl_serves(const std::vector<int32_t>& ranks,
+                             const std::vector<int32_t>& mine) const {
+#ifdef DIST_HAVE_NCCL
+    for (int32_t r : mine)
+        if (!kernels::backend_for(devices_.at(static_cast<size_t>(r))).nccl_memory())
+            return false; // a stand-in device
+    // NCCL refuses a communicator with two members on one GPU.
+    std::set<std::string> gpus;
+    for (int32_t r : ranks) {
+        const std::string& id = identity_.at(static_cast<size_t>(r));
+        if (id.empty() || !gpus.insert(id).second) return false;
+    }
+    return true;
 #else
+    (void)ranks;
     (void)mine;
     return false;
 #endif
@@ -197,7 +230,7 @@ void LocalComms::form_groups() {
             // Groups other than the model replica's (kind 2: a host scalar) reduce the device
             // memory of GPU ranks.
             const bool on_gpu = key[0] != 2 && gpu(mine.front());
-            const bool nccl = on_gpu && nccl_serves(mine);
+            const bool nccl = on_gpu && nccl_serves(ranks, mine);
             if (nccl) {
 #ifdef DIST_HAVE_NCCL
                 transport::KeyValueStore& store = within ? store_ : *layout_->store;
@@ -266,8 +299,10 @@ RankComms LocalComms::for_rank(int32_t rank) {
 void LocalComms::abort(const std::string& why) {
     fabric_.abort(why);
     for (auto& [rank, ucx] : ucx_) ucx->abort(why);
-    for (auto& [key, g] : groups_)
+    for (auto& [key, g] : groups_) {
         if (g->inprocess) g->inprocess->abort(why);
+        for (auto& [rank, member] : g->members) member->abort(); // NCCL's waits
+    }
 }
 
 RankTraffic LocalComms::traffic(int32_t rank) const {

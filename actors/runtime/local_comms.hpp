@@ -11,10 +11,11 @@
 // two processes wait for each other's groups.
 //
 // Ranks on GPUs (devices naming CUDA devices) reduce their tensor-parallel, data-parallel and
-// tied-embedding groups in device memory: through NCCL where the build has it and this
-// process's members of the group are on different GPUs (NCCL's unique id travels through the
-// same store), else through the host groups above with staging copies. The model-replica group
-// reduces one host scalar (the gradient norm) and stays on the host.
+// tied-embedding groups in device memory: through NCCL where the build has it and no two
+// members of the group share a GPU (NCCL refuses that; every process publishes its ranks' GPUs,
+// host name and PCI bus id, in the store, so all of them decide alike), else through the host
+// groups above with staging copies. NCCL's unique id travels through the same store. The
+// model-replica group reduces one host scalar (the gradient norm) and stays on the host.
 #pragma once
 
 #include "actors/plan/graph.hpp"
@@ -50,9 +51,6 @@ struct CommsLayout {
     transport::UcxOptions ucx;
     /// The device of every rank (only this process's are read); empty: all on the CPU.
     std::vector<kernels::Device> devices;
-    /// Whether the host's GPUs are shared by ranks of different processes: NCCL refuses such a
-    /// group, so GPU groups then reduce through the host.
-    bool gpus_shared = false;
 };
 
 /// Bytes and time of one rank's point-to-point traffic with one rank of another process, by
@@ -93,14 +91,18 @@ class LocalComms {
     transport::Collectives* member(const std::vector<int32_t>& key, int32_t rank) const;
     bool local(int32_t rank) const;
     bool gpu(int32_t rank) const;
-    /// Whether NCCL reduces a device group whose members in this process are `mine`.
-    bool nccl_serves(const std::vector<int32_t>& mine) const;
+    /// Learns which physical GPU every rank uses (identity_), from this process's backends and
+    /// the other processes' entries in the store.
+    void learn_identities();
+    /// Whether NCCL reduces the device group of `ranks`, of which `mine` are in this process.
+    bool nccl_serves(const std::vector<int32_t>& ranks, const std::vector<int32_t>& mine) const;
 
     const plan::Graph& graph_;
     CollectivesBackend backend_;
     std::chrono::milliseconds timeout_;
     std::optional<CommsLayout> layout_;
     std::vector<kernels::Device> devices_;
+    std::vector<std::string> identity_; // by rank: "host/PCI bus id" of its GPU, "" elsewhere
     transport::InProcessFabric fabric_;
     transport::MemoryStore store_;
     std::map<int32_t, std::unique_ptr<transport::PointToPoint>> endpoints_;

@@ -20,6 +20,11 @@ class CudaBackend final : public Backend {
     Device device() const override { return {Device::Kind::cuda, index_}; }
     Allocator& allocator() override { return allocator_; }
     bool nccl_memory() const override { return true; }
+    std::string identity() const override {
+        std::string id;
+        run(cuda::pci_bus_id(index_, id));
+        return id;
+    }
 
     void matmul_forward(const float* inp, const float* weight, const float* bias, int64_t N,
                         int64_t C, int64_t OC, float* out) override {

@@ -256,6 +256,13 @@ std::string copy_to_host(const void* device, size_t bytes, void* host) {
     DIST_CUDA(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
     return {};
 }
+std::string pci_bus_id(int index, std::string& out) {
+    char id[64] = {};
+    DIST_CUDA(cudaDeviceGetPCIBusId(id, sizeof id, index));
+    out = id;
+    return {};
+}
+
 std::string set_device(int index) {
     DIST_CUDA(cudaSetDevice(index));
     return {};

@@ -157,6 +157,8 @@ std::string cross_entropy_part_backward(const float* logits, const int32_t* targ
                                         const float* lse, const float* dlosses, int64_t N,
                                         int64_t V, int64_t begin, float* dlogits);
 
+/// The PCI bus id of device `index` ("0000:19:00.0"), the same in every process of the host.
+std::string pci_bus_id(int index, std::string& out);
 /// Makes `index` the calling thread's current device (kernels launch on the current device).
 std::string set_device(int index);
 /// Waits for the kernels queued on the current device's default stream (where the ops above

@@ -158,6 +158,12 @@ std::string add_rows(const float* bias, int64_t N, int64_t C, float* out) {
 std::string copy_block(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
                        int64_t rows, int64_t width) {
     if (rows == 0 || width == 0) return {};
+    if (rows == 1 || (src_stride == width && dst_stride == width)) {
+        // One run of memory: a plain copy (a 2D copy's pitch is limited to 2^31 bytes).
+        DIST_CUDA(cudaMemcpyAsync(dst, src, static_cast<size_t>(rows * width) * sizeof(float),
+                                  cudaMemcpyDeviceToDevice, 0));
+        return {};
+    }
     DIST_CUDA(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_stride) * sizeof(float), src,
                                 static_cast<size_t>(src_stride) * sizeof(float),
                                 static_cast<size_t>(width) * sizeof(float),

@@ -71,6 +71,13 @@ TEST(Devices, GpuRanksTakeTheHostsGpusInTurn) {
     EXPECT_EQ(devices[0], kernels::Device::cpu()); // another process's rank: not placed here
     EXPECT_EQ(devices[2], (kernels::Device{kernels::Device::Kind::cuda, 2 % gpus}));
     EXPECT_EQ(devices[3], (kernels::Device{kernels::Device::Kind::cuda, 3 % gpus}));
+    // Processes of different sizes: process 1 after process 0's three ranks.
+    devices = runtime::place_ranks(p, *planned.graph, {0, 0, 0, 1}, 1, 1);
+    EXPECT_EQ(devices[3], (kernels::Device{kernels::Device::Kind::cuda, 3 % gpus}));
+    // The first process of another host starts from GPU 0.
+    devices = runtime::place_ranks(p, *planned.graph, {0, 0, 1, 1}, 1, 0);
+    EXPECT_EQ(devices[2], (kernels::Device{kernels::Device::Kind::cuda, 0}));
+    EXPECT_EQ(devices[3], (kernels::Device{kernels::Device::Kind::cuda, 1 % gpus}));
 }
 
 struct GpuCase {
