@@ -13,9 +13,9 @@
 #include "actors/runtime/job.hpp"
 #include "actors/runtime/local_comms.hpp"
 #include "kernels/devices.hpp"
-#include "lang/check.hpp"
 #include "models/trainer.hpp"
 
+#include "tests/common/checked_script.hpp"
 #include "tests/common/tiny_scripts.hpp"
 
 #include <gtest/gtest.h>
@@ -24,7 +24,6 @@
 
 #include <atomic>
 #include <cstring>
-#include <filesystem>
 #include <future>
 #include <initializer_list>
 #include <mutex>
@@ -294,15 +293,6 @@ template <int I> class StandIn final : public kernels::Backend {
     std::atomic<int> misplaced_{0};
 };
 
-Program checked(const std::string& text, const std::vector<std::string>& overrides) {
-    lang::FrontendOptions o;
-    o.search_roots = {std::filesystem::path(DIST_SOURCE_DIR) / "stdlib"};
-    o.overrides = overrides;
-    lang::CheckResult r = lang::check_text("t.dist", text, o);
-    EXPECT_TRUE(r.ok()) << r.report();
-    return r.ok() ? *r.program : Program{};
-}
-
 // The stand-ins, registered as the devices' backends while a test runs.
 struct StandIns {
     StandIn<6> six;
@@ -403,7 +393,7 @@ class DevicePath : public ::testing::TestWithParam<DeviceCase> {};
 TEST_P(DevicePath, RanksOnStandInDevicesTrainAsOnTheCpu) {
     const DeviceCase& c = GetParam();
     const std::string text = c.llama ? tests::tiny_llama_script(2) : tests::tiny_gpt_script(2);
-    Program p = checked(text, c.mesh);
+    Program p = tests::checked_script(text, c.mesh);
     plan::PlanResult planned = plan::lower(p);
     ASSERT_TRUE(planned.ok()) << plan::render_errors("t.dist", planned.errors);
     models::TokenData data;
@@ -428,25 +418,20 @@ TEST_P(DevicePath, RanksOnStandInDevicesTrainAsOnTheCpu) {
     }
 }
 
-std::vector<std::string> mesh(int dp, int tp, int pp, const std::string& kind, int m, int v = 0) {
-    std::vector<std::string> o{"mesh.dp=" + std::to_string(dp), "mesh.tp=" + std::to_string(tp),
-                               "mesh.pp=" + std::to_string(pp), "schedule.kind=" + kind,
-                               "schedule.microbatches=" + std::to_string(m)};
-    if (v > 0) o.push_back("schedule.virtual_stages=" + std::to_string(v));
-    return o;
-}
+using tests::mesh_overrides;
 
 INSTANTIATE_TEST_SUITE_P(
     Meshes, DevicePath,
-    ::testing::Values(DeviceCase{"dp2_tp2_pp2", false, mesh(2, 2, 2, "1f1b", 2)},
-                      DeviceCase{"tp2", false, mesh(1, 2, 1, "1f1b", 1)},
-                      DeviceCase{"pp2_zbv", false, mesh(1, 1, 2, "zbv", 4, 2)},
-                      DeviceCase{"llama_dp2_tp2", true, mesh(2, 2, 1, "1f1b", 2)},
+    ::testing::Values(DeviceCase{"dp2_tp2_pp2", false, mesh_overrides(2, 2, 2, "1f1b", 2)},
+                      DeviceCase{"tp2", false, mesh_overrides(1, 2, 1, "1f1b", 1)},
+                      DeviceCase{"pp2_zbv", false, mesh_overrides(1, 1, 2, "zbv", 4, 2)},
+                      DeviceCase{"llama_dp2_tp2", true, mesh_overrides(2, 2, 1, "1f1b", 2)},
                       // As the processes of a job: the two pipeline ranks in two processes
                       // (activations over UCX, the tied embedding's group over Gloo), and the
                       // data-parallel groups of a dp 2 x pp 2 mesh across two processes.
-                      DeviceCase{"two_processes_pp2", false, mesh(1, 1, 2, "1f1b", 4), 2},
-                      DeviceCase{"two_processes_dp2_pp2", false, mesh(2, 1, 2, "1f1b", 2), 2}),
+                      DeviceCase{"two_processes_pp2", false, mesh_overrides(1, 1, 2, "1f1b", 4), 2},
+                      DeviceCase{"two_processes_dp2_pp2", false, mesh_overrides(2, 1, 2, "1f1b", 2),
+                                 2}),
     [](const ::testing::TestParamInfo<DeviceCase>& i) { return i.param.name; });
 
 } // namespace

@@ -7,41 +7,28 @@
 #include "actors/plan/lower.hpp"
 #include "actors/runtime/job.hpp"
 #include "kernels/devices.hpp"
-#include "lang/check.hpp"
 #include "models/trainer.hpp"
 
+#include "tests/common/checked_script.hpp"
 #include "tests/common/tiny_scripts.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <filesystem>
 
 using namespace dist;
 
 namespace {
 
-Program checked(const std::string& text, const std::vector<std::string>& overrides) {
-    lang::FrontendOptions o;
-    // A bundle run on another machine (scripts/gpu-check.sh) names the tree it runs in.
-    const char* tree = std::getenv("DIST_SOURCE_DIR");
-    o.search_roots = {std::filesystem::path(tree ? tree : DIST_SOURCE_DIR) / "stdlib"};
-    o.overrides = overrides;
-    lang::CheckResult r = lang::check_text("t.dist", text, o);
-    EXPECT_TRUE(r.ok()) << r.report();
-    return r.ok() ? *r.program : Program{};
-}
-
 std::vector<std::string> mesh(const std::string& devices, int dp, int tp, int pp,
                               const std::string& kind, int m) {
-    return {"mesh.devices=" + devices,       "mesh.dp=" + std::to_string(dp),
-            "mesh.tp=" + std::to_string(tp), "mesh.pp=" + std::to_string(pp),
-            "schedule.kind=" + kind,         "schedule.microbatches=" + std::to_string(m)};
+    std::vector<std::string> o = tests::mesh_overrides(dp, tp, pp, kind, m);
+    o.push_back("mesh.devices=" + devices);
+    return o;
 }
 
 TEST(Devices, ACpuMeshPutsEveryRankOnTheCpu) {
-    Program p = checked(tests::tiny_gpt_script(2), mesh("cpu", 2, 1, 2, "1f1b", 2));
+    Program p = tests::checked_script(tests::tiny_gpt_script(2), mesh("cpu", 2, 1, 2, "1f1b", 2));
     plan::PlanResult planned = plan::lower(p);
     ASSERT_TRUE(planned.ok());
     auto devices = runtime::place_ranks(p, *planned.graph, {0, 0, 1, 1}, 1, 1);
@@ -50,7 +37,7 @@ TEST(Devices, ACpuMeshPutsEveryRankOnTheCpu) {
 }
 
 TEST(Devices, GpuRanksTakeTheHostsGpusInTurn) {
-    Program p = checked(tests::tiny_gpt_script(2), mesh("h200", 2, 1, 2, "1f1b", 2));
+    Program p = tests::checked_script(tests::tiny_gpt_script(2), mesh("h200", 2, 1, 2, "1f1b", 2));
     plan::PlanResult planned = plan::lower(p);
     ASSERT_TRUE(planned.ok());
     const int gpus = kernels::gpu_count();
@@ -100,7 +87,7 @@ TEST_P(GpuEquivalence, LossesNormsAndWeightsMatchTheCpu) {
     const std::string text = c.llama ? tests::tiny_llama_script(3) : tests::tiny_gpt_script(3);
 
     // The reference: one CPU device.
-    Program ref_program = checked(text, {});
+    Program ref_program = tests::checked_script(text, {});
     models::TokenData data;
     ASSERT_EQ(models::load_data(ref_program.train.data, ref_program.model, data), "");
     models::Model ref(ref_program.model, static_cast<uint64_t>(ref_program.train.seed));
@@ -113,7 +100,7 @@ TEST_P(GpuEquivalence, LossesNormsAndWeightsMatchTheCpu) {
                             }),
               "");
 
-    Program p = checked(text, mesh("h200", c.dp, c.tp, c.pp, c.kind, c.microbatches));
+    Program p = tests::checked_script(text, mesh("h200", c.dp, c.tp, c.pp, c.kind, c.microbatches));
     plan::PlanResult planned = plan::lower(p);
     ASSERT_TRUE(planned.ok()) << plan::render_errors("t.dist", planned.errors);
     runtime::Job job(p, *planned.graph, data);

@@ -11,6 +11,7 @@
 #include "models/checkpoint.hpp"
 #include "models/trainer.hpp"
 
+#include "tests/common/checked_script.hpp"
 #include "tests/common/tiny_scripts.hpp"
 
 #include <gtest/gtest.h>
@@ -29,22 +30,13 @@ namespace {
 const std::string gpt_script = dist::tests::tiny_gpt_script(3);
 const std::string llama_script = dist::tests::tiny_llama_script(3);
 
-Program checked(const std::string& text, const std::vector<std::string>& overrides) {
-    lang::FrontendOptions o;
-    o.search_roots = {std::filesystem::path(DIST_SOURCE_DIR) / "stdlib"};
-    o.overrides = overrides;
-    lang::CheckResult r = lang::check_text("t.dist", text, o);
-    EXPECT_TRUE(r.ok()) << r.report();
-    return r.ok() ? *r.program : Program{};
-}
-
 struct Reference {
     std::vector<double> losses, norms;
     std::unique_ptr<models::Model> model;
 };
 
 Reference one_device(const std::string& text) {
-    Program p = checked(text, {});
+    Program p = tests::checked_script(text, {});
     models::TokenData data;
     EXPECT_EQ(models::load_data(p.train.data, p.model, data), "");
     Reference ref;
@@ -74,7 +66,7 @@ TEST_P(Equivalence, LossesAndWeightsMatchOneDevice) {
     const Case& c = GetParam();
     const std::string text = c.model == "gpt" ? gpt_script : llama_script;
     Reference ref = one_device(text);
-    Program p = checked(text, c.overrides);
+    Program p = tests::checked_script(text, c.overrides);
     plan::PlanResult planned = plan::lower(p);
     ASSERT_TRUE(planned.ok()) << plan::render_errors("t.dist", planned.errors);
     models::TokenData data;
@@ -108,12 +100,9 @@ TEST_P(Equivalence, LossesAndWeightsMatchOneDevice) {
     }
 }
 
+using tests::mesh_overrides;
 std::vector<std::string> mesh(int dp, int tp, int pp, const std::string& kind, int m, int v = 0) {
-    std::vector<std::string> o{"mesh.dp=" + std::to_string(dp), "mesh.tp=" + std::to_string(tp),
-                               "mesh.pp=" + std::to_string(pp), "schedule.kind=" + kind,
-                               "schedule.microbatches=" + std::to_string(m)};
-    if (v > 0) o.push_back("schedule.virtual_stages=" + std::to_string(v));
-    return o;
+    return mesh_overrides(dp, tp, pp, kind, m, v);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -147,7 +136,7 @@ struct PlannedJob {
 
 std::unique_ptr<PlannedJob> plan_job(const std::vector<std::string>& overrides) {
     auto j = std::make_unique<PlannedJob>();
-    j->program = checked(gpt_script, overrides);
+    j->program = tests::checked_script(gpt_script, overrides);
     plan::PlanResult planned = plan::lower(j->program);
     EXPECT_TRUE(planned.ok()) << plan::render_errors("t.dist", planned.errors);
     j->graph = *planned.graph;
