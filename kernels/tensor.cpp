@@ -140,6 +140,8 @@ void Tensor::copy_from(const Tensor& src) {
         mine.from_host(raw(), src.raw(), bytes(), to.index);
     } else if (to.kind == Device::Kind::cpu) {
         theirs.to_host(raw(), src.raw(), bytes(), from.index);
+    } else if (from.kind == to.kind && mine.from_peer) {
+        mine.from_peer(raw(), to.index, src.raw(), from.index, bytes());
     } else {
         // Between two devices: through the host.
         std::vector<unsigned char> staging(bytes());

@@ -43,6 +43,9 @@ struct MemoryOps {
     void (*copy)(void* dst, const void* src, size_t bytes, int device);
     void (*to_host)(void* host, const void* src, size_t bytes, int device);
     void (*from_host)(void* dst, const void* host, size_t bytes, int device);
+    /// From another device of the same kind, directly (null: through the host).
+    void (*from_peer)(void* dst, int device, const void* src, int src_device,
+                      size_t bytes) = nullptr;
 
     /// Host memory: 64-byte aligned, memset and memcpy.
     static MemoryOps host();

@@ -52,11 +52,21 @@ void device_from_host(void* dst, const void* host, size_t bytes, int device) {
           bytes);
 }
 
+// GPU to GPU without the host. The source's queued kernels finish first (the copy runs on the
+// destination's stream), and the copy is over when this returns, as the other copies are.
+void device_from_peer(void* dst, int device, const void* src, int src_device, size_t bytes) {
+    check(cudaSetDevice(src_device), "cudaSetDevice", src_device, bytes);
+    check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize", src_device, bytes);
+    check(cudaSetDevice(device), "cudaSetDevice", device, bytes);
+    check(cudaMemcpyPeer(dst, device, src, src_device, bytes), "cudaMemcpyPeer", device, bytes);
+    check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize", device, bytes);
+}
+
 } // namespace
 
 MemoryOps memory_ops() {
-    return {device_allocate, device_release, device_zero,
-            device_copy,     device_to_host, device_from_host};
+    return {device_allocate, device_release,   device_zero,     device_copy,
+            device_to_host,  device_from_host, device_from_peer};
 }
 
 Allocator& allocator(int index) {

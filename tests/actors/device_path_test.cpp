@@ -68,7 +68,14 @@ template <int I> struct Arena {
         EXPECT_TRUE(holds(dst) && !holds(host)) << "from_host into outside the device";
         std::memcpy(dst, host, bytes);
     }
-    static kernels::MemoryOps ops() { return {allocate, release, zero, copy, to_host, from_host}; }
+    // From the other stand-in, without the host (as cudaMemcpyPeer).
+    static void from_peer(void* dst, int, const void* src, int, size_t bytes) {
+        EXPECT_TRUE(holds(dst) && !holds(src)) << "from_peer into outside the device";
+        std::memcpy(dst, src, bytes);
+    }
+    static kernels::MemoryOps ops() {
+        return {allocate, release, zero, copy, to_host, from_host, from_peer};
+    }
 };
 
 template <int I> class StandIn final : public kernels::Backend {

@@ -64,7 +64,7 @@ namespace {
 
 // Host memory that counts how a tensor reaches it: every transfer goes through the ops.
 struct Counts {
-    int allocate = 0, zero = 0, copy = 0, to_host = 0, from_host = 0;
+    int allocate = 0, zero = 0, copy = 0, to_host = 0, from_host = 0, from_peer = 0;
 } counts;
 
 MemoryOps counting_ops() {
@@ -80,6 +80,9 @@ MemoryOps counting_ops() {
     };
     ops.from_host = [](void* p, const void* s, size_t b, int d) {
         ++counts.from_host, host.from_host(p, s, b, d);
+    };
+    ops.from_peer = [](void* p, int d, const void* s, int, size_t b) {
+        ++counts.from_peer, host.copy(p, s, b, d);
     };
     return ops;
 }
@@ -105,6 +108,17 @@ TEST(Allocator, TensorsMoveBetweenDevicesThroughTheDevicesMemoryOps) {
     EXPECT_EQ(counts.allocate, 2);
     // dtype conversion is a CPU operation.
     EXPECT_THROW(b.to(DType::bf16), std::invalid_argument);
+    // To another device of the kind: directly, when its ops can; else through the host.
+    Allocator peer(Device{Device::Kind::cuda, 4}, counting_ops());
+    Tensor d = b.to(peer);
+    EXPECT_EQ(counts.from_peer, 1);
+    EXPECT_EQ(counts.to_host, 1);
+    Tensor dh = d.on_host();
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(dh.data<float>()[i], static_cast<float>(i + 1));
+    Allocator staged(Device{Device::Kind::cuda, 5}, MemoryOps::host()); // no from_peer
+    Tensor e = b.to(staged);
+    EXPECT_EQ(counts.to_host, 3); // d's check above, and e's staging
+    EXPECT_EQ(e.on_host().data<float>()[3], 4.0f);
 }
 
 TEST(Tensor, CopyFromOverwritesInPlaceFromAnyDevice) {
