@@ -294,8 +294,7 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
         std::memcpy(mb_targets.raw(), targets_.data<int32_t>() + mb * mb_targets.numel(), bytes);
         kernels::Backend& dev = *device_;
         models::Batch batch{dev.here(mb_tokens), dev.here(mb_targets)};
-        mb_tokens = batch.tokens;
-        Tensor input = st.info.embedding          ? mb_tokens
+        Tensor input = st.info.embedding          ? batch.tokens
                        : st.inputs.count(mb) != 0 ? take(st.inputs, mb, "input", s)
                                                   : take(state(s - 1).outputs, mb, "output", s - 1);
         Tensor out = st.stage.forward(mb, input, batch);

@@ -218,8 +218,7 @@ class CudaBackend final : public Backend {
 Backend& backend(int index) {
     static std::mutex mutex;
     static std::deque<std::pair<int, CudaBackend>> made;
-    Allocator& check = cuda::allocator(index); // throws for a device that does not exist
-    (void)check;
+    cuda::allocator(index); // throws for a device that does not exist
     std::lock_guard lock(mutex);
     for (auto& [i, b] : made)
         if (i == index) return b;
