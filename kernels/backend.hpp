@@ -105,6 +105,17 @@ class Backend {
     /// Sum of squares and plain sum, accumulated in double; they wait for the device.
     virtual double sum_squares(const float* x, int64_t n) = 0;
     virtual double sum(const float* x, int64_t n) = 0;
+    /// The sum of squares of several arrays together (a gradient norm): one wait for the
+    /// device in all, where a GPU backend overrides it; the default adds sum_squares of each.
+    struct Part {
+        const float* data;
+        int64_t n;
+    };
+    virtual double sum_squares_of(const std::vector<Part>& parts) {
+        double total = 0.0;
+        for (const Part& p : parts) total += sum_squares(p.data, p.n);
+        return total;
+    }
     /// x (n) *= s.
     virtual void scale(float* x, int64_t n, double s) = 0;
     /// Waits until the ops queued on the device have run (the CPU runs each op at its call).

@@ -90,8 +90,16 @@ class NcclCollectives final : public Collectives {
             // non-blocking stream does not synchronise by itself: wait for what is queued there.
             DIST_CUDA_CHECK(cudaEventRecord(ready_, cudaStreamLegacy));
             DIST_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
-            f();
-            wait();
+            try {
+                f();
+                wait();
+            } catch (const CollectiveError&) {
+                // After an error NCCL's state is unknown, its kernel may still be waiting for
+                // peers: abort, so that neither this member nor its destructor waits for them.
+                if (comm_) ncclCommAbort(comm_);
+                comm_ = nullptr;
+                throw;
+            }
         } catch (const CollectiveError& e) {
             throw CollectiveError(name_ + ": " + call + " on rank " + std::to_string(rank_) +
                                   " failed: " + e.what());
@@ -110,11 +118,7 @@ class NcclCollectives final : public Collectives {
             ncclResult_t async = ncclSuccess;
             DIST_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
             if (async != ncclSuccess && async != ncclInProgress) DIST_NCCL_CHECK(async);
-            if (aborted_) {
-                ncclCommAbort(comm_);
-                comm_ = nullptr;
-                throw CollectiveError("aborted while waiting for the other members");
-            }
+            if (aborted_) throw CollectiveError("aborted while waiting for the other members");
             std::this_thread::sleep_for(pause);
             pause = std::min(pause * 2, std::chrono::microseconds(200));
         }

@@ -381,7 +381,7 @@ void RankExecutor::sum_tied_gradients() {
 }
 
 double RankExecutor::gradient_norm() {
-    double sq = 0.0;
+    std::vector<kernels::Backend::Part> grads;
     for (auto& [i, s] : stages_) {
         const auto& copies = s->stage.tied_copies();
         for (auto& p : s->stage.params().all()) {
@@ -389,9 +389,10 @@ double RankExecutor::gradient_norm() {
             // replicated over the tensor-parallel ranks only on the first of them.
             if (std::find(copies.begin(), copies.end(), p.name) != copies.end()) continue;
             if (p.shard.whole() && me_.tp != 0) continue;
-            sq += device_->sum_squares(p.grad.data<float>(), p.grad.numel());
+            grads.push_back({p.grad.data<float>(), p.grad.numel()});
         }
     }
+    double sq = device_->sum_squares_of(grads);
     if (comms_.model && comms_.model->size() > 1) {
         float v = static_cast<float>(sq);
         // Reduced in float like every collective here: the norm needs no more precision.

@@ -19,6 +19,7 @@ namespace dist::runtime {
 // must join concurrently).
 struct LocalComms::Group {
     std::vector<int32_t> ranks;
+    bool nccl = false;
     std::unique_ptr<transport::InProcessGroup> inprocess;
     std::map<int32_t, std::unique_ptr<transport::Collectives>> members;
 };
@@ -122,7 +123,18 @@ LocalComms::LocalComms(const plan::Graph& graph, const CommsLayout& layout,
     form_groups();
 }
 
-LocalComms::~LocalComms() = default;
+LocalComms::~LocalComms() {
+    // A group's members in this process leave it together, each from its own thread: NCCL's
+    // destroy finalises with the other members, so one thread leaving for several would wait
+    // for itself.
+    for (auto& [key, g] : groups_) {
+        if (!g->nccl || g->members.size() < 2) continue;
+        std::vector<std::future<void>> leaving;
+        for (auto& [rank, member] : g->members)
+            leaving.push_back(std::async(std::launch::async, [&m = member] { m.reset(); }));
+        for (auto& f : leaving) f.wait();
+    }
+}
 
 bool LocalComms::gpu(int32_t rank) const {
     return static_cast<size_t>(rank) < devices_.size() &&
@@ -133,47 +145,55 @@ void LocalComms::learn_identities() {
     bool any = false;
     for (const auto& r : graph_.ranks) any |= local(r.rank) && gpu(r.rank);
     if (!any) return;
-    identity_.assign(graph_.ranks.size(), std::string());
+    identity_.assign(graph_.ranks.size(), GpuIdentity{});
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
-    for (const auto& r : graph_.ranks)
-        if (local(r.rank) && gpu(r.rank))
-            identity_[static_cast<size_t>(r.rank)] =
-                std::string(host) + "/" +
-                kernels::backend_for(devices_[static_cast<size_t>(r.rank)]).identity();
+    for (const auto& r : graph_.ranks) {
+        if (!local(r.rank) || !gpu(r.rank)) continue;
+        kernels::Backend& b = kernels::backend_for(devices_[static_cast<size_t>(r.rank)]);
+        // A stand-in device's memory is no GPU's: NCCL cannot reduce it.
+        identity_[static_cast<size_t>(r.rank)] = {std::string(host) + "/" + b.identity(),
+                                                  built_with_nccl() && b.nccl_memory()};
+    }
     if (!layout_) return;
-    // Publish ours, then read the others' (every process publishes before it reads).
+    // Publish ours, then read the others' (every process publishes before it reads): the NCCL
+    // flag first, then the GPU.
     auto key = [&](int32_t rank) { return layout_->prefix + "/gpu." + std::to_string(rank); };
     for (const auto& r : graph_.ranks) {
-        const std::string& id = identity_[static_cast<size_t>(r.rank)];
-        if (local(r.rank))
-            layout_->store->set(key(r.rank), std::vector<char>(id.begin(), id.end()));
+        if (!local(r.rank)) continue;
+        const GpuIdentity& id = identity_[static_cast<size_t>(r.rank)];
+        const std::string entry = (id.nccl ? "1" : "0") + id.gpu;
+        layout_->store->set(key(r.rank), std::vector<char>(entry.begin(), entry.end()));
     }
     for (const auto& r : graph_.ranks) {
         if (local(r.rank)) continue;
-        std::vector<char> id = layout_->store->get(key(r.rank), timeout_);
-        identity_[static_cast<size_t>(r.rank)].assign(id.begin(), id.end());
+        std::vector<char> bytes = layout_->store->get(key(r.rank), timeout_);
+        if (bytes.empty() || (bytes[0] != '0' && bytes[0] != '1'))
+            throw std::runtime_error("the store's entry for rank " + std::to_string(r.rank) +
+                                     "'s GPU is malformed");
+        identity_[static_cast<size_t>(r.rank)] = {std::string(bytes.begin() + 1, bytes.end()),
+                                                  bytes[0] == '1'};
     }
 }
 
-bool LocalComms::nccl_serves(const std::vector<int32_t>& ranks,
-                             const std::vector<int32_t>& mine) const {
+bool built_with_nccl() {
 #ifdef DIST_HAVE_NCCL
-    for (int32_t r : mine)
-        if (!kernels::backend_for(devices_.at(static_cast<size_t>(r))).nccl_memory())
-            return false; // a stand-in device
-    // NCCL refuses a communicator with two members on one GPU.
-    std::set<std::string> gpus;
-    for (int32_t r : ranks) {
-        const std::string& id = identity_.at(static_cast<size_t>(r));
-        if (id.empty() || !gpus.insert(id).second) return false;
-    }
     return true;
 #else
-    (void)ranks;
-    (void)mine;
     return false;
 #endif
+}
+
+bool nccl_can_serve(const std::vector<GpuIdentity>& ids, const std::vector<int32_t>& ranks) {
+    std::map<std::string, int> ranks_on; // by GPU: the job's ranks on it
+    for (const GpuIdentity& id : ids)
+        if (!id.gpu.empty()) ++ranks_on[id.gpu];
+    for (int32_t r : ranks) {
+        if (r < 0 || static_cast<size_t>(r) >= ids.size()) return false;
+        const GpuIdentity& id = ids[static_cast<size_t>(r)];
+        if (id.gpu.empty() || !id.nccl || ranks_on[id.gpu] != 1) return false;
+    }
+    return true;
 }
 
 bool LocalComms::local(int32_t rank) const {
@@ -230,7 +250,8 @@ void LocalComms::form_groups() {
             // Groups other than the model replica's (kind 2: a host scalar) reduce the device
             // memory of GPU ranks.
             const bool on_gpu = key[0] != 2 && gpu(mine.front());
-            const bool nccl = on_gpu && nccl_serves(ranks, mine);
+            const bool nccl = on_gpu && nccl_can_serve(identity_, ranks);
+            g->nccl = nccl;
             if (nccl) {
 #ifdef DIST_HAVE_NCCL
                 transport::KeyValueStore& store = within ? store_ : *layout_->store;

@@ -11,10 +11,10 @@
 // two processes wait for each other's groups.
 //
 // Ranks on GPUs (devices naming CUDA devices) reduce their tensor-parallel, data-parallel and
-// tied-embedding groups in device memory: through NCCL where the build has it and no two
-// members of the group share a GPU (NCCL refuses that; every process publishes its ranks' GPUs,
-// host name and PCI bus id, in the store, so all of them decide alike), else through the host
-// groups above with staging copies. NCCL's unique id travels through the same store. The
+// tied-embedding groups in device memory: through NCCL where every member's process can use it
+// and every member has a GPU of its own (see nccl_can_serve; every process publishes its ranks'
+// GPUs, host name and PCI bus id, in the store, so all of them decide alike), else through the
+// host groups above with staging copies. NCCL's unique id travels through the same store. The
 // model-replica group reduces one host scalar (the gradient norm) and stays on the host.
 #pragma once
 
@@ -58,6 +58,20 @@ struct CommsLayout {
 struct PeerTraffic {
     std::array<transport::UcxTraffic, 2> sent, received;
 };
+/// The GPU a rank computes on, as every process of a job sees it.
+struct GpuIdentity {
+    std::string gpu;   ///< "host/PCI bus id"; empty: the rank is not on a GPU
+    bool nccl = false; ///< its process can reduce that GPU's memory through NCCL
+};
+/// Whether NCCL reduces the device group of `ranks`, given every rank's GPU (`ids`, by rank):
+/// when every member's process can use NCCL, no two members share a GPU (NCCL refuses that),
+/// and no member's GPU also serves another rank of the job. Two communicators busy at once on
+/// one GPU can deadlock when their ranks issue their calls in different orders, which ranks
+/// sharing a GPU do; the host-staged groups then reduce instead.
+bool nccl_can_serve(const std::vector<GpuIdentity>& ids, const std::vector<int32_t>& ranks);
+/// Whether this build reduces GPU groups through NCCL at all.
+bool built_with_nccl();
+
 /// A rank's traffic with other processes, by peer rank (peers it exchanged nothing with are
 /// absent): a step's transfer statistics.
 using RankTraffic = std::map<int32_t, PeerTraffic>;
@@ -94,15 +108,13 @@ class LocalComms {
     /// Learns which physical GPU every rank uses (identity_), from this process's backends and
     /// the other processes' entries in the store.
     void learn_identities();
-    /// Whether NCCL reduces the device group of `ranks`, of which `mine` are in this process.
-    bool nccl_serves(const std::vector<int32_t>& ranks, const std::vector<int32_t>& mine) const;
 
     const plan::Graph& graph_;
     CollectivesBackend backend_;
     std::chrono::milliseconds timeout_;
     std::optional<CommsLayout> layout_;
     std::vector<kernels::Device> devices_;
-    std::vector<std::string> identity_; // by rank: "host/PCI bus id" of its GPU, "" elsewhere
+    std::vector<GpuIdentity> identity_; // by rank (empty: no rank of this process on a GPU)
     transport::InProcessFabric fabric_;
     transport::MemoryStore store_;
     std::map<int32_t, std::unique_ptr<transport::PointToPoint>> endpoints_;

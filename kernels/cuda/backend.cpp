@@ -126,14 +126,21 @@ class CudaBackend final : public Backend {
     void adamw_step(const float* grads, int64_t n, double lr, double beta1, double beta2,
                     double eps, double weight_decay, int64_t step, float* params, float* m,
                     float* v) override {
-        run(cuda::adamw_step(current(grads), n, static_cast<float>(lr), static_cast<float>(beta1),
-                             static_cast<float>(beta2), static_cast<float>(eps),
-                             static_cast<float>(weight_decay), step, params, m, v));
+        run(cuda::adamw_step(current(grads), n, static_cast<float>(lr), beta1, beta2,
+                             static_cast<float>(eps), static_cast<float>(weight_decay), step,
+                             params, m, v));
     }
     double sum_squares(const float* x, int64_t n) override {
         return reduce(x, n, &cuda::sum_squares);
     }
     double sum(const float* x, int64_t n) override { return reduce(x, n, &cuda::sum); }
+    double sum_squares_of(const std::vector<Part>& parts) override {
+        run(cuda::set_device(index_));
+        Tensor total = Tensor::zeros({2}, DType::f32, allocator_); // 8 bytes: one double
+        for (const Part& p : parts)
+            run(cuda::sum_squares(p.data, p.n, static_cast<double*>(total.raw())));
+        return read_double(total);
+    }
     void scale(float* x, int64_t n, double s) override { run(cuda::scale(current(x), n, s)); }
     void synchronize() override {
         run(cuda::set_device(index_));
@@ -204,8 +211,11 @@ class CudaBackend final : public Backend {
     double reduce(const float* x, int64_t n, std::string (*op)(const float*, int64_t, double*)) {
         Tensor total = Tensor::zeros({2}, DType::f32, allocator_); // 8 bytes: one double
         run(op(current(x), n, static_cast<double*>(total.raw())));
+        return read_double(total);
+    }
+    double read_double(const Tensor& t) const {
         double out = 0.0;
-        allocator_.ops().to_host(&out, total.raw(), sizeof(double), index_);
+        allocator_.ops().to_host(&out, t.raw(), sizeof(double), index_);
         return out;
     }
 

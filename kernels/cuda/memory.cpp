@@ -54,11 +54,14 @@ void device_from_host(void* dst, const void* host, size_t bytes, int device) {
 
 // GPU to GPU without the host. The source's queued kernels finish first (the copy runs on the
 // destination's stream), and the copy is over when this returns, as the other copies are.
+// cudaMemcpyPeer would also wait for all work on both GPUs, a collective of another rank
+// among it, which may be waiting for this rank: the copy goes on the default stream instead.
 void device_from_peer(void* dst, int device, const void* src, int src_device, size_t bytes) {
     check(cudaSetDevice(src_device), "cudaSetDevice", src_device, bytes);
     check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize", src_device, bytes);
     check(cudaSetDevice(device), "cudaSetDevice", device, bytes);
-    check(cudaMemcpyPeer(dst, device, src, src_device, bytes), "cudaMemcpyPeer", device, bytes);
+    check(cudaMemcpyPeerAsync(dst, device, src, src_device, bytes, cudaStreamLegacy),
+          "cudaMemcpyPeerAsync", device, bytes);
     check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize", device, bytes);
 }
 

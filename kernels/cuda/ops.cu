@@ -314,7 +314,7 @@ std::string matmul_backward_weight(const float* dout, const float* inp, int64_t 
     // dweight^T (C,OC) += inp^T (C,N) . dout (N,OC)
     DIST_CUBLAS(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, int(C), int(OC), int(N), &one, inp, int(C),
                             dout, int(OC), &one, dweight, int(C)));
-    if (dbias) {
+    if (dbias && OC > 0) {
         bias_grad<<<static_cast<int>(OC < 4096 ? OC : 4096), 256>>>(dout, N, OC, dbias);
         DIST_LAUNCHED();
     }
@@ -323,6 +323,7 @@ std::string matmul_backward_weight(const float* dout, const float* inp, int64_t 
 
 std::string layernorm_forward(const float* inp, const float* weight, const float* bias, int64_t N,
                               int64_t C, float eps, float* out, float* mean, float* rstd) {
+    if (N == 0) return {}; // one block a row: a grid of none is an error
     layernorm_forward_kernel<<<int(N), 256>>>(inp, weight, bias, C, eps, out, mean, rstd);
     DIST_LAUNCHED();
     return {};
@@ -331,6 +332,7 @@ std::string layernorm_forward(const float* inp, const float* weight, const float
 std::string layernorm_backward_input(const float* dout, const float* inp, const float* weight,
                                      const float* mean, const float* rstd, int64_t N, int64_t C,
                                      float* dinp) {
+    if (N == 0) return {};
     layernorm_backward_input_kernel<<<int(N), 256>>>(dout, inp, weight, mean, rstd, C, dinp);
     DIST_LAUNCHED();
     return {};
@@ -385,6 +387,7 @@ std::string positions_backward(const float* dout, int64_t B, int64_t T, int64_t 
 
 std::string cross_entropy_forward(const float* logits, const int32_t* targets, int64_t N, int64_t V,
                                   float* losses, float* lse) {
+    if (N == 0) return {};
     cross_entropy_forward_kernel<<<int(N), 256>>>(logits, targets, V, losses, lse);
     DIST_LAUNCHED();
     return {};
@@ -392,15 +395,20 @@ std::string cross_entropy_forward(const float* logits, const int32_t* targets, i
 
 std::string cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse,
                                    const float* dlosses, int64_t N, int64_t V, float* dlogits) {
+    if (N == 0) return {};
     cross_entropy_backward_kernel<<<int(N), 256>>>(logits, targets, lse, dlosses, V, dlogits);
     DIST_LAUNCHED();
     return {};
 }
 
-std::string adamw_step(const float* grads, int64_t n, float lr, float beta1, float beta2, float eps,
-                       float weight_decay, int64_t step, float* params, float* m, float* v) {
-    float corr1 = 1.0f - std::pow(beta1, float(step)), corr2 = 1.0f - std::pow(beta2, float(step));
-    adamw_kernel<<<blocks_for(n, 256), 256>>>(grads, n, lr, beta1, beta2, eps, weight_decay, corr1,
+std::string adamw_step(const float* grads, int64_t n, float lr, double beta1, double beta2,
+                       float eps, float weight_decay, int64_t step, float* params, float* m,
+                       float* v) {
+    if (n == 0) return {};
+    const auto corr1 = static_cast<float>(1.0 - std::pow(beta1, static_cast<double>(step)));
+    const auto corr2 = static_cast<float>(1.0 - std::pow(beta2, static_cast<double>(step)));
+    adamw_kernel<<<blocks_for(n, 256), 256>>>(grads, n, lr, static_cast<float>(beta1),
+                                              static_cast<float>(beta2), eps, weight_decay, corr1,
                                               corr2, params, m, v);
     DIST_LAUNCHED();
     return {};

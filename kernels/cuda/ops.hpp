@@ -93,8 +93,10 @@ std::string cross_entropy_forward(const float* logits, const int32_t* targets, i
 std::string cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse,
                                    const float* dlosses, int64_t N, int64_t V, float* dlogits);
 
-std::string adamw_step(const float* grads, int64_t n, float lr, float beta1, float beta2, float eps,
-                       float weight_decay, int64_t step, float* params, float* m, float* v);
+/// The bias corrections 1 - beta^step are computed in double and rounded once, as the CPU's.
+std::string adamw_step(const float* grads, int64_t n, float lr, double beta1, double beta2,
+                       float eps, float weight_decay, int64_t step, float* params, float* m,
+                       float* v);
 
 /// Gradient norm: sum (one double in device memory) += sum of x[i]^2, accumulated in double.
 /// Call it once per tensor into the same accumulator, zeroed first (copy_to_device).

@@ -6,6 +6,7 @@
 // float tolerance of a different reduction order, and the gathered weights likewise.
 #include "actors/plan/lower.hpp"
 #include "actors/runtime/job.hpp"
+#include "actors/runtime/local_comms.hpp"
 #include "kernels/devices.hpp"
 #include "models/trainer.hpp"
 
@@ -67,6 +68,36 @@ TEST(Devices, GpuRanksTakeTheHostsGpusInTurn) {
     EXPECT_EQ(devices[3], (kernels::Device{kernels::Device::Kind::cuda, 1 % gpus}));
 }
 
+TEST(Devices, NcclServesAGroupWhoseMembersEachHaveAGpuOfTheirOwn) {
+    using runtime::GpuIdentity;
+    using runtime::nccl_can_serve;
+    // Ranks 0-3 on four GPUs of two hosts; rank 4 on the CPU.
+    std::vector<GpuIdentity> ids = {{"a/0000:01:00.0", true},
+                                    {"a/0000:02:00.0", true},
+                                    {"b/0000:01:00.0", true},
+                                    {"b/0000:02:00.0", true},
+                                    {"", false}};
+    EXPECT_TRUE(nccl_can_serve(ids, {0, 1}));
+    EXPECT_TRUE(nccl_can_serve(ids, {0, 2})); // the same bus id on another host: another GPU
+    EXPECT_TRUE(nccl_can_serve(ids, {0, 1, 2, 3}));
+    EXPECT_FALSE(nccl_can_serve(ids, {0, 4})); // a member not on a GPU
+    EXPECT_FALSE(nccl_can_serve(ids, {0, 9})); // a rank the job does not have
+
+    // A process that cannot use NCCL on its GPU (a build without it, a stand-in device): every
+    // process sees its flag, so none forms a communicator it would wait in alone.
+    ids[1].nccl = false;
+    EXPECT_FALSE(nccl_can_serve(ids, {0, 1}));
+    EXPECT_TRUE(nccl_can_serve(ids, {0, 2}));
+    ids[1].nccl = true;
+
+    // Rank 4 on rank 0's GPU: NCCL refuses a group with both; and a group of rank 0 alone with
+    // others would put two communicators of this job on that GPU at once (rank 4's groups).
+    ids[4] = ids[0];
+    EXPECT_FALSE(nccl_can_serve(ids, {0, 4}));
+    EXPECT_FALSE(nccl_can_serve(ids, {0, 1}));
+    EXPECT_TRUE(nccl_can_serve(ids, {1, 2, 3}));
+}
+
 struct GpuCase {
     std::string name;
     bool llama;
@@ -106,9 +137,13 @@ TEST_P(GpuEquivalence, LossesNormsAndWeightsMatchTheCpu) {
     runtime::Job job(p, *planned.graph, data);
     for (const auto& d : job.devices()) EXPECT_EQ(d.kind, kernels::Device::Kind::cuda);
     const int ranks = c.dp * c.tp * c.pp;
-    if (c.dp * c.tp > 1) {
-        EXPECT_EQ(job.device_collectives(),
-                  kernels::gpu_count() >= ranks ? std::string("nccl") : std::string("staged"));
+    // With a GPU per rank every device group has NCCL (where built); with one GPU for all, none
+    // has. In between, groups whose members have GPUs of their own have it, the others not.
+    if (c.dp * c.tp > 1 && kernels::gpu_count() >= ranks) {
+        EXPECT_EQ(job.device_collectives(), runtime::built_with_nccl() ? "nccl" : "staged");
+    }
+    if (c.dp * c.tp > 1 && kernels::gpu_count() == 1) {
+        EXPECT_EQ(job.device_collectives(), "staged");
     }
     std::vector<double> losses, norms;
     runtime::JobOptions o;

@@ -1,8 +1,9 @@
 // cuda_backend_test.cpp: a CUDA device's Backend against the CPU's, op by op, on the same
 // inputs: the ops layers call through kernels::Backend that ops.hpp's tests do not cover (the
 // residual sum, bias rows, column blocks, GELU (erf), ReLU, the vocabulary-split embedding and
-// loss, the reductions), and the contracts the backend adds (GELU's backward writes its output;
-// every call works from a thread whose current device is another). Skips without a GPU.
+// loss, the reductions), the optimizer and the
+// gradient norm through the backend, and the contracts the backend adds (GELU's backward writes its
+// output; every call works from a thread whose current device is another). Skips without a GPU.
 #include "kernels/cuda/backend.hpp"
 #include "kernels/cuda/ops.hpp"
 
@@ -167,6 +168,48 @@ TEST_F(CudaBackend, VocabularySplitEmbeddingAndLossMatchTheCpu) {
                                       glse.data<float>(), gdl.data<float>(), N, V, begin,
                                       gd.data<float>());
     expect_close(gd, d, 1e-5f, "cross_entropy_part_backward");
+}
+
+TEST_F(CudaBackend, OptimizerAndNormMatchTheCpu) {
+    const int64_t n = 1000;
+    Tensor p = host({n}, 20), g = host({n}, 21), m({n}), v({n});
+    Tensor gp = dev(p), gg = dev(g), gm = dev(m), gv = dev(v);
+    // beta2 = 0.999: its bias correction at step 1 is 1e-3, where rounding beta to float before
+    // the power would be off by about 1e-5 of it.
+    for (int64_t step = 1; step <= 3; ++step) {
+        cpu_.adamw_step(g.data<float>(), n, 1e-2, 0.9, 0.999, 1e-8, 0.1, step, p.data<float>(),
+                        m.data<float>(), v.data<float>());
+        gpu_->adamw_step(gg.data<float>(), n, 1e-2, 0.9, 0.999, 1e-8, 0.1, step, gp.data<float>(),
+                         gm.data<float>(), gv.data<float>());
+    }
+    expect_close(gp, p, 1e-6f, "adamw_step params");
+    expect_close(gv, v, 1e-6f, "adamw_step second moment");
+
+    // The norm of several tensors in one wait equals the sum of their sums of squares.
+    Tensor a = host({n}, 22), b = host({37}, 23), ga = dev(a), gb = dev(b);
+    const double want =
+        cpu_.sum_squares(a.data<float>(), n) + cpu_.sum_squares(b.data<float>(), 37);
+    EXPECT_NEAR(gpu_->sum_squares_of({{ga.data<float>(), n}, {gb.data<float>(), 37}}) / want, 1.0,
+                1e-9);
+    EXPECT_EQ(gpu_->sum_squares_of({}), 0.0);
+
+    // add with its output aliasing an input, as residual sums call it.
+    Tensor s = a.clone();
+    cpu_.add(s.data<float>(), a.data<float>(), n, s.data<float>());
+    gpu_->add(ga.data<float>(), ga.data<float>(), n, ga.data<float>());
+    expect_close(ga, s, 0.0f, "add in place");
+}
+
+TEST_F(CudaBackend, EmptyInputsAreNoOps) {
+    // A microbatch of no rows is no error on the CPU (its loops run zero times); kernels that
+    // launch a block per row must not launch a grid of none.
+    Tensor w = dev(host({8}, 30)), b = dev(host({8}, 31)), out = gpu_->empty({1});
+    float* o = out.data<float>();
+    EXPECT_NO_THROW(
+        gpu_->layernorm_forward(o, w.data<float>(), b.data<float>(), 0, 8, 1e-5f, o, o, o));
+    EXPECT_NO_THROW(gpu_->layernorm_backward_input(o, o, w.data<float>(), o, o, 0, 8, o));
+    EXPECT_NO_THROW(gpu_->cross_entropy_forward(o, nullptr, 0, 8, o, o));
+    EXPECT_NO_THROW(gpu_->cross_entropy_backward(o, nullptr, o, o, 0, 8, o));
 }
 
 TEST_F(CudaBackend, CallsFromAnotherThreadRunOnTheBackendsDevice) {

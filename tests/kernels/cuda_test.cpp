@@ -169,8 +169,8 @@ TEST_F(Cuda, GeluEmbeddingAndAdamWMatchCpu) {
     cpu::AdamWConfig c{1e-2, 0.9, 0.95, 1e-8, 0.1};
     for (int64_t step = 1; step <= 3; ++step) {
         cpu::adamw_step(grad.data(), n, c, step, p.data(), m.data(), v.data());
-        ASSERT_EQ(gpu::adamw_step(ggrad.ptr, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step, gp.ptr,
-                                  gm.ptr, gv.ptr),
+        ASSERT_EQ(gpu::adamw_step(ggrad.ptr, n, 1e-2f, 0.9, 0.95, 1e-8f, 0.1f, step, gp.ptr, gm.ptr,
+                                  gv.ptr),
                   "");
     }
     expect_close(gp.host(), p, 1e-5f, "adamw params");
