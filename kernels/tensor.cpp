@@ -57,16 +57,24 @@ void* Allocator::allocate(size_t bytes) {
         free_.erase(it);
         return p;
     }
+    // A device that is full may be full of free buffers of other sizes: give those back to
+    // it and ask once more before failing.
     void* p = nullptr;
-    try {
-        p = ops_.allocate(bytes, device_.index);
-    } catch (...) {
-        in_use_ -= bytes;
-        throw;
-    }
-    if (!p) {
-        in_use_ -= bytes;
-        throw std::bad_alloc();
+    for (int attempt = 0; !p; ++attempt) {
+        try {
+            p = ops_.allocate(bytes, device_.index);
+            if (!p) throw std::bad_alloc();
+        } catch (...) {
+            if (attempt > 0 || free_.empty()) {
+                in_use_ -= bytes;
+                throw;
+            }
+            for (auto& [size, ptr] : free_) {
+                ops_.release(ptr, device_.index);
+                reserved_ -= size;
+            }
+            free_.clear();
+        }
     }
     ++fresh_;
     reserved_ += bytes;

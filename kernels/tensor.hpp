@@ -52,6 +52,7 @@ struct MemoryOps {
 };
 
 /// Reuses buffers across steps: a freed buffer goes to a free list for its exact byte size.
+/// When the device refuses a new buffer, the free lists go back to it and it is asked again.
 class Allocator {
   public:
     explicit Allocator(Device device, MemoryOps ops = MemoryOps::host())

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
+#include <stdexcept>
 
 using namespace dist::kernels;
 
@@ -42,6 +44,49 @@ TEST(Allocator, SteadyStateAllocatesNothingNew) {
     for (int i = 0; i < 10; ++i) step();
     EXPECT_EQ(alloc.fresh_allocations(), after_first);
     EXPECT_EQ(alloc.bytes_in_use(), 0u);
+}
+
+namespace {
+// A device of 1000 bytes: host memory, counted.
+size_t budget_used = 0;
+std::map<void*, size_t> budget_blocks;
+void* budget_allocate(size_t bytes, int device) {
+    if (budget_used + bytes > 1000) throw std::runtime_error("out of memory");
+    void* p = MemoryOps::host().allocate(bytes, device);
+    budget_used += bytes;
+    budget_blocks[p] = bytes;
+    return p;
+}
+void budget_release(void* p, int device) {
+    budget_used -= budget_blocks.at(p);
+    budget_blocks.erase(p);
+    MemoryOps::host().release(p, device);
+}
+} // namespace
+
+TEST(Allocator, AFullDeviceGetsItsFreeBuffersBackBeforeARefusal) {
+    MemoryOps ops = MemoryOps::host();
+    ops.allocate = budget_allocate;
+    ops.release = budget_release;
+    {
+        Allocator alloc(Device{Device::Kind::cuda, 1}, ops);
+        { Tensor a({100}, DType::f32, alloc), b({100}, DType::f32, alloc); } // 800 bytes, freed
+        EXPECT_EQ(alloc.bytes_reserved(), 800u);
+        // 600 bytes fit only once the two free 400-byte buffers are given back.
+        Tensor c({150}, DType::f32, alloc);
+        EXPECT_EQ(budget_used, 600u);
+        EXPECT_EQ(alloc.bytes_reserved(), 600u);
+        EXPECT_EQ(alloc.bytes_in_use(), 600u);
+        // Nothing free to give back: the device's own error, and the books unchanged.
+        try {
+            Tensor d({150}, DType::f32, alloc);
+            FAIL() << "a device that is full made room";
+        } catch (const std::runtime_error& e) {
+            EXPECT_STREQ(e.what(), "out of memory");
+        }
+        EXPECT_EQ(alloc.bytes_in_use(), 600u);
+    }
+    EXPECT_EQ(budget_used, 0u);
 }
 
 TEST(Bf16, RoundsToNearestEven) {
