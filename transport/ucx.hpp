@@ -9,8 +9,9 @@
 // Messages and the 64-bit UCX tag that matches them to receives: ucx_wire.hpp. A tag carries
 // the sending rank, step, stage, microbatch and direction; what does not fit is refused.
 //
-// Threads: an endpoint is driven by one thread (its rank's worker): send, recv, post_recv, flush
-// and away must not be called concurrently. `abort` and `rank` may be called from any thread.
+// Threads: an endpoint is driven by one thread (its rank's worker): send, recv, post_recv and
+// flush must not be called concurrently. `abort`, `away` and `rank` may be called from any
+// thread (a rank's data-parallel reducer says `away` before it blocks in a collective).
 // Progress happens inside those calls, and between them on the endpoint's own progress thread,
 // so that transfers move on while the rank waits in a collective or computes (a rendezvous
 // transfer over TCP needs both sides to progress). The progress thread steps in when told the
