@@ -24,7 +24,11 @@ void check(cudaError_t e, const char* call, int device, size_t bytes) {
 void* device_allocate(size_t bytes, int device) {
     check(cudaSetDevice(device), "cudaSetDevice", device, bytes);
     void* p = nullptr;
-    check(cudaMalloc(&p, bytes), "cudaMalloc", device, bytes);
+    cudaError_t e = cudaMalloc(&p, bytes);
+    // Running out of memory is no sticky error: clear it, or the next kernel's launch check
+    // would report it (the allocator retries after giving its free buffers back).
+    if (e != cudaSuccess) cudaGetLastError();
+    check(e, "cudaMalloc", device, bytes);
     return p;
 }
 void device_release(void* ptr, int device) {
