@@ -11,6 +11,7 @@
 #include "models/trainer.hpp"
 
 #include "tests/common/checked_script.hpp"
+#include "tests/common/job_curve.hpp"
 #include "tests/common/tiny_scripts.hpp"
 
 #include <gtest/gtest.h>
@@ -145,16 +146,8 @@ TEST_P(GpuEquivalence, LossesNormsAndWeightsMatchTheCpu) {
     if (c.dp * c.tp > 1 && kernels::gpu_count() == 1) {
         EXPECT_EQ(job.device_collectives(), "staged");
     }
-    std::vector<double> losses, norms;
-    runtime::JobOptions o;
-    o.end_step = p.train.steps;
-    o.watchdog = std::chrono::seconds(60);
-    o.on_step = [&](const runtime::StepReport& r) {
-        losses.push_back(r.metrics.loss);
-        norms.push_back(r.metrics.grad_norm);
-        return true;
-    };
-    ASSERT_EQ(job.run(o), "");
+    auto [losses, norms, error] = tests::run_job(job, p.train.steps, std::chrono::seconds(60));
+    ASSERT_EQ(error, "");
     ASSERT_EQ(losses.size(), ref_losses.size());
     for (size_t i = 0; i < losses.size(); ++i) {
         EXPECT_NEAR(losses[i], ref_losses[i], 1e-4 * std::abs(ref_losses[i])) << "step " << i + 1;

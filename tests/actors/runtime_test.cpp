@@ -12,6 +12,7 @@
 #include "models/trainer.hpp"
 
 #include "tests/common/checked_script.hpp"
+#include "tests/common/job_curve.hpp"
 #include "tests/common/tiny_scripts.hpp"
 
 #include <gtest/gtest.h>
@@ -73,16 +74,8 @@ TEST_P(Equivalence, LossesAndWeightsMatchOneDevice) {
     ASSERT_EQ(models::load_data(p.train.data, p.model, data), "");
 
     runtime::Job job(p, *planned.graph, data);
-    std::vector<double> losses, norms;
-    runtime::JobOptions o;
-    o.end_step = p.train.steps;
-    o.watchdog = std::chrono::seconds(30);
-    o.on_step = [&](const runtime::StepReport& r) {
-        losses.push_back(r.metrics.loss);
-        norms.push_back(r.metrics.grad_norm);
-        return true;
-    };
-    ASSERT_EQ(job.run(o), "");
+    auto [losses, norms, error] = tests::run_job(job, p.train.steps, std::chrono::seconds(30));
+    ASSERT_EQ(error, "");
     ASSERT_EQ(losses.size(), ref.losses.size());
     for (size_t i = 0; i < losses.size(); ++i)
         EXPECT_NEAR(losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << "step " << i + 1;
