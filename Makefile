@@ -11,7 +11,7 @@ DIST       := $(BUILD)/bin/dist
 # Debian / Ubuntu packages (see ../shared/DEPS.md for what each one is for).
 PACKAGES := antlr4 libantlr4-runtime-dev libcaf-dev libucx-dev ucx-utils libtomlplusplus-dev \
 	libopenblas-dev libgloo-dev libopenmpi-dev openmpi-bin libedit-dev libcli11-dev \
-	nlohmann-json3-dev libfmt-dev pkg-config fortunes \
+	nlohmann-json3-dev libfmt-dev libssl-dev pkg-config fortunes \
 	cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev clang clang-format
 
 .PHONY: all deps build test demo format format-check fuzz fuzz-build sanitize tsan clean

@@ -1,13 +1,14 @@
 // repl_run.cpp: `run N`: N real training steps of the current program on this machine (the
-// actor runtime, one worker per rank, as `dist run`), the loss of each, then the last step's
+// training session, one worker per rank, as `dist run`), the loss of each, then the last step's
 // measured time and bubble beside the simulator's prediction for the same plan.
 #include "cli/repl.hpp"
 #include "cli/repl_format.hpp"
 
-#include "actors/runtime/job.hpp"
 #include "actors/runtime/measured.hpp"
+#include "actors/runtime/session.hpp"
 #include "models/trainer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -53,47 +54,40 @@ void ReplSession::cmd_run(const std::string& args) {
                   "(`set model.layers 2`) or the mesh (`set mesh.dp 1`)");
         return;
     }
-    models::TokenData data;
-    if (std::string e = models::load_data(p.train.data, p.model, data); !e.empty()) {
-        error(e);
-        return;
-    }
-    std::optional<runtime::Job> job_storage;
-    try {
-        job_storage.emplace(p, graph, data);
-    } catch (const std::runtime_error& e) {
-        error(e.what(), "`set mesh.devices cpu`");
-        return;
-    }
-    runtime::Job& job = *job_storage;
     out_ << "training " << steps << (steps == 1 ? " step" : " steps") << " on " << mesh_line(p)
          << "\n"
          << std::flush;
-    runtime::JobOptions jo;
-    jo.first_step = 0;
-    jo.end_step = steps;
-    runtime::StepReport last;
-    std::string failure;
-    jo.on_step = [&](const runtime::StepReport& rep) {
-        const models::StepMetrics& m = rep.metrics;
-        last = rep;
+    // One process, whatever the environment says: the REPL explores on this machine.
+    Program run_program = p;
+    // Steps 1..steps of the script's run (its learning-rate schedule), or more than it has.
+    run_program.train.stop_after = std::min<int64_t>(steps, p.train.steps);
+    if (steps > p.train.steps) run_program.train.steps = steps;
+    run_program.train.checkpoint.dir.clear();
+    runtime::SessionOptions so;
+    so.join_launch = false;
+    so.on_step = [&](const runtime::SessionStep& s) {
+        const models::StepMetrics& m = s.metrics;
         char line[160];
-        std::snprintf(line, sizeof line, "step %lld  loss %.4f  %.1f ms  %.0f tokens/s\n",
+        std::snprintf(line, sizeof line, "step %lld  loss %.4f  %.1f ms  %.0f tokens/s",
                       static_cast<long long>(m.step), m.loss, 1e3 * m.step_time_s, m.tokens_per_s);
-        out_ << line << std::flush;
-        if (!std::isfinite(m.loss)) {
-            failure = "the loss became " + std::to_string(m.loss) + " at step " +
-                      std::to_string(m.step) + "; lower train.optimizer.lr or set train.clip";
-            return false;
-        }
+        out_ << line << (s.nonfinite.empty() ? "" : "  (skipped: non-finite " + s.nonfinite + ")")
+             << "\n"
+             << std::flush;
         return true;
     };
-    std::string e = job.run(jo);
-    if (e.empty()) e = failure;
-    if (!e.empty()) {
-        error(e);
+    runtime::Session session(run_program, graph, so);
+    runtime::SessionError e = session.open();
+    if (e.message.empty()) e = session.run();
+    if (!e.message.empty()) {
+        if (p.mesh.profile.name != "cpu")
+            error(e.message, "`set mesh.devices cpu`");
+        else
+            error(e.message);
         return;
     }
+    const runtime::SessionStep* done = session.last();
+    if (!done) return;
+    const runtime::SessionStep& last = *done;
     if (last.timings.empty()) return;
     sim::Timeline measured = runtime::measured_timeline(graph, last.timings);
     char line[256];

@@ -1,11 +1,11 @@
-// train.cpp: the embedding API's back half: training on this machine through the actor
-// runtime (as `dist run` does), evaluation, and generation. The weights a run ends with are
-// gathered into one whole model that stays with the Script for evaluate() and generate().
+// train.cpp: the embedding API's back half: training through a training session (as `dist run`
+// does, in this process or as one of a job's), evaluation, and generation. The weights a run ends
+// with are gathered into one whole model that stays with the Script for evaluate() and generate().
 #include "embed/internal.hpp"
 
 #include "actors/plan/lower.hpp"
 #include "actors/runtime/generate.hpp"
-#include "actors/runtime/job.hpp"
+#include "actors/runtime/session.hpp"
 #include "models/checkpoint.hpp"
 #include "models/trainer.hpp"
 
@@ -62,87 +62,38 @@ Result<TrainSummary> Script::train(const TrainOptions& options) {
         const Program& p = *checked.program;
         plan::PlanResult planned = plan::lower(p);
         if (!planned.ok()) return Status::error(plan::render_errors(impl_->path, planned.errors));
-        const plan::Graph& graph = *planned.graph;
-        models::TokenData data;
-        std::string error = models::load_data(p.train.data, p.model, data);
-        if (!error.empty()) return Status::error(error);
-        const uint64_t seed = static_cast<uint64_t>(p.train.seed);
-        auto whole = std::make_unique<models::Model>(p.model, seed, p.schedule.recompute);
-        int64_t first = 0;
-        if (!options.resume_from.empty()) {
-            error = models::load_training_state(options.resume_from, *whole, first);
-            if (!error.empty()) return Status::error(error);
-        }
-        const int64_t last = p.train.stop_after > 0 ? p.train.stop_after : p.train.steps;
-        if (first >= last)
-            return Status::error("`" + options.resume_from + "` is at step " +
-                                 std::to_string(first) + "; the script stops at step " +
-                                 std::to_string(last));
-        const std::string save_dir =
-            !options.checkpoint_dir.empty() ? options.checkpoint_dir : p.train.checkpoint.dir;
-        if (!save_dir.empty()) {
-            std::error_code ec;
-            fs::create_directories(save_dir, ec);
-            if (ec || ::access(save_dir.c_str(), W_OK) != 0)
-                return Status::error("cannot save checkpoints into `" + save_dir +
-                                     "`: " + (ec ? ec.message() : std::strerror(errno)));
-        }
-
-        std::optional<runtime::Job> job_storage;
-        try {
-            job_storage.emplace(p, graph, data);
-        } catch (const std::runtime_error& e) {
-            return Status::error(e.what()); // a mesh of GPUs where there are none
-        }
-        runtime::Job& job = *job_storage;
-        if (!options.resume_from.empty()) job.scatter(*whole);
+        runtime::SessionOptions so;
+        so.resume = options.resume_from;
+        so.load = options.load_from;
+        so.save_dir = options.checkpoint_dir;
+        so.metrics_path = options.metrics_path;
+        so.join_launch = options.join_launch;
+        so.keep_weights = true;
+        so.identity = impl_->text;
+        for (const auto& o : impl_->overrides) so.identity += "\n--set " + o;
+        if (options.on_step)
+            so.on_step = [&](const runtime::SessionStep& s) {
+                StepInfo info = to_info(s.metrics);
+                info.skipped = !s.nonfinite.empty();
+                info.skipped_steps = s.skipped_steps;
+                return options.on_step(info);
+            };
+        runtime::Session session(p, *planned.graph, so);
+        runtime::SessionError e = session.open();
+        if (e.message.empty()) e = session.run();
+        if (!e.message.empty()) return Status::error(e.message);
         TrainSummary summary;
-        summary.first_step = first + 1;
-        std::string step_error;
-        std::string callback_error;
-        runtime::JobOptions jo;
-        jo.first_step = first;
-        jo.end_step = last;
-        jo.on_step = [&](const runtime::StepReport& rep) {
-            const models::StepMetrics& m = rep.metrics;
-            summary.last_step = m.step;
-            summary.final_loss = m.loss;
-            if (!std::isfinite(m.loss)) {
-                step_error = "the loss became " + std::to_string(m.loss) + " at step " +
-                             std::to_string(m.step) +
-                             "; lower train.optimizer.lr or set train.clip";
-                return false;
-            }
-            bool go_on = true;
-            if (options.on_step) {
-                // The caller's exceptions end the run here, inside the library, not in an actor.
-                try {
-                    go_on = options.on_step(to_info(m));
-                } catch (const std::exception& e) {
-                    callback_error = std::string("the step callback threw: ") + e.what();
-                    return false;
-                } catch (...) {
-                    callback_error = "the step callback threw";
-                    return false;
-                }
-            }
-            if (!go_on && m.step < last) summary.stopped = true;
-            bool periodic = p.train.checkpoint.every > 0 && m.step % p.train.checkpoint.every == 0;
-            if (!save_dir.empty() && (periodic || m.step == last || !go_on)) {
-                job.gather(*whole);
-                step_error = models::save_checkpoint(save_dir, *whole, m.step, seed);
-                if (!step_error.empty()) return false;
-                summary.checkpoint_dir = save_dir;
-            }
-            return go_on;
-        };
-        error = job.run(jo);
-        if (error.empty()) error = callback_error;
-        if (error.empty()) error = step_error;
-        if (!error.empty()) return Status::error(error);
-        job.gather(*whole);
-        impl_->trained_program = std::make_unique<Program>(p);
-        impl_->trained = std::move(whole);
+        summary.first_step = session.first_step() + 1;
+        if (const runtime::SessionStep* last = session.last()) {
+            summary.last_step = last->metrics.step;
+            summary.final_loss = last->metrics.loss;
+        }
+        summary.stopped = session.stopped();
+        summary.checkpoint_dir = session.saved_dir();
+        if (std::unique_ptr<models::Model> w = session.take_weights()) {
+            impl_->trained_program = std::make_unique<Program>(p);
+            impl_->trained = std::move(w);
+        }
         return summary;
     });
 }

@@ -78,6 +78,9 @@ void BlockChecker::train(const Block* block) {
     if (auto pr = r.choice("precision", precisions, "precision"))
         t.precision = pick<Precision>(precisions, *pr);
     t.clip = r.real("clip", 0.0, false).value_or(0.0);
+    static const std::vector<std::string> policies = {"stop", "skip"};
+    if (auto pol = r.choice("on_nonfinite", policies, "policy"))
+        t.on_nonfinite = pick<NonFinitePolicy>(policies, *pol);
 
     BlockReader o(r.block("optimizer"), "train.optimizer", defs.globals, diags);
     o.choice("kind", {"adamw"}, "optimizer");

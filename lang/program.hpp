@@ -43,6 +43,8 @@ enum class Recompute { none, selective, full };
 enum class DataFormat { none, text, tokens, synthetic };
 enum class LrScheduleKind { constant, cosine, linear };
 enum class Precision { f32, bf16 };
+/// What a training run does at a step whose loss or gradient norm is not finite.
+enum class NonFinitePolicy { stop, skip };
 
 const char* to_string(LayerKind k);
 const char* to_string(ShardDim s);
@@ -52,6 +54,7 @@ const char* to_string(Recompute r);
 const char* to_string(DataFormat f);
 const char* to_string(LrScheduleKind k);
 const char* to_string(Precision p);
+const char* to_string(NonFinitePolicy p);
 
 /// One layer with every argument resolved. Fields a kind does not use stay 0.
 struct LayerSpec {
@@ -191,6 +194,9 @@ struct TrainSpec {
     OptimizerSpec optimizer;
     LrScheduleSpec lr_schedule;
     double clip = 0.0; // 0: no clipping
+    /// stop: end the run at the first non-finite loss or gradient norm (exit 1); skip: skip that
+    /// step's update on every rank and go on. Either way no weight takes the step.
+    NonFinitePolicy on_nonfinite = NonFinitePolicy::stop;
     CheckpointSpec checkpoint;
     EvalSpec eval;
     int64_t microbatch_size = 1; // sequences per microbatch on one data-parallel rank

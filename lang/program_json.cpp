@@ -48,6 +48,10 @@ const char* to_string(Precision p) {
     static const char* n[] = {"f32", "bf16"};
     return n[static_cast<int>(p)];
 }
+const char* to_string(NonFinitePolicy p) {
+    static const char* n[] = {"stop", "skip"};
+    return n[static_cast<int>(p)];
+}
 
 } // namespace dist
 
@@ -221,6 +225,7 @@ json to_json(const Program& p) {
           {"warmup", t.lr_schedule.warmup},
           {"min_lr", t.lr_schedule.min_lr}}},
         {"clip", t.clip},
+        {"on_nonfinite", to_string(t.on_nonfinite)},
         {"checkpoint", {{"every", t.checkpoint.every}, {"dir", t.checkpoint.dir}}},
         {"eval",
          {{"every", t.eval.every}, {"data", data_json(t.eval.data)}, {"batches", t.eval.batches}}}};

@@ -106,14 +106,17 @@ std::string train(const Program& program, Model& model, const TokenData& data, i
                     static_cast<double>(m);
             model.backward(i, 1.0 / static_cast<double>(m));
         }
-        if (!std::isfinite(loss))
-            return "the loss became " + std::to_string(loss) + " at step " +
-                   std::to_string(step + 1) + "; lower train.optimizer.lr or set train.clip";
         double sq = 0.0;
         for (auto& p : model.params().all())
             sq += ops::sum_squares(p.grad.data<float>(), p.grad.numel());
         double norm = std::sqrt(sq);
-        double lr = optimizer_step(t, step, norm, params);
+        // The same guard as the distributed runtime's: no weight takes a non-finite step.
+        const char* bad = !std::isfinite(loss)   ? "loss"
+                          : !std::isfinite(norm) ? "gradient norm"
+                                                 : "";
+        if (*bad && t.on_nonfinite == NonFinitePolicy::stop)
+            return "step " + std::to_string(step + 1) + ": the " + bad + " is non-finite";
+        double lr = *bad ? learning_rate(t, step) : optimizer_step(t, step, norm, params);
         double secs =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         StepMetrics sm{step + 1,

@@ -380,7 +380,7 @@ void RankExecutor::sum_tied_gradients() {
                             transport::ReduceOp::sum);
 }
 
-double RankExecutor::gradient_norm() {
+double RankExecutor::gradient_norm(bool& loss_nonfinite, double loss_sum) {
     std::vector<kernels::Backend::Part> grads;
     for (auto& [i, s] : stages_) {
         const auto& copies = s->stage.tied_copies();
@@ -393,12 +393,14 @@ double RankExecutor::gradient_norm() {
         }
     }
     double sq = device_->sum_squares_of(grads);
+    // The replica's loss lives on its last stage: whether it is finite travels with the norm.
+    float v[2] = {static_cast<float>(sq), std::isfinite(loss_sum) ? 0.0f : 1.0f};
     if (comms_.model && comms_.model->size() > 1) {
-        float v = static_cast<float>(sq);
         // Reduced in float like every collective here: the norm needs no more precision.
-        comms_.model->all_reduce(&v, 1, transport::ReduceOp::sum);
-        sq = v;
+        comms_.model->all_reduce(v, 2, transport::ReduceOp::sum);
+        sq = v[0];
     }
+    loss_nonfinite = v[1] != 0.0f;
     return std::sqrt(sq);
 }
 
@@ -407,7 +409,17 @@ void RankExecutor::finish_step(int64_t step, RankStepResult& result) {
     // The data-parallel reduction has finished with the tied embedding's gradient: sum the
     // copies of the first and last stage (Megatron-LM's embedding group).
     sum_tied_gradients();
-    result.grad_norm = gradient_norm();
+    bool loss_nonfinite = false;
+    result.grad_norm = gradient_norm(loss_nonfinite, result.loss_sum);
+    // The guard before any weight moves. Every rank of a replica sees the same two values (one
+    // reduction), and every replica the same norm: a non-finite loss comes from non-finite
+    // logits, whose gradients reach every replica through the data-parallel sum. So all ranks
+    // skip the update alike (a NaN norm would also pass a clip test, `norm > clip` being false).
+    if (loss_nonfinite || !std::isfinite(result.grad_norm)) {
+        result.nonfinite = loss_nonfinite ? "loss" : "gradient norm";
+        result.lr = models::learning_rate(program_.train, step);
+        return;
+    }
     std::vector<models::Parameter*> params;
     for (auto& [i, s] : stages_)
         for (auto& p : s->stage.params().all()) params.push_back(&p);

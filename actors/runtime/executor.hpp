@@ -52,6 +52,9 @@ struct RankStepResult {
     double lr = 0;
     double step_time_s = 0;
     std::vector<ActionTiming> timings;
+    /// "" when the optimizer updated the weights; else the value that was not finite ("loss"
+    /// or "gradient norm"), and no weight of the rank was touched this step.
+    std::string nonfinite;
 };
 
 /// What went wrong on a rank: its number, the action it was running, and the cause.
@@ -100,7 +103,7 @@ class RankExecutor {
     void execute(const plan::PlanAction& a, int64_t step, RankStepResult& result);
     void finish_step(int64_t step, RankStepResult& result);
     void sum_tied_gradients();
-    double gradient_norm();
+    double gradient_norm(bool& loss_nonfinite, double loss_sum);
 
     const Program& program_;
     const plan::Graph& graph_;

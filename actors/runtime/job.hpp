@@ -11,13 +11,19 @@
 // is waiting for and ends the run the same way. Nothing calls exit(); errors are returned.
 //
 // Across processes (ClusterOptions): process 0 hosts the coordinator and publishes it through
-// CAF's middleman; every other process connects, says hello (protocol version, job token, the
-// plan's digest, its process number, host and pid) and is refused unless all of them match;
-// only then are its messages heard. The coordinator serves the job's key-value store (where
-// UCX and Gloo meet), hands out steps to every rank's worker wherever it lives, hears a
-// heartbeat from each process, and notices a process that dies (CAF's monitor of its member
-// actor) or stops answering (no heartbeat): the run ends naming the process's ranks, host, pid
-// and what its ranks were running, and every process is told to abort.
+// CAF's middleman; every other process connects, proves the job's token by a challenge-response
+// (and has the coordinator prove it back), says hello (protocol version, the plan's digest, its
+// process number, host and pid) and is refused unless all of them match; only then are its
+// messages heard. The coordinator serves the job's key-value store (where UCX and Gloo meet),
+// hands out steps to every rank's worker wherever it lives, and watches liveness both ways: it
+// hears a heartbeat from each process and notices one that dies (CAF's monitor of its member
+// actor) or stops answering: the run ends naming the process's ranks, host, pid and what its
+// ranks were running, and every process is told to abort. Each member hears the coordinator's
+// heartbeats in turn and ends its process, naming process 0, when they stop.
+//
+// Files: protocol.hpp (wire types), coordinator.cpp, member.cpp, worker.cpp (the actors),
+// control_store.cpp (the store over the control plane), placement.cpp (ranks to processes and
+// devices), auth.cpp (the token's HMAC), job.cpp (this class).
 #pragma once
 
 #include "actors/plan/graph.hpp"
@@ -42,6 +48,16 @@ struct StepReport {
     std::vector<std::vector<ActionTiming>> timings;
     /// Per rank: its point-to-point traffic with other processes in this step.
     std::vector<RankTraffic> traffic;
+    /// "" when the weights were updated; else the value that was not finite ("loss" or
+    /// "gradient norm"), for which every rank skipped this step's update.
+    std::string nonfinite;
+};
+
+/// Mutual TLS on the control plane: this node's certificate and key, and the CA that signs
+/// every node's (PEM files). All three or none.
+struct TlsFiles {
+    std::string cert, key, ca;
+    bool enabled() const { return !cert.empty(); }
 };
 
 /// This process's place in a job of several processes.
@@ -55,14 +71,16 @@ struct ClusterOptions {
     /// Where process 0's coordinator listens (and binds: loopback stays loopback).
     std::string host = "127.0.0.1";
     uint16_t port = 29400;
-    /// The job's shared secret: a peer that does not present it is refused.
+    /// The job's shared secret, required: a peer that cannot prove it holds it is refused, and
+    /// a coordinator that cannot is left.
     std::string token;
     /// The plan's digest: every process must run the same plan.
     std::string digest;
     /// How long a process tries to reach the coordinator, and how long the coordinator waits
     /// for every process to join.
     std::chrono::milliseconds join_timeout = std::chrono::seconds(60);
-    /// A process whose heartbeat has not arrived for this long is lost.
+    /// A process whose heartbeat has not arrived for this long is lost (both ways: the
+    /// coordinator's heartbeats to the members too).
     std::chrono::milliseconds heartbeat_timeout = std::chrono::seconds(10);
     /// Where the coordinator reports refused peers (stderr in `dist run`).
     std::function<void(const std::string&)> log;
@@ -76,6 +94,8 @@ struct ClusterOptions {
     std::chrono::milliseconds abandon_after = std::chrono::seconds(2);
     /// This process's data-plane options.
     transport::UcxOptions ucx;
+    /// The control plane over mutual TLS (every process of the job alike), or plain TCP.
+    TlsFiles tls;
 };
 
 /// The process of every rank when `ranks` ranks are divided among `processes` processes:
@@ -97,7 +117,9 @@ struct JobOptions {
     int64_t end_step = 0;   // exclusive
     /// No action completed on any rank for this long ends the run.
     std::chrono::milliseconds watchdog = std::chrono::minutes(2);
-    /// After every step; returning false stops the run (after that step).
+    /// After every step, on the thread that called run() (never inside an actor), while every
+    /// rank waits; returning false stops the run (after that step). What it throws ends the run
+    /// as a failure "after step N: ...".
     std::function<bool(const StepReport&)> on_step;
 };
 

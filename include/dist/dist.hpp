@@ -2,7 +2,8 @@
 //
 // A Script is a .dist program (from a file or a string) with `--set`-style overrides. From it:
 // check (diagnostics as values), plan (ranks and their actions), simulate (the figures of
-// `dist sim`), train on this machine's CPU cores with a callback after every step, evaluate,
+// `dist sim`), train on this machine's CPU cores (or as one process of a job of several) with a
+// callback after every step, evaluate,
 // and generate. The weights a Script trained stay with it for evaluate and generate; saved
 // checkpoints can be given instead. Only standard types and this API's own structs appear here:
 // the actor runtime, the transports and the parser stay inside the library. Errors come back
@@ -93,6 +94,10 @@ struct SimFigures {
 /// What the training callback sees after every step.
 struct StepInfo {
     int64_t step = 0; // 1-based: the step just finished
+    /// Whether this step's update was skipped because its loss or gradient norm was not finite
+    /// (`train.on_nonfinite: skip`), and how many were skipped so far.
+    bool skipped = false;
+    int64_t skipped_steps = 0;
     double loss = 0;
     double lr = 0;
     double grad_norm = 0; // before clipping
@@ -102,15 +107,26 @@ struct StepInfo {
 };
 
 struct TrainOptions {
-    /// Called after every step, one call at a time, on one of the library's threads while
-    /// train() waits; return false to stop the run after that step. An exception it throws ends
-    /// the run and becomes train()'s error. Keep it short: the ranks wait for it.
+    /// Called after every step, one call at a time, on the thread that called train(); return
+    /// false to stop the run after that step (a checkpoint is saved then, when checkpoints are
+    /// on). An exception it throws ends the run and becomes train()'s error. Keep it short: the
+    /// ranks wait for it. In a job of several processes it is called in process 0 only.
     std::function<bool(const StepInfo&)> on_step;
     /// Save a checkpoint here at the end (and every `train.checkpoint.every` steps); empty: the
     /// script's `train.checkpoint.dir`, if any.
     std::string checkpoint_dir;
     /// Continue the run saved in this checkpoint folder (weights, optimizer state and step).
     std::string resume_from;
+    /// Start from these weights (a Dist checkpoint or a Hugging Face model folder), as
+    /// `dist run --load`; not with resume_from.
+    std::string load_from;
+    /// One JSON object per step here, as `dist run --metrics` writes them; empty: none.
+    std::string metrics_path;
+    /// Join a job of several processes when the environment describes one (DIST_RANK /
+    /// DIST_WORLD_SIZE / DIST_COORDINATOR / DIST_JOB_TOKEN, Slurm's or mpirun's variables), as
+    /// `dist run` does: every process of the job calls train() on the same script. false: train
+    /// every rank in this process whatever the environment says.
+    bool join_launch = true;
 };
 
 struct TrainSummary {
@@ -170,8 +186,10 @@ class DIST_API Script {
     Result<PlanSummary> plan() const;
     /// One step in virtual time on the script's hardware profile.
     Result<SimFigures> simulate() const;
-    /// Trains on this machine (every rank of the mesh a worker of this process), from step 1 or
-    /// the resumed step to `train.stop_after` (or `train.steps`).
+    /// Trains on this machine (every rank of the mesh a worker of this process), or as one
+    /// process of a job that the environment describes (TrainOptions::join_launch), from step 1
+    /// or the resumed step to `train.stop_after` (or `train.steps`). The final weights stay with
+    /// the Script (in process 0) for evaluate() and generate().
     Result<TrainSummary> train(const TrainOptions& options = {});
     /// Mean loss on a data file (text, or llm.c's `.bin` tokens) with `weights` (a checkpoint
     /// folder; empty: the weights this Script last trained).
