@@ -1,6 +1,7 @@
 // collectives_bench.cpp: the all-reduce of a data-parallel gradient bucket through Gloo (TCP over
 // loopback, as between processes of one host) beside the in-process path (shared memory, what
-// ranks in one process use), with the same members, sizes and threads, in one run.
+// ranks in one process use), with the same members, sizes and threads, in one run; then Gloo's
+// reduce-scatter beside its all-reduce of the same buffer.
 //
 //   collectives_bench [MEMBERS [SIZES_KIB...]]   defaults: 2 members; 256, 4096, 32768 KiB
 //
@@ -28,16 +29,16 @@ namespace {
 
 using Members = std::vector<std::unique_ptr<Collectives>>;
 
-// Seconds per all-reduce of `n` floats, all members calling together.
-double time_all_reduce(Members& members, int64_t n) {
+// Seconds per call of `op` on buffers of `n` floats, all members calling together.
+double time_calls(Members& members, int64_t n,
+                  const std::function<void(Collectives&, std::vector<float>&)>& op) {
     const size_t size = members.size();
     std::vector<std::vector<float>> data(size, std::vector<float>(static_cast<size_t>(n), 1.0f));
     auto calls = [&](int count) {
         std::vector<std::thread> threads;
         for (size_t i = 0; i < size; ++i)
             threads.emplace_back([&, i] {
-                for (int c = 0; c < count; ++c)
-                    members[i]->all_reduce(data[i].data(), n, ReduceOp::sum);
+                for (int c = 0; c < count; ++c) op(*members[i], data[i]);
             });
         for (auto& t : threads) t.join();
     };
@@ -53,6 +54,21 @@ double time_all_reduce(Members& members, int64_t n) {
     }
     std::sort(batches.begin(), batches.end());
     return batches[batches.size() / 2];
+}
+
+// Seconds per all-reduce of `n` floats.
+double time_all_reduce(Members& members, int64_t n) {
+    return time_calls(members, n, [n](Collectives& c, std::vector<float>& d) {
+        c.all_reduce(d.data(), n, ReduceOp::sum);
+    });
+}
+
+// Seconds per reduce-scatter of `n` floats (each member keeps n / size of them, in place).
+double time_reduce_scatter(Members& members, int64_t n) {
+    const int64_t chunk = n / static_cast<int64_t>(members.size());
+    return time_calls(members, n, [chunk](Collectives& c, std::vector<float>& d) {
+        c.reduce_scatter(d.data(), chunk, d.data() + c.rank() * chunk);
+    });
 }
 
 } // namespace
@@ -92,6 +108,18 @@ int main(int argc, char** argv) {
         const double bus = 2.0 * (size - 1) / size * static_cast<double>(n) * 4;
         std::printf("| %lld KiB | %.3f | %.3f | %.2f | %.2f | %.2f |\n", static_cast<long long>(k),
                     a * 1e3, b * 1e3, b / a, bus / a / 1e9, bus / b / 1e9);
+    }
+    // ZeRO-2's gradient reduction: a reduce-scatter of the bucket, beside the all-reduce of the
+    // same bucket that it replaces (the data each member ends with is its chunk either way).
+    std::printf("\nreduce-scatter beside the all-reduce of the same buffer, Gloo, %d members\n\n",
+                size);
+    std::printf("| size | all-reduce ms | reduce-scatter ms | reduce-scatter / all-reduce |\n");
+    std::printf("| --- | --- | --- | --- |\n");
+    for (int64_t k : kib) {
+        const int64_t n = k * 1024 / 4 / size * size;
+        double a = time_all_reduce(gloo, n), b = time_reduce_scatter(gloo, n);
+        std::printf("| %lld KiB | %.3f | %.3f | %.2f |\n", static_cast<long long>(k), a * 1e3,
+                    b * 1e3, b / a);
     }
     return 0;
 }

@@ -131,8 +131,17 @@ TEST_P(CollectivesTest, ReduceScatterGivesMemberRTheSumOfChunkR) {
     const int64_t n = 9;
     std::vector<std::vector<float>> out(static_cast<size_t>(g.size()));
     g.run([&](int r, Collectives& c) {
-        // In place: the output is the member's own chunk of its input.
-        std::vector<float> buf;
+        // First into a buffer of its own, with other values; then in place: the output is the
+        // member's own chunk of its input (a second call finds nothing of the first).
+        std::vector<float> buf, first(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n * g.size(); ++i) buf.push_back(-2.0f * value(r, i));
+        c.reduce_scatter(buf.data(), n, first.data());
+        for (int64_t i = 0; i < n; ++i) {
+            float expect = 0.0f;
+            for (int m = 0; m < g.size(); ++m) expect += -2.0f * value(m, r * n + i);
+            ASSERT_EQ(first[static_cast<size_t>(i)], expect);
+        }
+        buf.clear();
         for (int64_t i = 0; i < n * g.size(); ++i) buf.push_back(value(r, i));
         c.reduce_scatter(buf.data(), n, buf.data() + r * n);
         out[static_cast<size_t>(r)].assign(buf.begin() + r * n, buf.begin() + (r + 1) * n);
@@ -182,7 +191,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, CollectivesTest,
                                            Backend{"inprocess", 2}, Backend{"inprocess", 3},
                                            Backend{"inprocess", 4}, Backend{"gloo", 1},
                                            Backend{"gloo", 2}, Backend{"gloo", 3},
-                                           Backend{"staged", 1}, Backend{"staged", 3}),
+                                           Backend{"gloo", 4}, Backend{"staged", 1},
+                                           Backend{"staged", 3}),
                          backend_name);
 
 // ----- failures (in-process only: the solo group cannot fail) --------------------------------
