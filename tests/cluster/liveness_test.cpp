@@ -144,7 +144,9 @@ TEST(Cluster, NonFiniteStepsStopTheRunOrAreSkippedOnEveryRank) {
 
 // One job through two front doors: `dist run` in one process, then an application that embeds
 // libdist (tests/embed/train_tool.cpp) started as both processes of a job by hand, as a
-// launcher would: the same losses and norms, step by step.
+// launcher would: the same losses and norms, step by step. Its step callback takes twice the
+// heartbeat timeout after step 1, and nobody is declared lost meanwhile: the callback runs on
+// the application's thread, not in the coordinator, whose heartbeats go on.
 TEST(Cluster, AnEmbeddedApplicationRunsAJobOfSeveralProcessesWithTheCliLosses) {
     Dir dir("embedded");
     auto sets = mesh_sets(2, 1, 2, "1f1b", 2);
@@ -155,13 +157,14 @@ TEST(Cluster, AnEmbeddedApplicationRunsAJobOfSeveralProcessesWithTheCliLosses) {
     overrides.push_back("train.stop_after=3");
     const int port = free_port();
     auto process = [&](int rank, const std::string& metrics) {
-        std::vector<std::string> args = {dir / "gpt.dist", metrics};
+        std::vector<std::string> args = {"--slow-first-step", "4000", dir / "gpt.dist", metrics};
         args.insert(args.end(), overrides.begin(), overrides.end());
         return Proc(args,
                     {{"DIST_RANK", std::to_string(rank)},
                      {"DIST_WORLD_SIZE", "2"},
                      {"DIST_COORDINATOR", "127.0.0.1:" + std::to_string(port)},
-                     {"DIST_JOB_TOKEN", "embedded-job"}},
+                     {"DIST_JOB_TOKEN", "embedded-job"},
+                     {"DIST_HEARTBEAT_TIMEOUT", "2"}},
                     dir / ("e" + std::to_string(rank) + ".out"),
                     dir / ("e" + std::to_string(rank) + ".err"), EMBED_TRAIN_TOOL);
     };

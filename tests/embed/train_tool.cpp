@@ -1,13 +1,23 @@
 // train_tool.cpp: an application that embeds libdist to train, as the cluster tests run it:
-// `embed_train_tool SCRIPT METRICS [KEY=VALUE ...]` trains SCRIPT with the overrides, writing
-// the metrics; started under a launcher's environment (DIST_RANK ...), each process of the job
-// is one such application.
+// `embed_train_tool [--slow-first-step MS] SCRIPT METRICS [KEY=VALUE ...]` trains SCRIPT with the
+// overrides, writing the metrics (its step callback takes MS milliseconds after step 1); started
+// under a launcher's environment (DIST_RANK ...), each process of the job is one such
+// application.
 #include "dist/dist.hpp"
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <thread>
 
 int main(int argc, char** argv) {
+    long slow_ms = 0;
+    if (argc > 2 && std::string(argv[1]) == "--slow-first-step") {
+        slow_ms = std::atol(argv[2]);
+        argc -= 2;
+        argv += 2;
+    }
     if (argc < 3) {
         std::fprintf(stderr, "usage: embed_train_tool SCRIPT METRICS [KEY=VALUE ...]\n");
         return 2;
@@ -30,6 +40,11 @@ int main(int argc, char** argv) {
     }
     dist::TrainOptions options;
     options.metrics_path = argv[2];
+    if (slow_ms > 0)
+        options.on_step = [slow_ms](const dist::StepInfo& step) {
+            if (step.step == 1) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
+            return true;
+        };
     auto trained = script->train(options);
     if (!trained.ok()) {
         std::fprintf(stderr, "error: %s\n", trained.error().c_str());
