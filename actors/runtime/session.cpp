@@ -148,14 +148,29 @@ nlohmann::json traffic_object(const std::vector<RankTraffic>& traffic) {
     return {{"bytes", total}, {"by_rank", by_rank}};
 }
 
+// A figure as a person reads it: "nan", "inf", or up to 6 significant digits.
+std::string number(double x) {
+    if (std::isnan(x)) return "nan";
+    if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+    char text[32];
+    std::snprintf(text, sizeof text, "%.6g", x);
+    return text;
+}
+
 } // namespace
 
 std::string progress_line(const models::StepMetrics& m, int64_t last, double eta) {
+    auto fixed = [](double x, int digits) {
+        if (!std::isfinite(x)) return number(x);
+        char text[32];
+        std::snprintf(text, sizeof text, "%.*f", digits, x);
+        return std::string(text);
+    };
     char line[256];
-    std::snprintf(line, sizeof line,
-                  "step %5lld/%lld  loss %.4f  lr %.2e  norm %.3f  %.0f tok/s  eta %.0fs",
-                  static_cast<long long>(m.step), static_cast<long long>(last), m.loss, m.lr,
-                  m.grad_norm, m.tokens_per_s, eta);
+    std::snprintf(
+        line, sizeof line, "step %5lld/%lld  loss %s  lr %.2e  norm %s  %.0f tok/s  eta %.0fs",
+        static_cast<long long>(m.step), static_cast<long long>(last), fixed(m.loss, 4).c_str(),
+        m.lr, fixed(m.grad_norm, 3).c_str(), m.tokens_per_s, eta);
     return line;
 }
 
@@ -272,8 +287,8 @@ std::string Session::Impl::handle(const StepReport& rep, int64_t& skipped) {
     if (!rep.nonfinite.empty()) {
         if (program.train.on_nonfinite == NonFinitePolicy::stop)
             return "step " + std::to_string(m.step) + ": the " + rep.nonfinite +
-                   " is non-finite (loss " + std::to_string(m.loss) + ", gradient norm " +
-                   std::to_string(m.grad_norm) +
+                   " is non-finite (loss " + number(m.loss) + ", gradient norm " +
+                   number(m.grad_norm) +
                    "); no weight took this step's update and the run stops (lower "
                    "train.optimizer.lr, set train.clip, or `train.on_nonfinite: skip`)";
         ++skipped;
