@@ -269,6 +269,51 @@ std::string external_name(const ModelSpec& spec, const std::string& internal) {
     return it->second.front().name;
 }
 
+namespace {
+
+// The files of a Dist checkpoint, in the order they are moved into place.
+const char* const checkpoint_files[] = {"model.safetensors", "config.json", "optimizer.safetensors",
+                                        "state.json"};
+
+// A save writes every file into `pending` below the folder, then the marker, and only then moves
+// the files up one by one: a save cut short before the marker leaves the folder's files as
+// they were (the last whole checkpoint); one cut short after it is finished by the next reader
+// (which takes the files still pending) or the next save (which moves them).
+fs::path pending_of(const fs::path& dir) {
+    return dir / ".pending";
+}
+constexpr const char* commit_marker = "COMMIT";
+
+// Where a checkpoint's file is read from: the pending copy when a committed save did not move
+// it yet, else the folder's.
+fs::path checkpoint_file(const fs::path& dir, const std::string& name) {
+    std::error_code ec;
+    const fs::path pending = pending_of(dir);
+    if (fs::exists(pending / commit_marker, ec) && fs::exists(pending / name, ec))
+        return pending / name;
+    return dir / name;
+}
+
+// Finishes a committed save's moves, or drops an uncommitted one.
+std::string settle_pending(const fs::path& dir) {
+    std::error_code ec;
+    const fs::path pending = pending_of(dir);
+    if (!fs::exists(pending, ec)) return {};
+    if (fs::exists(pending / commit_marker, ec))
+        for (const char* name : checkpoint_files) {
+            if (!fs::exists(pending / name, ec)) continue;
+            fs::rename(pending / name, dir / name, ec);
+            if (ec)
+                return "cannot move `" + (pending / name).string() + "` into `" + dir.string() +
+                       "`: " + ec.message();
+        }
+    fs::remove_all(pending, ec);
+    if (ec) return "cannot remove `" + pending.string() + "`: " + ec.message();
+    return {};
+}
+
+} // namespace
+
 std::string save_checkpoint(const std::string& dir, Model& model, int64_t step, uint64_t seed) {
     std::error_code ec;
     fs::create_directories(dir, ec);
@@ -288,18 +333,30 @@ std::string save_checkpoint(const std::string& dir, Model& model, int64_t step, 
             optimizer.tensors.push_back(std::move(r));
         }
     }
-    fs::path d(dir);
-    if (std::string e = write_safetensors((d / "model.safetensors").string(), weights); !e.empty())
+    const fs::path d(dir), pending = pending_of(d);
+    if (std::string e = settle_pending(d); !e.empty()) return e;
+    fs::create_directories(pending, ec);
+    if (ec) return "cannot create the folder `" + pending.string() + "`: " + ec.message();
+    if (std::string e = write_safetensors((pending / "model.safetensors").string(), weights);
+        !e.empty())
         return e;
     std::string config = config_of(model.spec()).dump(2) + "\n";
-    if (std::string e = write_file_atomically((d / "config.json").string(), {config}); !e.empty())
+    if (std::string e = write_file_atomically((pending / "config.json").string(), {config});
+        !e.empty())
         return e;
-    if (std::string e = write_safetensors((d / "optimizer.safetensors").string(), optimizer);
+    if (std::string e = write_safetensors((pending / "optimizer.safetensors").string(), optimizer);
         !e.empty())
         return e;
     nlohmann::json state = {{"format", "dist-checkpoint-1"}, {"step", step}, {"seed", seed}};
     std::string state_text = state.dump(2) + "\n";
-    return write_file_atomically((d / "state.json").string(), {state_text});
+    if (std::string e = write_file_atomically((pending / "state.json").string(), {state_text});
+        !e.empty())
+        return e;
+    const std::string marker = std::to_string(step) + "\n";
+    if (std::string e = write_file_atomically((pending / commit_marker).string(), {marker});
+        !e.empty())
+        return e;
+    return settle_pending(d);
 }
 
 namespace {
@@ -388,7 +445,7 @@ std::string load_weights(const std::string& dir, Model& model) {
                             Layout{"model.safetensors.index.json", true, &read_safetensors},
                             Layout{"pytorch_model.bin", false, &read_torch_checkpoint},
                             Layout{"pytorch_model.bin.index.json", true, &read_torch_checkpoint}}) {
-        const fs::path file = d / l.file;
+        const fs::path file = checkpoint_file(d, l.file);
         if (!fs::exists(file, ec)) continue;
         SafetensorsFile weights;
         std::string e =
@@ -404,20 +461,22 @@ std::string load_weights(const std::string& dir, Model& model) {
 std::string load_training_state(const std::string& dir, Model& model, int64_t& step) {
     fs::path d(dir);
     std::string text, error;
-    if (!lang::read_source_file(d / "state.json", text, error))
-        return "cannot read `" + (d / "state.json").string() + "`: " + error +
+    const fs::path state_file = checkpoint_file(d, "state.json");
+    if (!lang::read_source_file(state_file, text, error))
+        return "cannot read `" + state_file.string() + "`: " + error +
                "; a folder to resume from is one that `dist run --save` wrote";
     nlohmann::json state = nlohmann::json::parse(text, nullptr, false);
     if (state.is_discarded() || !state.is_object() || !state.contains("step") ||
         !state["step"].is_number_integer() || state["step"].get<int64_t>() < 0)
-        return "`" + (d / "state.json").string() + "` is not a Dist training state";
+        return "`" + state_file.string() + "` is not a Dist training state";
     step = state["step"].get<int64_t>();
     std::string stamp;
-    if (std::string e = load_weights_file(d / "model.safetensors", model, stamp); !e.empty())
+    if (std::string e = load_weights_file(checkpoint_file(d, "model.safetensors"), model, stamp);
+        !e.empty())
         return e;
     SafetensorsFile opt;
-    if (std::string e = read_safetensors((d / "optimizer.safetensors").string(), opt); !e.empty())
-        return e;
+    const fs::path opt_file = checkpoint_file(d, "optimizer.safetensors");
+    if (std::string e = read_safetensors(opt_file.string(), opt); !e.empty()) return e;
     std::string opt_stamp = opt.metadata.count("dist_step") ? opt.metadata.at("dist_step") : "";
     if (stamp != std::to_string(step) || opt_stamp != std::to_string(step))
         return "`" + dir + "` mixes files of different steps (state " + std::to_string(step) +
@@ -429,8 +488,7 @@ std::string load_training_state(const std::string& dir, Model& model, int64_t& s
         for (auto [suffix, t] : {std::pair{".m", &p.m}, std::pair{".v", &p.v}}) {
             const TensorRecord* r = opt.find(p.name + suffix);
             if (!r || r->dtype != TensorDType::f32 || r->shape != t->shape())
-                return "`" + (d / "optimizer.safetensors").string() + "` has no matching `" +
-                       p.name + suffix + "`";
+                return "`" + opt_file.string() + "` has no matching `" + p.name + suffix + "`";
             std::memcpy(t->raw(), r->bytes.data(), t->bytes());
         }
     }

@@ -5,8 +5,11 @@
 // gate/up as separate tensors; Dist's own names for other templates), a Hugging Face-style
 // `config.json`, and, for resuming, `optimizer.safetensors` (AdamW moments) and `state.json`
 // (the step; the batch of a step is a function of (seed, step), so the step is the data
-// position). Every file is written atomically, `state.json` last; loading checks that the files
-// belong to the same step, so an interrupted save is refused rather than half-used.
+// position). A save writes every file atomically into `.pending/` inside the folder, then a
+// commit marker, then moves the files up: a save cut short before the marker leaves the last
+// checkpoint as it was, one cut short after it is read from the pending files (and finished by
+// the next save), so a kill at any moment leaves a folder that loads whole. Loading still
+// checks that the files belong to the same step.
 #pragma once
 
 #include "models/model.hpp"

@@ -176,6 +176,48 @@ TEST(Checkpoint, RefusesWrongShapesMissingTensorsAndMixedSteps) {
               std::string::npos);
 }
 
+// A save cut short at any point leaves a folder that loads whole: before its commit marker,
+// the step before; after it, the new step (the files still pending are read from there, and
+// the next save moves them into place).
+TEST(Checkpoint, ASaveCutShortLeavesAWholeCheckpoint) {
+    Program p = program_of(tiny);
+    Model old_model(p.model, 1), new_model(p.model, 2);
+    TempDir a, b;
+    ASSERT_EQ(save_checkpoint(a.path.string(), old_model, 4, 1), "");
+    ASSERT_EQ(save_checkpoint(b.path.string(), new_model, 6, 1), "");
+    EXPECT_FALSE(fs::exists(a.path / ".pending")) << "a finished save leaves nothing pending";
+    const char* files[] = {"model.safetensors", "config.json", "optimizer.safetensors",
+                           "state.json"};
+    const fs::path pending = a.path / ".pending";
+    auto loads_as = [&](int64_t expect, const Model& like) {
+        Model m(p.model, 3);
+        int64_t step = 0;
+        std::string e = load_training_state(a.path.string(), m, step);
+        ASSERT_EQ(e, "");
+        EXPECT_EQ(step, expect);
+        const auto& got = m.params().all().front();
+        const auto& want = like.params().all().front();
+        EXPECT_EQ(0, std::memcmp(got.value.raw(), want.value.raw(), got.value.bytes()));
+    };
+    // Cut short while writing the pending files: no marker, the folder's step 4 stands.
+    fs::create_directories(pending);
+    for (const char* f : {"model.safetensors", "config.json"})
+        fs::copy_file(b.path / f, pending / f);
+    loads_as(4, old_model);
+    // Cut short after the marker, with the model already moved up and the rest still pending:
+    // step 6, whole.
+    for (const char* f : {"optimizer.safetensors", "state.json"})
+        fs::copy_file(b.path / f, pending / f);
+    std::ofstream(pending / "COMMIT") << "6\n";
+    fs::rename(pending / "model.safetensors", a.path / "model.safetensors");
+    loads_as(6, new_model);
+    // The next save finishes the moves first, then writes its own step.
+    ASSERT_EQ(save_checkpoint(a.path.string(), new_model, 8, 1), "");
+    EXPECT_FALSE(fs::exists(pending));
+    loads_as(8, new_model);
+    for (const char* f : files) EXPECT_TRUE(fs::exists(a.path / f)) << f;
+}
+
 TEST(Checkpoint, ReadsNamesWithTheTransformerPrefix) {
     Program p = program_of(tiny);
     Model m(p.model, 1);
