@@ -60,8 +60,8 @@ void ReplSession::cmd_run(const std::string& args) {
     // One process, whatever the environment says: the REPL explores on this machine.
     Program run_program = p;
     // Steps 1..steps of the script's run (its learning-rate schedule), or more than it has.
-    run_program.train.stop_after = std::min<int64_t>(steps, p.train.steps);
-    if (steps > p.train.steps) run_program.train.steps = steps;
+    run_program.train.stop_after = steps;
+    run_program.train.steps = std::max<int64_t>(steps, p.train.steps);
     run_program.train.checkpoint.dir.clear();
     runtime::SessionOptions so;
     so.join_launch = false;

@@ -9,8 +9,10 @@
 #include "models/torch_checkpoint.hpp"
 
 #include <cstring>
+#include <fcntl.h>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 namespace fs = std::filesystem;
 
@@ -307,6 +309,11 @@ std::string settle_pending(const fs::path& dir) {
                 return "cannot move `" + (pending / name).string() + "` into `" + dir.string() +
                        "`: " + ec.message();
         }
+    // The moves reach the disk before the pending folder goes.
+    if (int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY); fd >= 0) {
+        ::fsync(fd);
+        ::close(fd);
+    }
     fs::remove_all(pending, ec);
     if (ec) return "cannot remove `" + pending.string() + "`: " + ec.message();
     return {};

@@ -123,8 +123,8 @@ class GlooCollectives final : public Collectives {
             receiving->recv(previous, slot, 0, chunk_bytes);
             sending->send(next, slot, static_cast<size_t>(send) * chunk_bytes, chunk_bytes);
             if (!receiving->waitRecv(timeout) || !sending->waitSend(timeout))
-                throw std::runtime_error("no answer within " + std::to_string(timeout.count()) +
-                                         " ms");
+                throw std::runtime_error("aborted, or no answer within " +
+                                         std::to_string(timeout.count()) + " ms");
             float* into = scratch_.data() + take * n;
             for (int64_t i = 0; i < n; ++i) into[i] += incoming_[static_cast<size_t>(i)];
         }

@@ -205,10 +205,9 @@ void next_step(coordinator_pointer self, bool go_on, const std::string& error) {
     auto& st = self->state;
     if (!st.between_steps || st.finished) return;
     st.between_steps = false;
-    if (!error.empty()) {
-        fail(self, error);
-        return finish(self, st.failure);
-    }
+    if (!error.empty()) fail(self, error);
+    // A process lost while the driver handled the report (or the callback's own failure).
+    if (!st.failure.empty()) return finish(self, st.failure);
     // The callback may have taken long (a checkpoint): the watchdog counts from now.
     const auto now = std::chrono::steady_clock::now();
     st.last_change = now;
@@ -292,8 +291,13 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
             // Anyone may ask; what proves the token is the answer's HMAC, and the nonce is
             // good for one hello. A bounded number stay outstanding (the oldest go first).
             auto& st = self->state;
-            if (member_nonce.size() != nonce_bytes * 2 || st.started)
-                return caf::sec::unexpected_message;
+            // Refused: no nonce, and the reason in place of the proof.
+            if (st.started)
+                return caf::result<std::string, std::string>(std::string(), "the job has started");
+            if (member_nonce.size() != nonce_bytes * 2)
+                return caf::result<std::string, std::string>(
+                    std::string(), "its challenge is not " + std::to_string(nonce_bytes * 2) +
+                                       " hexadecimal digits");
             if (st.nonces.size() >= max_outstanding_nonces) {
                 auto oldest = st.nonces.begin();
                 for (auto it = st.nonces.begin(); it != st.nonces.end(); ++it)
@@ -319,8 +323,9 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
             else if (issued == st.nonces.end())
                 refusal = "its hello answers no challenge of this coordinator (a replayed or "
                           "forged hello)";
-            else if (!same_proof(
-                         proof, prove(c.token, {"member", nonce, digest, std::to_string(process)})))
+            else if (!same_proof(proof,
+                                 prove(c.token, {"member", nonce, digest, std::to_string(process),
+                                                 std::to_string(pid), host})))
                 refusal = "it did not prove this job's token";
             else if (digest != c.digest)
                 refusal = "it runs a different plan (digest " + digest + ", this job's " +
@@ -437,6 +442,11 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
             // starved): the members' heartbeats queued meanwhile are not theirs to answer for.
             if (st.last_tick.time_since_epoch().count() != 0 &&
                 now - st.last_tick > c.heartbeat_timeout / 2)
+                for (auto& [p, m] : st.members) m.last_beat = now;
+            // Between steps no rank acts, and a member asked for its shards (a checkpoint's
+            // gather) beats only once it has sent them, behind them on the same connection: its
+            // silence counts from the next step (a death is still seen at once, by the monitor).
+            if (st.between_steps)
                 for (auto& [p, m] : st.members) m.last_beat = now;
             st.last_tick = now;
             // Heartbeats the other way: a member that stops hearing them ends its process.

@@ -71,6 +71,8 @@ Job::Net::~Net() {
     // The actors use the members below: the system (which waits for them) goes first.
     store.reset();
     sys.reset();
+    closing = true;
+    if (abandon_thread.joinable()) abandon_thread.join();
 }
 
 std::string Job::Net::ranks_of(int32_t process) const {
@@ -107,14 +109,16 @@ std::string join(Job::Net& net, const ClusterOptions& cluster) {
             },
             [&](caf::error& e) { refusal = "no answer to the challenge: " + sys.render(e); });
     if (!refusal.empty()) return refusal;
+    if (nonce.empty()) return "refused by the coordinator: " + proof;
     if (!same_proof(proof, prove(cluster.token, {"coordinator", mine, nonce})))
         return "the coordinator did not prove this job's token (another job's coordinator, or "
                "the token differs: DIST_JOB_TOKEN or DIST_JOB_TOKEN_FILE)";
-    self->request(net.coordinator, std::chrono::seconds(30), hello_atom::value, protocol_version,
-                  prove(cluster.token,
-                        {"member", nonce, cluster.digest, std::to_string(cluster.process)}),
-                  nonce, cluster.digest, cluster.process, static_cast<int32_t>(::getpid()),
-                  std::string(host), net.member)
+    self->request(
+            net.coordinator, std::chrono::seconds(30), hello_atom::value, protocol_version,
+            prove(cluster.token, {"member", nonce, cluster.digest, std::to_string(cluster.process),
+                                  std::to_string(::getpid()), std::string(host)}),
+            nonce, cluster.digest, cluster.process, static_cast<int32_t>(::getpid()),
+            std::string(host), net.member)
         .receive(
             [&](std::string& r, std::string& place) {
                 refusal = std::move(r);

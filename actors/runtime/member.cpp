@@ -33,15 +33,15 @@ void lose_coordinator(member_pointer self, const std::string& why) {
     // Without a coordinator nobody says when to give up: ranks still busy after a while wait
     // in Gloo for peers that are gone.
     if (net->cluster.abandon)
-        std::thread([net, why] {
+        net->abandon_thread = std::thread([net, why] {
             auto deadline = std::chrono::steady_clock::now() + net->cluster.abandon_after;
             while (std::chrono::steady_clock::now() < deadline) {
                 // Still forming the job counts as busy: it waits on the store it lost.
-                if (net->formed.load() && !net->busy()) return;
+                if (net->closing.load() || (net->formed.load() && !net->busy())) return;
                 std::this_thread::sleep_for(std::chrono::milliseconds(50));
             }
-            net->cluster.abandon(why);
-        }).detach();
+            if (!net->closing.load()) net->cluster.abandon(why);
+        });
     self->quit();
 }
 

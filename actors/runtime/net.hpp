@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 namespace dist::runtime {
 
@@ -45,6 +46,10 @@ struct Job::Net {
     /// the store meanwhile).
     std::mutex report_mutex;
     std::optional<StepReport> report;
+    /// A member that lost its coordinator: ends the process if its ranks stay stuck (member.cpp).
+    /// Joined by the destructor, which tells it to stop looking first.
+    std::thread abandon_thread;
+    std::atomic<bool> closing{false};
 
     void abort(const std::string& why);
     /// Actions completed by this process's ranks so far.

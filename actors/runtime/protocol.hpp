@@ -6,8 +6,10 @@
 //   member -> coordinator  challenge(member nonce)
 //   coordinator -> member  (coordinator nonce, HMAC(token, "coordinator", member nonce,
 //                           coordinator nonce))       the coordinator proves the token
+//                          or ("", why not) once the job has started
 //   member -> coordinator  hello(version, HMAC(token, "member", coordinator nonce, digest,
-//                           process), coordinator nonce, digest, process, pid, host, actor)
+//                           process, pid, host), coordinator nonce, digest, process, pid, host,
+//                           actor)
 //   coordinator -> member  (refusal or "", where process 0 runs: "host H, pid P")
 // A coordinator nonce answers one hello (a replayed hello is refused); the token never crosses
 // the wire.

@@ -146,6 +146,18 @@ TEST(Repl, RunTrainsRealStepsAndSetsThemBesideTheSimulator) {
     EXPECT_LT(loss, 7.0);
 }
 
+// `run N` trains N steps, also past the script's `train.steps`; a step whose loss is not finite
+// ends the run with the training session's message, and the session goes on.
+TEST(Repl, RunTrainsAsManyStepsAsAskedAndStopsAtANonFiniteLoss) {
+    TempDir dir("run-steps");
+    Result r = run_in(dir.path, "repl",
+                      "set model.layers 2\nset train.steps 2\nrun 3\nset train.optimizer.lr 1e30\n"
+                      "run 3\nquit\n");
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("\nstep 3  loss "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("step 2: the loss is non-finite"), std::string::npos) << r.out;
+}
+
 TEST(Repl, RunRefusesPlansTooBigForThisMachine) {
     TempDir dir("run-big");
     Result r = run_in(dir.path, "repl " + src + "/examples/llama3_8b_64xh100.dist", "run 1\n");
