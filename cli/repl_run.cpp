@@ -70,14 +70,22 @@ void ReplSession::cmd_run(const std::string& args) {
         char line[160];
         std::snprintf(line, sizeof line, "step %lld  loss %.4f  %.1f ms  %.0f tokens/s",
                       static_cast<long long>(m.step), m.loss, 1e3 * m.step_time_s, m.tokens_per_s);
-        out_ << line << (s.nonfinite.empty() ? "" : "  (skipped: non-finite " + s.nonfinite + ")")
-             << "\n"
+        if (s.eval_loss)
+            out_ << line << "  eval " << std::to_string(*s.eval_loss).substr(0, 6);
+        else
+            out_ << line;
+        out_ << (s.nonfinite.empty() ? "" : "  (skipped: non-finite " + s.nonfinite + ")") << "\n"
              << std::flush;
         return true;
     };
     runtime::Session session(run_program, graph, so);
     runtime::SessionError e = session.open();
     if (e.message.empty()) e = session.run();
+    if (e.located) {
+        out_.flush();
+        err_ << e.message << std::flush; // rendered as the checker renders its errors
+        return;
+    }
     if (!e.message.empty()) {
         if (p.mesh.profile.name != "cpu")
             error(e.message, "`set mesh.devices cpu`");

@@ -98,17 +98,18 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
             elapsed / static_cast<double>(m.step - first) * static_cast<double>(last - m.step);
         std::string line = runtime::progress_line(m, last, eta);
         if (!s.nonfinite.empty()) line += "  (skipped: non-finite " + s.nonfinite + ")";
+        if (s.eval_loss) line += "  eval " + std::to_string(*s.eval_loss).substr(0, 6);
         if (tty)
             err << "\r" << line << "\x1b[K" << std::flush;
         else if (r.progress && (m.step == first + 1 || m.step % 10 == 0 || m.step == last ||
-                                !s.nonfinite.empty()))
+                                !s.nonfinite.empty() || s.eval_loss))
             err << line << "\n";
         return true;
     };
     runtime::Session session(p, graph, so);
     runtime::SessionError e = session.open();
     if (!e.message.empty()) {
-        err << "error: " << e.message << "\n";
+        err << (e.located ? "" : "error: ") << e.message << (e.located ? "" : "\n");
         return e.usage ? 2 : 1;
     }
     first = session.first_step();

@@ -76,6 +76,8 @@ Result<TrainSummary> Script::train(const TrainOptions& options) {
                 StepInfo info = to_info(s.metrics);
                 info.skipped = !s.nonfinite.empty();
                 info.skipped_steps = s.skipped_steps;
+                info.evaluated = s.eval_loss.has_value();
+                info.eval_loss = s.eval_loss.value_or(0.0);
                 return options.on_step(info);
             };
         runtime::Session session(p, *planned.graph, so);

@@ -77,6 +77,14 @@ void BlockChecker::train(const Block* block) {
     static const std::vector<std::string> precisions = {"f32", "bf16"};
     if (auto pr = r.choice("precision", precisions, "precision"))
         t.precision = pick<Precision>(precisions, *pr);
+    if (t.precision == Precision::bf16)
+        t.training_refusal = render_diagnostic(
+            sources, {r.loc_of("precision"),
+                      "training runs in f32 on every device for now; `precision: bf16` is "
+                      "planned and simulated (2-byte weights and activations, the bf16 peak), "
+                      "not trained",
+                      "`--set train.precision=f32` to train; `dist sim` and `dist plan` take "
+                      "bf16 as written"});
     t.clip = r.real("clip", 0.0, false).value_or(0.0);
     static const std::vector<std::string> policies = {"stop", "skip"};
     if (auto pol = r.choice("on_nonfinite", policies, "policy"))

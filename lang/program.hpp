@@ -197,6 +197,10 @@ struct TrainSpec {
     /// stop: end the run at the first non-finite loss or gradient norm (exit 1); skip: skip that
     /// step's update on every rank and go on. Either way no weight takes the step.
     NonFinitePolicy on_nonfinite = NonFinitePolicy::stop;
+    /// Why training cannot honour this program as written, rendered as the checker renders an
+    /// error (file:line:col, the source line, a caret, a hint); "" when it can. Planning and
+    /// simulation take the program as it is; a training session refuses it with this.
+    std::string training_refusal;
     CheckpointSpec checkpoint;
     EvalSpec eval;
     int64_t microbatch_size = 1; // sequences per microbatch on one data-parallel rank

@@ -131,9 +131,10 @@ std::string train(const Program& program, Model& model, const TokenData& data, i
     return {};
 }
 
-EvalResult evaluate(Model& model, const TokenData& data) {
+EvalResult evaluate(Model& model, const TokenData& data, int64_t max_windows) {
     const int64_t T = model.spec().context;
-    const int64_t windows = data.eval_windows(T);
+    const int64_t windows =
+        max_windows >= 0 ? std::min(max_windows, data.eval_windows(T)) : data.eval_windows(T);
     const int64_t group = 8; // windows per forward
     EvalResult r;
     double sum = 0.0;

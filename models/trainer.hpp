@@ -52,7 +52,8 @@ struct EvalResult {
 
 /// The mean loss of predicting tokens 1..T of every window of T+1 tokens (T the model's
 /// context) from the ones before, windows consecutive and non-overlapping.
-EvalResult evaluate(Model& model, const TokenData& data);
+/// `max_windows` >= 0 stops after that many windows (the first ones).
+EvalResult evaluate(Model& model, const TokenData& data, int64_t max_windows = -1);
 
 /// The next token from logits z (V): the largest at temperature 0, else a draw from the
 /// softmax of the top_k logits at the temperature, a function of (seed, position, row).

@@ -10,7 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -148,6 +150,11 @@ nlohmann::json traffic_object(const std::vector<RankTraffic>& traffic) {
     return {{"bytes", total}, {"by_rank", by_rank}};
 }
 
+// batches x batch windows, without overflow.
+int64_t sat_windows(int64_t batches, int64_t batch) {
+    return batch > 0 && batches > INT64_MAX / batch ? INT64_MAX : batches * batch;
+}
+
 // A figure as a person reads it: "nan", "inf", or up to 6 significant digits.
 std::string number(double x) {
     if (std::isnan(x)) return "nan";
@@ -179,12 +186,17 @@ std::string traffic_json(const std::vector<RankTraffic>& traffic) {
 }
 
 std::string metrics_line(const SessionStep& s, int32_t processes) {
-    if (processes <= 1 && s.skipped_steps == 0) return models::metrics_json(s.metrics);
+    if (processes <= 1 && s.skipped_steps == 0 && !s.eval_loss)
+        return models::metrics_json(s.metrics);
     nlohmann::json j = nlohmann::json::parse(models::metrics_json(s.metrics));
     if (processes > 1) j["p2p"] = traffic_object(s.traffic);
     if (s.skipped_steps > 0) {
         j["skipped_steps"] = s.skipped_steps;
         j["skipped"] = !s.nonfinite.empty();
+    }
+    if (s.eval_loss) {
+        j["eval_loss"] = *s.eval_loss;
+        j["eval_tokens"] = s.eval_tokens;
     }
     return j.dump();
 }
@@ -195,6 +207,8 @@ struct Session::Impl {
     SessionOptions options;
     std::optional<ClusterOptions> cluster;
     models::TokenData data;
+    models::TokenData eval_data;
+    int64_t eval_windows = 0; // evaluated each time: the first ones of eval_data
     std::unique_ptr<models::Model> whole_model;
     int64_t first = 0, last = 0;
     std::string save_dir;
@@ -230,6 +244,8 @@ SessionError Session::open() {
     const SessionOptions& o = s.options;
     if (!o.resume.empty() && !o.load.empty())
         return {"--resume continues a run and --load starts one from weights; give one", true};
+    if (!s.program.train.training_refusal.empty())
+        return {s.program.train.training_refusal, false, true};
     std::string error;
     if (o.join_launch) {
         s.cluster = cluster_from_environment(s.graph, o.identity, error);
@@ -241,6 +257,17 @@ SessionError Session::open() {
     }
     error = models::load_data(s.program.train.data, s.program.model, s.data);
     if (!error.empty()) return {error};
+    const EvalSpec& eval = s.program.train.eval;
+    if (eval.every > 0 && s.lead()) {
+        error = models::load_data(eval.data, s.program.model, s.eval_data);
+        if (!error.empty()) return {"train.eval: " + error};
+        const int64_t T = s.program.model.context;
+        s.eval_windows =
+            std::min(s.eval_data.eval_windows(T), sat_windows(eval.batches, s.program.train.batch));
+        if (s.eval_windows == 0)
+            return {"train.eval: `" + eval.data.path + "` is shorter than one window of " +
+                    std::to_string(T + 1) + " tokens"};
+    }
     if (!o.resume.empty()) error = models::load_training_state(o.resume, s.whole(), s.first);
     if (!o.load.empty()) error = models::load_weights(o.load, s.whole());
     if (!error.empty()) return {error};
@@ -294,6 +321,25 @@ std::string Session::Impl::handle(const StepReport& rep, int64_t& skipped) {
         ++skipped;
     }
     step.skipped_steps = skipped;
+    bool gathered = false;
+    auto gather = [&]() -> std::string {
+        if (gathered) return "";
+        try {
+            job->gather(whole());
+        } catch (const std::exception& e) {
+            return e.what();
+        }
+        gathered = true;
+        return "";
+    };
+    const EvalSpec& eval = program.train.eval;
+    if (eval.every > 0 && m.step % eval.every == 0) {
+        // On the whole model, gathered from every rank: the loss of the weights this step left.
+        if (std::string e = gather(); !e.empty()) return e;
+        models::EvalResult r = models::evaluate(whole(), eval_data, eval_windows);
+        step.eval_loss = r.loss;
+        step.eval_tokens = r.tokens;
+    }
     if (metrics.is_open())
         metrics << metrics_line(step, cluster ? cluster->processes : 1) << "\n" << std::flush;
     last_step = std::move(step);
@@ -315,11 +361,7 @@ std::string Session::Impl::handle(const StepReport& rep, int64_t& skipped) {
     // Across processes the others' parameters can be gathered only while the job runs.
     const bool keep = options.keep_weights && cluster && (m.step == last || !go_on);
     if (checkpoint || keep) {
-        try {
-            job->gather(whole());
-        } catch (const std::exception& e) {
-            return e.what();
-        }
+        if (std::string e = gather(); !e.empty()) return e;
         kept = keep;
     }
     if (checkpoint) {

@@ -5,7 +5,8 @@
 // A session reads the training data, joins a job of several processes when the launch
 // environment says so (DIST_RANK / DIST_WORLD_SIZE, Slurm, mpirun), starts from `--load`'s
 // weights or continues a `--resume` checkpoint, runs the steps through the actor runtime,
-// applies the non-finite policy (train.on_nonfinite), writes the metrics (JSON lines), saves
+// applies the non-finite policy (train.on_nonfinite), evaluates (train.eval), writes the
+// metrics (JSON lines), saves
 // consolidated checkpoints every train.checkpoint.every steps, at the end and when the caller
 // stops the run, and can keep the final weights. Only process 0 of a job writes anything.
 // Errors come back as values; nothing here prints or exits (the caller's abandon callback
@@ -21,6 +22,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,10 @@ struct SessionStep {
     /// weights took the update; and how many steps were skipped so far (on_nonfinite: skip).
     std::string nonfinite;
     int64_t skipped_steps = 0;
+    /// The evaluation after this step (train.eval, every `every` steps): the mean loss over the
+    /// first `batches` x batch windows of the eval data, and the tokens predicted.
+    std::optional<double> eval_loss;
+    int64_t eval_tokens = 0;
     /// Per rank: when each action ran, and its traffic with other processes.
     std::vector<std::vector<ActionTiming>> timings;
     std::vector<RankTraffic> traffic;
@@ -68,7 +74,8 @@ struct SessionOptions {
 /// Why a session could not start or did not finish.
 struct SessionError {
     std::string message;
-    bool usage = false; // the caller's options or environment, not the script (exit 2)
+    bool usage = false;   // the caller's options or environment, not the script (exit 2)
+    bool located = false; // rendered as the checker renders errors (file:line:col: error: ...)
 };
 
 class Session {

@@ -98,6 +98,9 @@ struct StepInfo {
     /// (`train.on_nonfinite: skip`), and how many were skipped so far.
     bool skipped = false;
     int64_t skipped_steps = 0;
+    /// Whether the script's `train.eval` evaluated after this step, and the loss it found.
+    bool evaluated = false;
+    double eval_loss = 0;
     double loss = 0;
     double lr = 0;
     double grad_norm = 0; // before clipping

@@ -177,3 +177,45 @@ TEST(Cluster, AnEmbeddedApplicationRunsAJobOfSeveralProcessesWithTheCliLosses) {
     expect_same_steps(steps_of(dir / "cli.jsonl"), steps_of(dir / "embed.jsonl"),
                       "embedded, two processes");
 }
+
+// train.eval every 2 steps in a job of two processes (dp 2 x pp 2): the weights are gathered
+// from both, and the loss the metrics report after the last step is the loss `dist eval` finds
+// on the checkpoint of that step, over the same windows (here all of the file's).
+TEST(Cluster, TrainEvalReportsTheLossDistEvalFindsOnTheSameWeights) {
+    Dir dir("eval");
+    std::string text;
+    for (int i = 0; i < 40; ++i)
+        text += "the quick brown fox jumps over the lazy dog " + std::to_string(i) + "\n";
+    std::ofstream(dir / "held_out.txt") << text;
+    auto sets = mesh_sets(2, 1, 2, "1f1b", 2);
+    sets.push_back("train.checkpoint.dir=\"" + (dir / "ck") + "\"");
+    std::string script = slurp(dir / "gpt.dist");
+    script.replace(script.find("vocab: 32"), 9, "vocab: 256"); // text is read as bytes
+    auto at = script.find("train {");
+    ASSERT_NE(at, std::string::npos);
+    script.insert(at + 7, "\n    eval {\n        data: text(\"held_out.txt\")\n        every: 2\n"
+                          "        batches: 1000\n    }");
+    std::ofstream(dir / "eval.dist") << script;
+    auto args = run_args(dir / "eval.dist", sets, dir / "m.jsonl", 4);
+    args.insert(args.end(), {"--procs", "2"});
+    Proc job(args, {}, dir / "out", dir / "err");
+    ASSERT_EQ(job.wait(120s), 0) << slurp(dir / "err");
+    std::ifstream metrics(dir / "m.jsonl");
+    std::string line;
+    std::vector<int64_t> evaluated;
+    double last_eval = -1;
+    while (std::getline(metrics, line)) {
+        auto e = line.find("\"eval_loss\":");
+        if (e == std::string::npos) continue;
+        evaluated.push_back(std::stoll(line.substr(line.find("\"step\":") + 7)));
+        last_eval = std::stod(line.substr(e + 12));
+    }
+    EXPECT_EQ(evaluated, (std::vector<int64_t>{2, 4}));
+    Proc eval(
+        {"eval", dir / "eval.dist", "--load", dir / "ck", "--data", dir / "held_out.txt", "--json"},
+        {}, dir / "eval.out", dir / "eval.err");
+    ASSERT_EQ(eval.wait(60s), 0) << slurp(dir / "eval.err");
+    std::string out = slurp(dir / "eval.out");
+    const double expected = std::stod(out.substr(out.find("\"loss\":") + 7));
+    EXPECT_NEAR(last_eval, expected, 1e-9 * expected) << out;
+}

@@ -194,6 +194,12 @@ TEST(Cli, RunRefusesWhatItCannotDoWithAMessage) {
     EXPECT_NE(resume.err.find("state.json"), std::string::npos) << resume.err;
     Result both = run("run examples/gpt_tiny.dist --resume a --load b");
     EXPECT_EQ(both.status, 2);
+    // bf16 is planned and simulated, not trained: refused where it is set, not ignored.
+    Result bf16 = run("run examples/gpt_tiny.dist --set train.precision=bf16");
+    EXPECT_EQ(bf16.status, 1);
+    EXPECT_EQ(bf16.err.find("--set:1:1: error: training runs in f32"), 0u) << bf16.err;
+    EXPECT_EQ(bf16.out.find("training"), std::string::npos) << bf16.out;
+    EXPECT_EQ(run("sim examples/gpt_tiny.dist --set train.precision=bf16").status, 0);
     // An unwritable checkpoint folder is found before training, not after it.
     Result save = run("run examples/gpt_tiny.dist --save /proc/no/such/folder");
     EXPECT_EQ(save.status, 1);
