@@ -9,13 +9,9 @@
 #include "models/checkpoint.hpp"
 #include "models/trainer.hpp"
 
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <exception>
-#include <optional>
 #include <stdexcept>
-#include <unistd.h>
 
 namespace fs = std::filesystem;
 
@@ -23,7 +19,8 @@ namespace dist {
 
 namespace {
 
-StepInfo to_info(const models::StepMetrics& m) {
+StepInfo to_info(const runtime::SessionStep& step) {
+    const models::StepMetrics& m = step.metrics;
     StepInfo s;
     s.step = m.step;
     s.loss = m.loss;
@@ -32,6 +29,10 @@ StepInfo to_info(const models::StepMetrics& m) {
     s.tokens = m.tokens;
     s.tokens_per_s = m.tokens_per_s;
     s.step_time_s = m.step_time_s;
+    s.skipped = !step.nonfinite.empty();
+    s.skipped_steps = step.skipped_steps;
+    s.evaluated = step.eval_loss.has_value();
+    s.eval_loss = step.eval_loss.value_or(0.0);
     return s;
 }
 
@@ -72,14 +73,7 @@ Result<TrainSummary> Script::train(const TrainOptions& options) {
         so.identity = impl_->text;
         for (const auto& o : impl_->overrides) so.identity += "\n--set " + o;
         if (options.on_step)
-            so.on_step = [&](const runtime::SessionStep& s) {
-                StepInfo info = to_info(s.metrics);
-                info.skipped = !s.nonfinite.empty();
-                info.skipped_steps = s.skipped_steps;
-                info.evaluated = s.eval_loss.has_value();
-                info.eval_loss = s.eval_loss.value_or(0.0);
-                return options.on_step(info);
-            };
+            so.on_step = [&](const runtime::SessionStep& s) { return options.on_step(to_info(s)); };
         runtime::Session session(p, *planned.graph, so);
         runtime::SessionError e = session.open();
         if (e.message.empty()) e = session.run();

@@ -1,11 +1,15 @@
-// auth.cpp: HMAC-SHA256 and random bytes from OpenSSL's libcrypto.
+// auth.cpp: HMAC-SHA256 and random bytes from OpenSSL's libcrypto; the TLS files loaded as
+// libssl loads them.
 #include "actors/runtime/auth.hpp"
 
 #include <openssl/crypto.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+#include <openssl/ssl.h>
 
+#include <memory>
 #include <stdexcept>
 #include <vector>
 
@@ -58,6 +62,28 @@ std::string prove(const std::string& token, std::initializer_list<std::string> p
 
 bool same_proof(const std::string& a, const std::string& b) {
     return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+std::string check_tls_files(const std::string& cert, const std::string& key,
+                            const std::string& ca) {
+    std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx(SSL_CTX_new(TLS_method()), &SSL_CTX_free);
+    if (!ctx) return "OpenSSL cannot make a TLS context";
+    auto why = [](const std::string& what) {
+        std::string reason = ERR_reason_error_string(ERR_peek_last_error())
+                                 ? ERR_reason_error_string(ERR_peek_last_error())
+                                 : "unknown reason";
+        ERR_clear_error();
+        return what + " (" + reason + ")";
+    };
+    if (SSL_CTX_use_certificate_chain_file(ctx.get(), cert.c_str()) != 1)
+        return why("DIST_TLS_CERT: `" + cert + "` is not a PEM certificate chain");
+    if (SSL_CTX_use_PrivateKey_file(ctx.get(), key.c_str(), SSL_FILETYPE_PEM) != 1 ||
+        SSL_CTX_check_private_key(ctx.get()) != 1)
+        return why("DIST_TLS_KEY: `" + key +
+                   "` is not the PEM private key of the certificate in `" + cert + "`");
+    if (SSL_CTX_load_verify_locations(ctx.get(), ca.c_str(), nullptr) != 1)
+        return why("DIST_TLS_CA: `" + ca + "` holds no PEM CA certificate");
+    return "";
 }
 
 } // namespace dist::runtime

@@ -1,7 +1,7 @@
-// auth.hpp: the job token's challenge-response. A peer proves that it holds the job's token by
-// an HMAC-SHA256, keyed with the token, over a fresh nonce of the other side and the facts of
-// its message; the token itself never crosses the wire, and proofs are compared in constant
-// time.
+// auth.hpp: the control plane's credentials. A peer proves that it holds the job's token by an
+// HMAC-SHA256, keyed with the token, over a fresh nonce of the other side and the facts of its
+// message; the token itself never crosses the wire, and proofs are compared in constant time.
+// The optional TLS files are checked before any connection uses them.
 #pragma once
 
 #include <cstddef>
@@ -25,5 +25,10 @@ bool same_proof(const std::string& a, const std::string& b);
 
 /// A new job token: 32 random bytes, hex-encoded.
 std::string fresh_token();
+
+/// Whether the control plane's TLS files load as CAF's OpenSSL module will load them: a PEM
+/// certificate chain, its private key (matching it), and the CA's certificates. "" when they
+/// do, else which file fails and OpenSSL's reason.
+std::string check_tls_files(const std::string& cert, const std::string& key, const std::string& ca);
 
 } // namespace dist::runtime

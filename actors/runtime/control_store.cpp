@@ -48,6 +48,12 @@ class ControlStore final : public transport::KeyValueStore {
 
 } // namespace
 
+std::string host_name() {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    return host;
+}
+
 bool loopback(const std::string& host) {
     return host == "127.0.0.1" || host == "localhost" || host == "::1" ||
            host.rfind("127.", 0) == 0;

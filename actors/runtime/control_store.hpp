@@ -16,6 +16,9 @@ namespace dist::runtime {
 std::unique_ptr<transport::KeyValueStore> make_control_store(caf::actor_system& sys,
                                                              caf::actor coordinator);
 
+/// This machine's host name, as the processes of a job name each other.
+std::string host_name();
+
 /// Whether `host` names this machine's loopback.
 bool loopback(const std::string& host);
 

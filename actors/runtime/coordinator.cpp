@@ -5,6 +5,7 @@
 // a slow callback holds up neither heartbeats nor the store), and supervises: heartbeats both
 // ways, the watchdog, lost processes, and the abandon of ranks stuck in a failed step.
 #include "actors/runtime/auth.hpp"
+#include "actors/runtime/control_store.hpp"
 #include "actors/runtime/net.hpp"
 
 #include <chrono>
@@ -64,9 +65,7 @@ constexpr size_t max_outstanding_nonces = 1024;
 
 // Where this process runs, as the members name it: "host vm, pid 123".
 std::string this_place() {
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    return "host " + std::string(host) + ", pid " + std::to_string(::getpid());
+    return "host " + host_name() + ", pid " + std::to_string(::getpid());
 }
 
 void fail(coordinator_pointer self, const std::string& why) {
@@ -438,15 +437,14 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
             self->delayed_send(self, std::chrono::milliseconds(200), tick_atom::value);
             auto now = std::chrono::steady_clock::now();
             const ClusterOptions& c = st.net->cluster;
-            // A tick far behind its time means this process itself was frozen (stopped, or
-            // starved): the members' heartbeats queued meanwhile are not theirs to answer for.
-            if (st.last_tick.time_since_epoch().count() != 0 &&
-                now - st.last_tick > c.heartbeat_timeout / 2)
-                for (auto& [p, m] : st.members) m.last_beat = now;
-            // Between steps no rank acts, and a member asked for its shards (a checkpoint's
-            // gather) beats only once it has sent them, behind them on the same connection: its
-            // silence counts from the next step (a death is still seen at once, by the monitor).
-            if (st.between_steps)
+            // Members' silence does not count (a death is still seen at once, by the monitor)
+            // when this tick is far behind its time, as this process itself was frozen (stopped,
+            // or starved), or between steps: no rank acts then, and a member asked for its
+            // shards (a checkpoint's gather) beats only once it has sent them, behind them on
+            // the same connection.
+            const bool frozen = st.last_tick.time_since_epoch().count() != 0 &&
+                                now - st.last_tick > c.heartbeat_timeout / 2;
+            if (frozen || st.between_steps)
                 for (auto& [p, m] : st.members) m.last_beat = now;
             st.last_tick = now;
             // Heartbeats the other way: a member that stops hearing them ends its process.

@@ -97,8 +97,7 @@ namespace {
 std::string join(Job::Net& net, const ClusterOptions& cluster) {
     caf::actor_system& sys = *net.sys;
     caf::scoped_actor self{sys};
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
+    const std::string host = host_name();
     const std::string mine = fresh_nonce();
     std::string nonce, proof, refusal;
     self->request(net.coordinator, std::chrono::seconds(30), challenge_atom::value, mine)
@@ -116,9 +115,9 @@ std::string join(Job::Net& net, const ClusterOptions& cluster) {
     self->request(
             net.coordinator, std::chrono::seconds(30), hello_atom::value, protocol_version,
             prove(cluster.token, {"member", nonce, cluster.digest, std::to_string(cluster.process),
-                                  std::to_string(::getpid()), std::string(host)}),
-            nonce, cluster.digest, cluster.process, static_cast<int32_t>(::getpid()),
-            std::string(host), net.member)
+                                  std::to_string(::getpid()), host}),
+            nonce, cluster.digest, cluster.process, static_cast<int32_t>(::getpid()), host,
+            net.member)
         .receive(
             [&](std::string& r, std::string& place) {
                 refusal = std::move(r);

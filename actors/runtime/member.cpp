@@ -29,7 +29,7 @@ void lose_coordinator(member_pointer self, const std::string& why) {
     if (self->state.lost) return;
     self->state.lost = true;
     net->abort(why);
-    if (!net->member_finished.exchange(true)) net->member_done.set_value(why);
+    net->end_member(why);
     // Without a coordinator nobody says when to give up: ranks still busy after a while wait
     // in Gloo for peers that are gone.
     if (net->cluster.abandon)
@@ -56,9 +56,6 @@ caf::behavior member(member_pointer self, Job::Net* net) {
     self->state.last_heard = std::chrono::steady_clock::now();
     ignore_remote_exits(self);
     self->monitor(net->coordinator);
-    auto end = [net](const std::string& result) {
-        if (!net->member_finished.exchange(true)) net->member_done.set_value(result);
-    };
     self->set_down_handler([self, net](caf::down_msg& dm) {
         lose_coordinator(self, "lost " + coordinator_name(*net) + " (" +
                                    self->system().render(dm.reason) + ")");
@@ -90,9 +87,9 @@ caf::behavior member(member_pointer self, Job::Net* net) {
             // them.
             if (net->cluster.abandon) net->cluster.abandon(why);
         },
-        [self, end, heard](done_atom, const std::string& result) -> caf::result<ok_atom> {
+        [self, net, heard](done_atom, const std::string& result) -> caf::result<ok_atom> {
             if (!heard()) return caf::sec::request_receiver_down;
-            end(result);
+            net->end_member(result);
             self->quit();
             return ok_atom::value;
         },

@@ -36,6 +36,10 @@ struct Job::Net {
     int64_t tokens_per_step = 0;
     std::promise<std::string> member_done;
     std::atomic<bool> member_finished{false};
+    /// A process other than 0: its part of the job ends with `result` (the first call counts).
+    void end_member(const std::string& result) {
+        if (!member_finished.exchange(true)) member_done.set_value(result);
+    }
     bool ran = false;
     std::atomic<bool> formed{false};           // the constructor has finished
     std::function<std::string()> gather_local; // this process's parameter shards, serialised

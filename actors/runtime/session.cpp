@@ -4,6 +4,7 @@
 #include "actors/runtime/session.hpp"
 
 #include "actors/plan/graph_json.hpp"
+#include "actors/runtime/auth.hpp"
 #include "actors/runtime/job.hpp"
 #include "models/checkpoint.hpp"
 #include "transport/launch.hpp"
@@ -107,6 +108,10 @@ std::optional<ClusterOptions> cluster_from_environment(const plan::Graph& graph,
             }
         }
         c.tls = {tls[0], tls[1], tls[2]};
+        // A file OpenSSL cannot use would otherwise end the process inside CAF's first
+        // connection.
+        error = check_tls_files(c.tls.cert, c.tls.key, c.tls.ca);
+        if (!error.empty()) return std::nullopt;
     }
     c.digest = digest_of(plan::to_json(graph).dump() + identity);
     return c;
@@ -164,6 +169,24 @@ std::string number(double x) {
     return text;
 }
 
+// The metrics JSON line of a step (with its traffic between processes when `processes` > 1,
+// the skipped steps when there were any, and the evaluation when there was one).
+std::string metrics_line(const SessionStep& s, int32_t processes) {
+    if (processes <= 1 && s.skipped_steps == 0 && !s.eval_loss)
+        return models::metrics_json(s.metrics);
+    nlohmann::json j = nlohmann::json::parse(models::metrics_json(s.metrics));
+    if (processes > 1) j["p2p"] = traffic_object(s.traffic);
+    if (s.skipped_steps > 0) {
+        j["skipped_steps"] = s.skipped_steps;
+        j["skipped"] = !s.nonfinite.empty();
+    }
+    if (s.eval_loss) {
+        j["eval_loss"] = *s.eval_loss;
+        j["eval_tokens"] = s.eval_tokens;
+    }
+    return j.dump();
+}
+
 } // namespace
 
 std::string progress_line(const models::StepMetrics& m, int64_t last, double eta) {
@@ -185,22 +208,6 @@ std::string traffic_json(const std::vector<RankTraffic>& traffic) {
     return traffic_object(traffic).dump();
 }
 
-std::string metrics_line(const SessionStep& s, int32_t processes) {
-    if (processes <= 1 && s.skipped_steps == 0 && !s.eval_loss)
-        return models::metrics_json(s.metrics);
-    nlohmann::json j = nlohmann::json::parse(models::metrics_json(s.metrics));
-    if (processes > 1) j["p2p"] = traffic_object(s.traffic);
-    if (s.skipped_steps > 0) {
-        j["skipped_steps"] = s.skipped_steps;
-        j["skipped"] = !s.nonfinite.empty();
-    }
-    if (s.eval_loss) {
-        j["eval_loss"] = *s.eval_loss;
-        j["eval_tokens"] = s.eval_tokens;
-    }
-    return j.dump();
-}
-
 struct Session::Impl {
     const Program& program;
     const plan::Graph& graph;
@@ -217,6 +224,8 @@ struct Session::Impl {
     std::optional<SessionStep> last_step;
     std::string saved;
     bool stopped = false, kept = false;
+    int64_t skipped = 0; // steps whose update was skipped (on_nonfinite: skip)
+    std::string failure; // why handle() ended the run
 
     Impl(const Program& p, const plan::Graph& g, SessionOptions o)
         : program(p), graph(g), options(std::move(o)) {}
@@ -231,7 +240,8 @@ struct Session::Impl {
                 std::make_unique<models::Model>(program.model, seed(), program.schedule.recompute);
         return *whole_model;
     }
-    std::string handle(const StepReport& rep, int64_t& skipped);
+    bool handle(const StepReport& rep);
+    std::string take_step(const StepReport& rep, bool& go_on);
 };
 
 Session::Session(const Program& program, const plan::Graph& graph, SessionOptions options)
@@ -301,13 +311,19 @@ SessionError Session::open() {
     return {};
 }
 
-// One step's report on process 0: the non-finite policy, metrics, the caller, checkpoints.
-// "" to go on; "stop" when the caller stopped the run; else the failure.
-std::string Session::Impl::handle(const StepReport& rep, int64_t& skipped) {
+// One step's report on process 0: whether the run goes on (else `failure` may say why).
+bool Session::Impl::handle(const StepReport& rep) {
+    bool go_on = true;
+    failure = take_step(rep, go_on);
+    return failure.empty() && go_on;
+}
+
+// The non-finite policy, the evaluation, the metrics, the caller's callback (which may clear
+// `go_on`), checkpoints; "" or the failure.
+std::string Session::Impl::take_step(const StepReport& rep, bool& go_on) {
     const models::StepMetrics& m = rep.metrics;
     SessionStep step;
     step.metrics = m;
-    step.last_step = last;
     step.nonfinite = rep.nonfinite;
     step.timings = rep.timings;
     step.traffic = rep.traffic;
@@ -343,7 +359,6 @@ std::string Session::Impl::handle(const StepReport& rep, int64_t& skipped) {
     if (metrics.is_open())
         metrics << metrics_line(step, cluster ? cluster->processes : 1) << "\n" << std::flush;
     last_step = std::move(step);
-    bool go_on = true;
     if (options.on_step) {
         // The caller's exceptions end the run here, inside the library, not in an actor.
         try {
@@ -369,7 +384,7 @@ std::string Session::Impl::handle(const StepReport& rep, int64_t& skipped) {
         if (!e.empty()) return e;
         saved = save_dir;
     }
-    return go_on ? "" : "stop";
+    return "";
 }
 
 SessionError Session::run() {
@@ -378,19 +393,12 @@ SessionError Session::run() {
     JobOptions jo;
     jo.first_step = s.first;
     jo.end_step = s.last;
-    std::string step_error;
-    int64_t skipped = 0;
-    if (s.lead())
-        jo.on_step = [&](const StepReport& rep) {
-            std::string r = s.handle(rep, skipped);
-            if (r.empty()) return true;
-            if (r != "stop") step_error = r;
-            return false;
-        };
+    if (s.lead()) jo.on_step = [&s](const StepReport& rep) { return s.handle(rep); };
     std::string error = s.job->run(jo);
-    if (error.empty()) error = step_error;
+    if (error.empty()) error = s.failure;
     if (!error.empty()) return {error};
     if (s.options.keep_weights && s.lead() && !s.kept) {
+        // In one process the ranks are here, and nothing can be lost.
         s.job->gather(s.whole());
         s.kept = true;
     }
@@ -425,9 +433,6 @@ std::unique_ptr<models::Model> Session::take_weights() {
     if (!impl_->kept) return nullptr;
     impl_->kept = false;
     return std::move(impl_->whole_model);
-}
-std::string Session::device_collectives() const {
-    return impl_->job ? impl_->job->device_collectives() : "";
 }
 
 } // namespace dist::runtime

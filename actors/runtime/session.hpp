@@ -31,7 +31,6 @@ namespace dist::runtime {
 /// One finished step, as the session's callback sees it.
 struct SessionStep {
     models::StepMetrics metrics;
-    int64_t last_step = 0; // 1-based: the step the run ends at
     /// The value that was not finite at this step ("loss", "gradient norm"), or "" when the
     /// weights took the update; and how many steps were skipped so far (on_nonfinite: skip).
     std::string nonfinite;
@@ -109,8 +108,6 @@ class Session {
     models::Model* weights();
     /// The final weights, handed over (null without them).
     std::unique_ptr<models::Model> take_weights();
-    /// What reduces GPU ranks' groups in this process ("" on the CPU).
-    std::string device_collectives() const;
 
   private:
     struct Impl;
@@ -119,10 +116,6 @@ class Session {
 
 /// The line `dist run` prints as training goes: step, loss, lr, norm, tokens/s, time left.
 std::string progress_line(const models::StepMetrics& m, int64_t last, double eta_s);
-
-/// The metrics JSON line of a step (with its traffic between processes when `processes` > 1,
-/// and the skipped steps when there were any).
-std::string metrics_line(const SessionStep& s, int32_t processes);
 
 /// Traffic of a step as JSON (per rank, per peer): the metrics' "p2p" object.
 std::string traffic_json(const std::vector<RankTraffic>& traffic);

@@ -6,6 +6,7 @@
 #include "tests/common/tiny_scripts.hpp"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <arpa/inet.h>
@@ -144,6 +145,15 @@ inline std::vector<std::string> run_args(const std::string& script,
 struct Step {
     double loss = 0, grad_norm = 0;
 };
+
+/// Every line of a metrics file, parsed.
+inline std::vector<nlohmann::json> json_lines(const std::string& metrics) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(metrics);
+    std::string line;
+    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+    return out;
+}
 
 inline std::vector<Step> steps_of(const std::string& metrics) {
     std::vector<Step> out;

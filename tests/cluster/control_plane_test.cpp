@@ -211,7 +211,8 @@ TEST(Cluster, AJobOverMutualTlsTrainsAsOneProcess) {
     expect_same_steps(steps_of(dir / "one.jsonl"), steps_of(dir / "tls.jsonl"), "over TLS");
 }
 
-// Half a TLS configuration is refused before anything starts, naming what is missing.
+// Half a TLS configuration, or files that are not certificates and keys, are refused before
+// anything starts, naming what is wrong.
 TEST(Cluster, PartOfATlsConfigurationIsAnErrorThatNamesTheRest) {
     Dir dir("tls_half");
     auto e = member_env(1, 1, "t");
@@ -221,4 +222,15 @@ TEST(Cluster, PartOfATlsConfigurationIsAnErrorThatNamesTheRest) {
     EXPECT_EQ(p.wait(60s), 2) << slurp(dir / "err");
     EXPECT_NE(slurp(dir / "err").find("DIST_TLS_KEY is not set"), std::string::npos)
         << slurp(dir / "err");
+    // Files that are not what they say: refused the same way, naming the file.
+    e["DIST_TLS_KEY"] = dir / "gpt.dist";
+    e["DIST_TLS_CA"] = dir / "gpt.dist";
+    Proc junk(run_args(dir / "gpt.dist", mesh_sets(1, 1, 2, "1f1b", 2), dir / "m.jsonl", 2), e,
+              dir / "out2", dir / "err2");
+    EXPECT_EQ(junk.wait(60s), 2) << slurp(dir / "err2");
+    EXPECT_NE(
+        slurp(dir / "err2")
+            .find("DIST_TLS_CERT: `" + (dir / "gpt.dist") + "` is not a PEM certificate chain"),
+        std::string::npos)
+        << slurp(dir / "err2");
 }
