@@ -68,10 +68,13 @@ std::string this_place() {
     return "host " + host_name() + ", pid " + std::to_string(::getpid());
 }
 
+std::string reported(const CoordinatorState& st, const std::string& outcome);
+
 void fail(coordinator_pointer self, const std::string& why) {
     auto& st = self->state;
     if (!st.failure.empty()) return;
     st.failure = why;
+    st.net->set_failure(reported(st, why));
     // Whoever still waits for a key of the job's store (a process joining) waits in vain.
     for (auto& [key, promises] : st.waiting)
         for (auto& p : promises) p.deliver(caf::make_error(caf::sec::runtime_error, why));
@@ -437,14 +440,12 @@ caf::behavior coordinator(coordinator_pointer self, Job::Net* net) {
             self->delayed_send(self, std::chrono::milliseconds(200), tick_atom::value);
             auto now = std::chrono::steady_clock::now();
             const ClusterOptions& c = st.net->cluster;
-            // Members' silence does not count (a death is still seen at once, by the monitor)
-            // when this tick is far behind its time, as this process itself was frozen (stopped,
-            // or starved), or between steps: no rank acts then, and a member asked for its
-            // shards (a checkpoint's gather) beats only once it has sent them, behind them on
-            // the same connection.
-            const bool frozen = st.last_tick.time_since_epoch().count() != 0 &&
-                                now - st.last_tick > c.heartbeat_timeout / 2;
-            if (frozen || st.between_steps)
+            // A tick far behind its time means this process itself was frozen (stopped, or
+            // starved): the members' heartbeats queued meanwhile are not theirs to answer for.
+            // Between steps their silence counts as ever: a member frozen while its shards are
+            // gathered for a checkpoint is lost, and the gather ends with it (Job::gather).
+            if (st.last_tick.time_since_epoch().count() != 0 &&
+                now - st.last_tick > c.heartbeat_timeout / 2)
                 for (auto& [p, m] : st.members) m.last_beat = now;
             st.last_tick = now;
             // Heartbeats the other way: a member that stops hearing them ends its process.

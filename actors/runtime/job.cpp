@@ -341,6 +341,7 @@ void Job::gather(models::Model& whole) {
         bool answered = false;
         self->monitor(actor);
         self->send(actor, gather_atom::value);
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
         self->receive_while([&] { return !answered; })(
             [&](std::string& shards) {
                 error = models::merge_serialised(shards, whole.params());
@@ -355,10 +356,17 @@ void Job::gather(models::Model& whole) {
                 error = "was lost: " + sys.render(dm.reason);
                 answered = true;
             },
-            caf::after(std::chrono::minutes(2)) >>
+            // Every 200 ms without an answer: the job may have failed meanwhile (this member
+            // stopped answering its heartbeats, say), or the time may be up.
+            caf::after(std::chrono::milliseconds(200)) >>
                 [&] {
-                    error = "no answer in 2 minutes";
-                    answered = true;
+                    if (std::string why = net_->failed(); !why.empty()) {
+                        error = "the job failed: " + why;
+                        answered = true;
+                    } else if (std::chrono::steady_clock::now() > deadline) {
+                        error = "no answer in 2 minutes";
+                        answered = true;
+                    }
                 });
         self->demonitor(actor);
         if (error.empty()) continue;

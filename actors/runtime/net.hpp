@@ -36,6 +36,18 @@ struct Job::Net {
     int64_t tokens_per_step = 0;
     std::promise<std::string> member_done;
     std::atomic<bool> member_finished{false};
+    /// Process 0: the job's failure once the coordinator has one ("" until then), for the
+    /// thread that gathers a checkpoint, which waits on a member meanwhile.
+    void set_failure(const std::string& why) {
+        std::lock_guard lock(failure_mutex);
+        failure = why;
+    }
+    std::string failed() {
+        std::lock_guard lock(failure_mutex);
+        return failure;
+    }
+    std::mutex failure_mutex;
+    std::string failure;
     /// A process other than 0: its part of the job ends with `result` (the first call counts).
     void end_member(const std::string& result) {
         if (!member_finished.exchange(true)) member_done.set_value(result);
