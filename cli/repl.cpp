@@ -62,6 +62,9 @@ const std::vector<std::string> block_keys = {
     "mesh.dp",
     "mesh.tp",
     "mesh.pp",
+    "mesh.cp",
+    "mesh.zero",
+    "mesh.sp",
     "mesh.memory",
     "schedule.kind",
     "schedule.microbatches",
@@ -200,8 +203,8 @@ void ReplSession::error(const std::string& message, const std::string& hint) {
 std::string ReplSession::mesh_line(const Program& p) const {
     std::ostringstream s;
     s << p.mesh.devices << " " << p.mesh.profile.name << (p.mesh.devices == 1 ? " rank" : " ranks")
-      << " (dp " << p.mesh.dp << ", tp " << p.mesh.tp << ", pp " << p.mesh.pp << "), "
-      << to_string(p.schedule.kind) << ", " << p.schedule.microbatches
+      << " (" << lang::axes_text(p.mesh) << "), " << to_string(p.schedule.kind) << ", "
+      << p.schedule.microbatches
       << (p.schedule.microbatches == 1 ? " microbatch" : " microbatches");
     if (p.schedule.virtual_stages > 1) s << ", " << p.schedule.virtual_stages << " virtual stages";
     return s.str();

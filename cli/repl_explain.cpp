@@ -84,7 +84,7 @@ class Explainer {
                     w.microbatch = a.microbatch;
                 }
             }
-            if (a.kind == ActionKind::reduce_grad) {
+            if (plan::is_dp_collective(a.kind)) {
                 reduction = true;
                 if (follow_reductions) follow_reduction(rank, a, latest, w);
             }
@@ -102,8 +102,7 @@ class Explainer {
     // The peers of a reduction: the data-parallel group, or the first and last stage's ranks.
     void follow_reduction(int32_t rank, const PlanAction& a, double& latest, Wait& w) const {
         const plan::PlanRank& me = g_.ranks[static_cast<size_t>(rank)];
-        std::vector<int32_t> peers;
-        for (int32_t d = 0; d < g_.dp; ++d) peers.push_back(g_.rank_of(d, me.pp, me.tp));
+        std::vector<int32_t> peers = g_.replica_group(me);
         for (int32_t q : peers) {
             if (q == rank) continue;
             const auto& qa = g_.ranks[static_cast<size_t>(q)].actions;

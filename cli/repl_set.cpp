@@ -21,18 +21,20 @@ std::vector<std::vector<ReplOverride>> ReplSession::companions(const ReplOverrid
         out.push_back({{"schedule.virtual_stages", "1"}});
         return out;
     }
-    if (!program_ || (c.key != "mesh.dp" && c.key != "mesh.tp" && c.key != "mesh.pp")) return out;
+    if (!program_ ||
+        (c.key != "mesh.dp" && c.key != "mesh.tp" && c.key != "mesh.pp" && c.key != "mesh.cp"))
+        return out;
     char* end = nullptr;
     long long v = std::strtoll(c.value.c_str(), &end, 10);
     if (c.value.empty() || *end != '\0' || v < 1 || v > 65536) return out;
     const MeshSpec& m = program_->mesh;
     int64_t dp = c.key == "mesh.dp" ? v : m.dp, tp = c.key == "mesh.tp" ? v : m.tp,
-            pp = c.key == "mesh.pp" ? v : m.pp;
+            pp = c.key == "mesh.pp" ? v : m.pp, cp = c.key == "mesh.cp" ? v : m.cp;
     // The same devices, laid out anew: data parallelism takes what the other axes leave.
-    if (c.key != "mesh.dp" && m.devices % (tp * pp) == 0)
-        out.push_back({{"mesh.dp", std::to_string(m.devices / (tp * pp))}});
+    if (c.key != "mesh.dp" && m.devices % (cp * tp * pp) == 0)
+        out.push_back({{"mesh.dp", std::to_string(m.devices / (cp * tp * pp))}});
     // Or as many devices as the axes make, on as many hosts as they need.
-    int64_t n = dp * tp * pp;
+    int64_t n = dp * cp * tp * pp;
     std::string devices = m.device + " x " + std::to_string(n);
     out.push_back({{"mesh.devices", devices}});
     int64_t per_host = m.profile.devices_per_host;

@@ -30,9 +30,8 @@ std::string model_label(const Program& p) {
 
 std::string mesh_label(const Program& p, const plan::Graph& g) {
     if (p.mesh.devices == 1) return "one " + p.mesh.profile.name + " device";
-    return std::to_string(p.mesh.devices) + " " + p.mesh.profile.name + " ranks (dp " +
-           std::to_string(g.dp) + ", tp " + std::to_string(g.tp) + ", pp " + std::to_string(g.pp) +
-           ", " + to_string(g.schedule) + ")";
+    return std::to_string(p.mesh.devices) + " " + p.mesh.profile.name + " ranks (" +
+           plan::axes_text(g) + ", " + to_string(g.schedule) + ")";
 }
 
 // The trace with each rank's transfers to and from other processes in the step, as an instant

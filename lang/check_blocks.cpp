@@ -82,6 +82,29 @@ void BlockChecker::cross() {
             ok = false;
         }
     }
+    const int64_t T = p.model.context;
+    if (m.cp > 1 && T % (2 * m.cp) != 0) {
+        std::vector<std::string> fits;
+        for (int64_t c = 2; c <= 64 && c <= T / 2; ++c)
+            if (T % (2 * c) == 0) fits.push_back(std::to_string(c));
+        diags.error(cp_loc,
+                    "cp = " + std::to_string(m.cp) + " cannot split the context of " +
+                        std::to_string(T) + " tokens into 2 x " + std::to_string(m.cp) +
+                        " equal chunks (rank i takes chunks i and " + std::to_string(2 * m.cp - 1) +
+                        " - i, so that causal attention gives "
+                        "every rank the same work)",
+                    fits.empty() ? "the context is too short to split"
+                                 : "use cp = " + join_names(fits, " or "));
+        ok = false;
+    } else if (m.sp && m.tp > 1 && (T / m.cp) % m.tp != 0) {
+        diags.error(sp_loc,
+                    "sequence parallelism splits each rank's " + std::to_string(T / m.cp) +
+                        " tokens over tp = " + std::to_string(m.tp) +
+                        ", which does not divide "
+                        "them",
+                    "use a tp that divides " + std::to_string(T / m.cp));
+        ok = false;
+    }
     int64_t split = sat_mul(m.dp, p.schedule.microbatches);
     if (p.train.batch % split != 0) {
         int64_t up = ((p.train.batch + split - 1) / split) * split;
@@ -137,7 +160,22 @@ void BlockChecker::memory_floor() {
     }
     int64_t worst = *std::max_element(per_rank.begin(), per_rank.end());
     p.memory.parameters_per_device = worst;
-    p.memory.bytes_per_device = sat_mul(worst, p.memory.bytes_per_parameter);
+    // ZeRO's (2 + 2 + K) psi / N_d: weights, gradients and AdamW state per parameter (f32:
+    // 4 + 4 + 8; bf16: 2 + 2 + 12, the master weights and moments in f32), each divided over
+    // the N_d = dp x cp ranks of a replica from stage 3, 2 and 1 on.
+    const double nd = static_cast<double>(m.dp * m.cp);
+    const double w = p.train.precision == Precision::bf16 ? 2.0 : 4.0;
+    const double k = static_cast<double>(p.memory.bytes_per_parameter) - 2 * w;
+    const double per_param =
+        w / (m.zero >= 3 ? nd : 1.0) + w / (m.zero >= 2 ? nd : 1.0) + k / (m.zero >= 1 ? nd : 1.0);
+    auto bytes_of = [&](int64_t params) {
+        double b = static_cast<double>(params) * per_param;
+        return b >= 9.2e18 ? INT64_MAX : static_cast<int64_t>(b);
+    };
+    p.memory.bytes_per_device = bytes_of(worst);
+    std::string zero_note = m.zero > 0 && nd > 1 ? " (ZeRO " + std::to_string(m.zero) + " over " +
+                                                       std::to_string(m.dp * m.cp) + " ranks)"
+                                                 : "";
     if (p.memory.bytes_per_device > m.memory_bytes) {
         char params[64];
         double n = static_cast<double>(worst);
@@ -148,9 +186,14 @@ void BlockChecker::memory_floor() {
         diags.error(devices_loc,
                     "the model does not fit: the fullest device holds " + std::string(params) +
                         " parameters, " + format_bytes(p.memory.bytes_per_device) +
-                        " of weights, gradients and AdamW state, but one " + m.profile.name +
-                        " has " + format_bytes(m.memory_bytes),
-                    "raise tp or pp to spread the model, or pick a device with more memory");
+                        " of weights, gradients and AdamW state" + zero_note + ", but one " +
+                        m.profile.name + " has " + format_bytes(m.memory_bytes),
+                    m.zero < 3 && nd > 1
+                        ? "shard the replica's state over its " + std::to_string(m.dp * m.cp) +
+                              " data-parallel ranks (`zero: 3` in mesh), raise tp or pp, or "
+                              "pick a device with more memory"
+                        : "raise tp or pp to spread the model, or pick a device with more "
+                          "memory");
         ok = false;
         return;
     }
@@ -159,7 +202,7 @@ void BlockChecker::memory_floor() {
     if (m.profile.devices_per_host == 0) {
         int64_t total = 0;
         for (int64_t r : per_rank) total = sat_add(total, r);
-        int64_t bytes = sat_mul(sat_mul(sat_mul(total, m.tp), m.dp), p.memory.bytes_per_parameter);
+        int64_t bytes = sat_mul(sat_mul(bytes_of(total), m.tp), sat_mul(m.dp, m.cp));
         if (bytes > m.memory_bytes) {
             diags.error(devices_loc,
                         "the model does not fit: the " + std::to_string(m.devices) +

@@ -42,7 +42,8 @@ struct BlockChecker {
     }
 
     // Locations that later rules point at.
-    SourceLoc tp_loc, pp_loc, dp_loc, devices_loc, v_loc, m_loc, batch_loc, kind_loc;
+    SourceLoc tp_loc, pp_loc, dp_loc, cp_loc, zero_loc, sp_loc, devices_loc, v_loc, m_loc,
+        batch_loc, kind_loc;
 
     bool read_data(BlockReader& r, const std::string& name, DataSpec& out);
     void mesh(const Block* block);

@@ -19,6 +19,12 @@ void BlockChecker::mesh(const Block* block) {
     m.dp = r.integer("dp", 1, max_ranks).value_or(1);
     m.tp = r.integer("tp", 1, max_ranks).value_or(1);
     m.pp = r.integer("pp", 1, max_ranks).value_or(1);
+    m.cp = r.integer("cp", 1, max_ranks).value_or(1);
+    m.zero = r.integer("zero", 0, 3).value_or(0);
+    m.sp = r.boolean("sp").value_or(false);
+    cp_loc = r.loc_of("cp");
+    zero_loc = r.loc_of("zero");
+    sp_loc = r.loc_of("sp");
     dp_loc = r.loc_of("dp");
     tp_loc = r.loc_of("tp");
     pp_loc = r.loc_of("pp");
@@ -28,7 +34,36 @@ void BlockChecker::mesh(const Block* block) {
     r.finish();
     if (r.failed()) ok = false;
 
-    int64_t ranks = sat_mul(sat_mul(m.dp, m.tp), m.pp);
+    if (m.sp && m.tp == 1 && r.field("sp")) {
+        diags.error(sp_loc,
+                    "sequence parallelism splits what tensor parallelism replicates; "
+                    "with tp = 1 there is nothing to split",
+                    "set `tp: 2` (or more), or drop `sp`");
+        ok = false;
+    }
+    // Planned and simulated, not yet trained: refused by every training front door, here.
+    if (m.cp > 1)
+        p.train.training_refusal = render_diagnostic(
+            sources, {cp_loc,
+                      "context parallelism is planned and simulated (ring attention's "
+                      "exchanges, the sequence split over cp), not trained yet",
+                      "`--set mesh.cp=1` to train; `dist plan` and `dist sim` take cp as "
+                      "written"});
+    else if (m.zero == 3 && m.dp > 1)
+        p.train.training_refusal = render_diagnostic(
+            sources, {zero_loc,
+                      "ZeRO 3 is planned and simulated (its per-unit weight gathers, the "
+                      "memory it saves), not trained yet; ZeRO 1 and 2 are",
+                      "`--set mesh.zero=2` to train with sharded gradients and optimizer "
+                      "state"});
+    else if (m.sp)
+        p.train.training_refusal = render_diagnostic(
+            sources, {sp_loc,
+                      "sequence parallelism is planned and simulated (its reduce-scatters "
+                      "and all-gathers, the activations it divides), not trained yet",
+                      "`--set mesh.sp=false` to train; `dist plan` and `dist sim` take sp as "
+                      "written"});
+    int64_t ranks = sat_mul(sat_mul(sat_mul(m.dp, m.cp), m.tp), m.pp);
     if (ranks > max_ranks) {
         diags.error(block->loc, "the mesh has " + std::to_string(ranks) +
                                     " ranks; Dist plans at most " + std::to_string(max_ranks));
@@ -99,13 +134,16 @@ void BlockChecker::mesh(const Block* block) {
             return;
         }
         if (c->i != ranks) {
-            int64_t tpp = m.tp * m.pp;
+            int64_t tpp = m.cp * m.tp * m.pp;
+            const char* axes = m.cp > 1 ? "dp x cp x tp x pp" : "dp x tp x pp";
             std::string hint = c->i % tpp == 0 ? "set `dp: " + std::to_string(c->i / tpp) +
                                                      "` to use " + std::to_string(c->i) + " devices"
-                                               : "the device count is dp x tp x pp";
+                                               : std::string("the device count is ") + axes;
+            std::string sizes = std::to_string(m.dp) + " x " +
+                                (m.cp > 1 ? std::to_string(m.cp) + " x " : "") +
+                                std::to_string(m.tp) + " x " + std::to_string(m.pp);
             diags.error(dev->count->loc,
-                        "the mesh has dp x tp x pp = " + std::to_string(m.dp) + " x " +
-                            std::to_string(m.tp) + " x " + std::to_string(m.pp) + " = " +
+                        std::string("the mesh has ") + axes + " = " + sizes + " = " +
                             std::to_string(ranks) + " ranks, but " + std::to_string(c->i) +
                             " devices",
                         hint);

@@ -77,7 +77,7 @@ void BlockChecker::train(const Block* block) {
     static const std::vector<std::string> precisions = {"f32", "bf16"};
     if (auto pr = r.choice("precision", precisions, "precision"))
         t.precision = pick<Precision>(precisions, *pr);
-    if (t.precision == Precision::bf16)
+    if (t.precision == Precision::bf16 && t.training_refusal.empty())
         t.training_refusal = render_diagnostic(
             sources, {r.loc_of("precision"),
                       "training runs in f32 on every device for now; `precision: bf16` is "

@@ -128,7 +128,14 @@ struct MeshSpec {
     std::string device; // the profile name as written in the script
     HardwareProfile profile;
     int64_t dp = 1, tp = 1, pp = 1;
-    int64_t devices = 1; // dp * tp * pp
+    /// Context parallelism: each sequence split over `cp` ranks (load-balanced causal halves).
+    int64_t cp = 1;
+    /// ZeRO stage over the dp x cp ranks that hold one replica's weights: 1 shards the AdamW
+    /// state, 2 also the gradients, 3 also the weights (FSDP).
+    int64_t zero = 0;
+    /// Megatron-LM sequence parallelism over the tensor-parallel group (needs tp > 1).
+    bool sp = false;
+    int64_t devices = 1; // dp * cp * tp * pp
     int64_t hosts = 1;
     int64_t devices_per_host = 1; // devices / hosts
     int64_t memory_bytes = 0;     // per device: the profile's, or the script's `memory`

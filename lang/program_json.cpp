@@ -185,6 +185,9 @@ json to_json(const Program& p) {
                   {"dp", mesh.dp},
                   {"tp", mesh.tp},
                   {"pp", mesh.pp},
+                  {"cp", mesh.cp},
+                  {"zero", mesh.zero},
+                  {"sp", mesh.sp},
                   {"devices", mesh.devices},
                   {"hosts", mesh.hosts},
                   {"devices_per_host", mesh.devices_per_host},
@@ -239,6 +242,16 @@ json to_json(const Program& p) {
             {"train", train}, {"generate", gen}, {"memory", memory}};
 }
 
+std::string axes_text(const MeshSpec& m) {
+    std::string s = "dp " + std::to_string(m.dp);
+    if (m.cp > 1) s += ", cp " + std::to_string(m.cp);
+    s += ", tp " + std::to_string(m.tp);
+    if (m.sp) s += " with sp";
+    s += ", pp " + std::to_string(m.pp);
+    if (m.zero > 0) s += ", ZeRO " + std::to_string(m.zero);
+    return s;
+}
+
 std::string summary(const Program& p) {
     char buf[512];
     std::string out;
@@ -252,12 +265,10 @@ std::string summary(const Program& p) {
                   static_cast<long long>(m.vocab));
     out += buf;
     const MeshSpec& mesh = p.mesh;
-    std::snprintf(buf, sizeof buf,
-                  "mesh      %lld x %s (dp %lld, tp %lld, pp %lld) on %lld host%s\n",
-                  static_cast<long long>(mesh.devices), mesh.profile.name.c_str(),
-                  static_cast<long long>(mesh.dp), static_cast<long long>(mesh.tp),
-                  static_cast<long long>(mesh.pp), static_cast<long long>(mesh.hosts),
-                  mesh.hosts == 1 ? "" : "s");
+    std::string axes = axes_text(mesh);
+    std::snprintf(buf, sizeof buf, "mesh      %lld x %s (%s) on %lld host%s\n",
+                  static_cast<long long>(mesh.devices), mesh.profile.name.c_str(), axes.c_str(),
+                  static_cast<long long>(mesh.hosts), mesh.hosts == 1 ? "" : "s");
     out += buf;
     const ScheduleSpec& s = p.schedule;
     std::string part;

@@ -13,5 +13,7 @@ nlohmann::json to_json(const lang::Value& value);
 
 /// A few lines for people: model, mesh, schedule, batch, memory floor.
 std::string summary(const Program& program);
+/// "dp 4, cp 2, tp 4 with sp, pp 2, ZeRO 1": the mesh's axes; cp, sp and ZeRO only when on.
+std::string axes_text(const MeshSpec& mesh);
 
 } // namespace dist::lang

@@ -140,9 +140,11 @@ void copy_from_whole(const ParameterStore& whole, ParameterStore& part) {
     for (Parameter& p : part.all()) {
         HostState to(p);
         const HostState& h = from.of(whole_of(p, whole));
-        for (int64_t i = 0; i < p.value.numel(); ++i) {
-            int64_t g = p.shard.global_index(p.full_shape, i);
-            to.value.data<float>()[i] = h.value.data<float>()[g];
+        for (int64_t i = 0; i < p.value.numel(); ++i)
+            to.value.data<float>()[i] =
+                h.value.data<float>()[p.shard.global_index(p.full_shape, i)];
+        for (int64_t i = 0; i < p.m.numel(); ++i) {
+            int64_t g = p.shard.global_index(p.full_shape, p.state_begin + i);
             to.m.data<float>()[i] = h.m.data<float>()[g];
             to.v.data<float>()[i] = h.v.data<float>()[g];
         }
@@ -157,9 +159,11 @@ void copy_to_whole(const ParameterStore& part, ParameterStore& whole,
         if (std::find(skip.begin(), skip.end(), p.name) != skip.end()) continue;
         HostState from(p);
         HostState& h = to.of(whole_of(p, whole));
-        for (int64_t i = 0; i < p.value.numel(); ++i) {
-            int64_t g = p.shard.global_index(p.full_shape, i);
-            h.value.data<float>()[g] = from.value.data<float>()[i];
+        for (int64_t i = 0; i < p.value.numel(); ++i)
+            h.value.data<float>()[p.shard.global_index(p.full_shape, i)] =
+                from.value.data<float>()[i];
+        for (int64_t i = 0; i < p.m.numel(); ++i) {
+            int64_t g = p.shard.global_index(p.full_shape, p.state_begin + i);
             h.m.data<float>()[g] = from.m.data<float>()[i];
             h.v.data<float>()[g] = from.v.data<float>()[i];
         }
@@ -202,10 +206,15 @@ void append_serialised(const ParameterStore& part, const std::vector<std::string
             put(out, b);
             put(out, e);
         }
-        const size_t n = static_cast<size_t>(p.value.numel()) * sizeof(float);
+        // The moments may be a share of the elements (ZeRO): where it starts, how long.
+        put<int64_t>(out, p.state_begin);
+        put<int64_t>(out, p.m.numel());
         HostState h(p);
-        for (const kernels::Tensor* t : {&h.value, &h.m, &h.v})
-            out.append(reinterpret_cast<const char*>(t->data<float>()), n);
+        out.append(reinterpret_cast<const char*>(h.value.data<float>()),
+                   static_cast<size_t>(p.value.numel()) * sizeof(float));
+        for (const kernels::Tensor* t : {&h.m, &h.v})
+            out.append(reinterpret_cast<const char*>(t->data<float>()),
+                       static_cast<size_t>(p.m.numel()) * sizeof(float));
     }
 }
 
@@ -240,10 +249,20 @@ std::string merge_serialised(const std::string& bytes, ParameterStore& whole) {
         }
         int64_t numel = 1;
         for (int64_t d : shard.local_shape(shape)) numel *= d;
+        int64_t state_begin = 0, state_count = 0;
+        if (!r.get(state_begin) || !r.get(state_count)) return truncated;
+        if (state_begin < 0 || state_count < 0 || state_begin > numel ||
+            state_count > numel - state_begin)
+            return "the parameters' message has optimizer state outside `" + name + "`";
         const size_t n = static_cast<size_t>(numel) * sizeof(float);
-        if (n > (bytes.size() - r.at) / 3) return truncated;
+        const size_t ns = static_cast<size_t>(state_count) * sizeof(float);
+        if (n > bytes.size() - r.at || 2 * ns > bytes.size() - r.at - n) return truncated;
         Parameter& p = part.add(name, shape, Init{}, false, 0, shard);
-        for (kernels::Tensor* t : {&p.value, &p.m, &p.v}) r.bytes(t->data<float>(), n);
+        p.state_begin = state_begin;
+        p.m = kernels::Tensor({state_count});
+        p.v = kernels::Tensor({state_count});
+        r.bytes(p.value.data<float>(), n);
+        for (kernels::Tensor* t : {&p.m, &p.v}) r.bytes(t->data<float>(), ns);
     }
     copy_to_whole(part, whole);
     return {};

@@ -39,7 +39,9 @@ struct Shard {
     int64_t global_index(const std::vector<int64_t>& full, int64_t local) const;
 };
 
-/// One parameter with its gradient and AdamW moments (all f32, same shape).
+/// One parameter with its gradient and AdamW moments (all f32). Value and gradient have the
+/// local shape; the moments cover the local elements [state_begin, state_begin + m.numel()):
+/// all of them, or under ZeRO this data-parallel rank's share.
 struct Parameter {
     std::string name;                // e.g. "h.0.attn.qkv.weight"
     std::vector<int64_t> full_shape; // unsharded
@@ -48,6 +50,7 @@ struct Parameter {
     kernels::Tensor grad;
     kernels::Tensor m;
     kernels::Tensor v;
+    int64_t state_begin = 0;
     Init init;
     bool decay = true; // weight decay applies (matrices), or not (biases and norm gains)
 };

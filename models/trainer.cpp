@@ -62,15 +62,19 @@ std::string metrics_json(const StepMetrics& m) {
 
 double optimizer_step(const TrainSpec& t, int64_t step, double norm,
                       const std::vector<Parameter*>& params, kernels::Backend& device) {
+    // Each parameter's elements that its moments cover: all, or this rank's ZeRO share.
     if (t.clip > 0 && norm > t.clip)
         for (Parameter* p : params)
-            device.scale(p->grad.data<float>(), p->grad.numel(), t.clip / norm);
+            if (p->m.numel() > 0)
+                device.scale(p->grad.data<float>() + p->state_begin, p->m.numel(), t.clip / norm);
     const double lr = learning_rate(t, step);
     for (Parameter* p : params)
-        device.adamw_step(p->grad.data<float>(), p->value.numel(), lr, t.optimizer.beta1,
-                          t.optimizer.beta2, t.optimizer.eps,
-                          p->decay ? t.optimizer.weight_decay : 0.0, step + 1,
-                          p->value.data<float>(), p->m.data<float>(), p->v.data<float>());
+        if (p->m.numel() > 0)
+            device.adamw_step(p->grad.data<float>() + p->state_begin, p->m.numel(), lr,
+                              t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
+                              p->decay ? t.optimizer.weight_decay : 0.0, step + 1,
+                              p->value.data<float>() + p->state_begin, p->m.data<float>(),
+                              p->v.data<float>());
     return lr;
 }
 

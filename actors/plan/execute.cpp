@@ -52,21 +52,23 @@ ExecTimes execute(const Graph& g, const ExecCosts& costs) {
     std::vector<int32_t> entered(n, 0); // reductions entered per rank
     std::map<std::pair<int32_t, int32_t>, std::vector<double>> entries; // (group, k) -> times
     std::map<std::pair<int32_t, int32_t>, double> finished;             // (group, k) -> end
-    auto members = [&](const PlanRank& r) {
-        std::vector<int32_t> out;
-        for (int32_t d = 0; d < g.dp; ++d) out.push_back(g.rank_of(d, r.pp, r.tp));
-        return out;
-    };
+    std::map<std::pair<int32_t, int32_t>, double> begun;                // (group, k) -> start
+    auto members = [&](const PlanRank& r) { return g.replica_group(r); };
+    const int32_t group_size = g.dp * g.cp;
+    // ZeRO 3: the collective number of the gather a compute action waits for, per rank.
+    using GatherKey = std::tuple<int32_t, int32_t, bool>; // stage, microbatch, forward
+    std::vector<std::map<GatherKey, int32_t>> gathered(n);
     auto settle = [&](int32_t group, int32_t k, const PlanRank& any, const PlanAction& a) {
         auto key = std::make_pair(group, k);
         auto& e = entries[key];
-        if (static_cast<int32_t>(e.size()) < g.dp || finished.count(key)) return;
+        if (static_cast<int32_t>(e.size()) < group_size || finished.count(key)) return;
         double start = *std::max_element(e.begin(), e.end());
         std::vector<int32_t> ms = members(any);
         for (int32_t m : ms) start = std::max(start, comm_free[static_cast<size_t>(m)]);
         double end = start + costs.reduction(any, a);
         for (int32_t m : ms) comm_free[static_cast<size_t>(m)] = end;
         finished[key] = end;
+        begun[key] = start;
     };
     bool progress = true;
     while (progress) {
@@ -78,7 +80,26 @@ ExecTimes execute(const Graph& g, const ExecCosts& costs) {
                 const PlanAction& a = rank.actions[pos];
                 double start = clock[r], end = start;
                 if (is_compute(a.kind)) {
-                    end = start + costs.compute(rank, a);
+                    // Under ZeRO 3 the stage's weights must have arrived.
+                    GatherKey gk{a.stage, a.microbatch, a.kind == ActionKind::forward};
+                    auto git = a.kind == ActionKind::backward_weight ? gathered[r].end()
+                                                                     : gathered[r].find(gk);
+                    double compute = costs.compute(rank, a);
+                    if (git != gathered[r].end()) {
+                        auto key = std::make_pair(group_of(rank), git->second);
+                        auto fin = finished.find(key);
+                        if (fin == finished.end()) break;
+                        // The gather runs a unit (block) at a time, one ahead of the compute:
+                        // the compute starts once the first unit is in and cannot finish
+                        // before the last unit has arrived and been computed.
+                        double units = std::max(1, g.stages[static_cast<size_t>(a.stage)].units);
+                        double began = begun[key], took = fin->second - began;
+                        start = std::max(start, began + took / units);
+                        end = std::max(start + compute, fin->second + compute / units);
+                        gathered[r].erase(git);
+                    } else {
+                        end = start + compute;
+                    }
                 } else if (a.kind == ActionKind::send_forward ||
                            a.kind == ActionKind::send_backward) {
                     if (a.peer < 0 || static_cast<size_t>(a.peer) >= n) break;
@@ -90,8 +111,12 @@ ExecTimes execute(const Graph& g, const ExecCosts& costs) {
                     if (it == arrived.end()) break;
                     start = end = std::max(start, it->second);
                     arrived.erase(it);
-                } else if (a.kind == ActionKind::reduce_grad) {
+                } else if (is_dp_collective(a.kind)) {
                     int32_t k = entered[r]++;
+                    if (a.kind == ActionKind::gather_forward ||
+                        a.kind == ActionKind::gather_backward)
+                        gathered[r][{a.stage, a.microbatch, a.kind == ActionKind::gather_forward}] =
+                            k;
                     entries[{group_of(rank), k}].push_back(start);
                     settle(group_of(rank), k, rank, a);
                 } else { // STEP: after this rank's reductions
@@ -123,7 +148,7 @@ ExecTimes execute(const Graph& g, const ExecCosts& costs) {
         const PlanAction& a = rank.actions[t.stopped_at[r]];
         if (is_p2p(a.kind)) {
             if (a.peer >= 0 && static_cast<size_t>(a.peer) < n) t.waits_for[r].push_back(a.peer);
-        } else if (a.kind == ActionKind::step) {
+        } else if (a.kind == ActionKind::step || is_compute(a.kind)) {
             for (int32_t m : members(rank)) {
                 if (static_cast<size_t>(m) == r) continue;
                 // A member that has entered fewer reductions than this rank holds it up.

@@ -1,6 +1,8 @@
 // graph.cpp: action names, their text form and the `dist plan` printer.
 #include "actors/plan/graph.hpp"
 
+#include "lang/program_json.hpp"
+
 #include <cctype>
 #include <cstdio>
 
@@ -13,7 +15,10 @@ struct OpText {
     const char* name;
 };
 // Longest names first, so that parsing never takes a prefix ("B" of nothing, "SEND_F" first).
-const OpText op_texts[] = {{ActionKind::reduce_grad, "REDUCE_GRAD"},
+const OpText op_texts[] = {{ActionKind::reduce_scatter, "REDUCE_SCATTER"},
+                           {ActionKind::reduce_grad, "REDUCE_GRAD"},
+                           {ActionKind::gather_forward, "GATHER_F"},
+                           {ActionKind::gather_backward, "GATHER_B"},
                            {ActionKind::send_forward, "SEND_F"},
                            {ActionKind::recv_forward, "RECV_F"},
                            {ActionKind::send_backward, "SEND_B"},
@@ -44,6 +49,11 @@ bool is_compute(ActionKind k) {
 bool is_p2p(ActionKind k) {
     return k == ActionKind::send_forward || k == ActionKind::recv_forward ||
            k == ActionKind::send_backward || k == ActionKind::recv_backward;
+}
+
+bool is_dp_collective(ActionKind k) {
+    return k == ActionKind::reduce_grad || k == ActionKind::reduce_scatter ||
+           k == ActionKind::gather_forward || k == ActionKind::gather_backward;
 }
 
 const char* op_name(ActionKind k) {
@@ -93,15 +103,26 @@ std::optional<PlanAction> parse_action(const std::string& text) {
     return a;
 }
 
+std::string axes_text(const Graph& g) {
+    MeshSpec m;
+    m.dp = g.dp;
+    m.cp = g.cp;
+    m.tp = g.tp;
+    m.pp = g.pp;
+    m.sp = g.sp;
+    m.zero = g.zero;
+    return lang::axes_text(m);
+}
+
 std::string print(const Graph& g, int width) {
     std::string out;
-    char buf[256];
+    char buf[512];
     std::snprintf(buf, sizeof buf,
                   "plan      %s, %d microbatch%s, %d stage%s (%d per pipeline rank), %zu rank%s "
-                  "(dp %d, tp %d, pp %d)\n",
+                  "(%s)\n",
                   to_string(g.schedule), g.microbatches, g.microbatches == 1 ? "" : "es",
                   g.num_stages(), g.num_stages() == 1 ? "" : "s", g.virtual_stages, g.ranks.size(),
-                  g.ranks.size() == 1 ? "" : "s", g.dp, g.tp, g.pp);
+                  g.ranks.size() == 1 ? "" : "s", axes_text(g).c_str());
     out += buf;
     out += g.partition_given ? "stages    (partition from the script)\n"
                              : "stages    (partition balanced by the cost model)\n";
@@ -117,10 +138,20 @@ std::string print(const Graph& g, int width) {
                       s.flops_forward / 1e9);
         out += buf;
         if (s.tp_reductions > 0) {
+            std::snprintf(
+                buf, sizeof buf,
+                g.sp ? "            tp: %d reduce-scatter + all-gather pair%s of %.2f MB "
+                       "inside each F, B and I (sequence parallel)\n"
+                     : "            tp: %d all-reduce%s of %.2f MB inside each F, B and I\n",
+                s.tp_reductions, s.tp_reductions == 1 ? "" : "s",
+                static_cast<double>(s.tp_reduction_bytes) / 1e6);
+            out += buf;
+        }
+        if (s.cp_ring_bytes > 0) {
             std::snprintf(buf, sizeof buf,
-                          "            tp: %d all-reduce%s of %.2f MB inside each F, B and I\n",
-                          s.tp_reductions, s.tp_reductions == 1 ? "" : "s",
-                          static_cast<double>(s.tp_reduction_bytes) / 1e6);
+                          "            cp: %.2f MB of key/value blocks around the ring of %d in "
+                          "each F, twice that in each B and I\n",
+                          static_cast<double>(s.cp_ring_bytes) / 1e6, g.cp);
             out += buf;
         }
         if (!s.shards.empty()) {
@@ -142,17 +173,31 @@ std::string print(const Graph& g, int width) {
         if (!s.buckets.empty()) {
             int64_t total = 0;
             for (int64_t b : s.buckets) total += b;
+            const char* group = g.cp > 1 ? "dp x cp" : "dp";
             std::snprintf(buf, sizeof buf,
-                          "            dp: %zu gradient bucket%s (%.2f MB), each all-reduced once "
-                          "final\n",
-                          s.buckets.size(), s.buckets.size() == 1 ? "" : "s",
-                          static_cast<double>(total) / 1e6);
+                          "            %s: %zu gradient bucket%s (%.2f MB), each %s once final\n",
+                          group, s.buckets.size(), s.buckets.size() == 1 ? "" : "s",
+                          static_cast<double>(total) / 1e6,
+                          g.zero >= 2 ? "reduce-scattered" : "all-reduced");
             out += buf;
+            if (g.zero >= 3) {
+                std::snprintf(
+                    buf, sizeof buf,
+                    "            %s: weights all-gathered before each F and B, unit by unit "
+                    "(%d unit%s, the largest %.2fM params), one action ahead\n",
+                    group, s.units, s.units == 1 ? "" : "s",
+                    static_cast<double>(s.largest_unit_parameters) / 1e6);
+                out += buf;
+            }
         }
     }
     for (const PlanRank& r : g.ranks) {
-        std::snprintf(buf, sizeof buf, "rank %d (dp %d, pp %d, tp %d, host %d):\n", r.rank, r.dp,
-                      r.pp, r.tp, r.host);
+        if (g.cp > 1)
+            std::snprintf(buf, sizeof buf, "rank %d (dp %d, pp %d, cp %d, tp %d, host %d):\n",
+                          r.rank, r.dp, r.pp, r.cp, r.tp, r.host);
+        else
+            std::snprintf(buf, sizeof buf, "rank %d (dp %d, pp %d, tp %d, host %d):\n", r.rank,
+                          r.dp, r.pp, r.tp, r.host);
         out += buf;
         std::string line = "   ";
         for (size_t i = 0; i < r.actions.size(); ++i) {

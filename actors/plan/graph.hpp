@@ -28,6 +28,11 @@ enum class ActionKind : uint8_t {
     send_backward,   // SEND_B: the gradient of this stage's input to the previous stage's rank
     recv_backward,   // RECV_B: the gradient of this stage's output from the next stage's rank
     reduce_grad,     // REDUCE_GRAD: all-reduce of one gradient bucket over the data-parallel group
+    reduce_scatter,  // REDUCE_SCATTER: the same bucket reduce-scattered (ZeRO 2 and 3): each
+                     // member keeps the sum of its 1/N share
+    gather_forward,  // GATHER_F: ZeRO 3's all-gather of a stage's weights for the forward of a
+                     // microbatch, unit by unit; issued one compute action ahead (prefetch)
+    gather_backward, // GATHER_B: the same before the backward (B or I) of a microbatch
     step             // STEP: the optimizer step, after this rank's reductions. It sums a tied
                      // embedding's gradient with the partner rank's copy (see Graph::tied_bytes)
                      // and, with clipping, all-reduces the gradient norm over every rank
@@ -35,6 +40,9 @@ enum class ActionKind : uint8_t {
 
 bool is_compute(ActionKind k);
 bool is_p2p(ActionKind k);
+/// REDUCE_GRAD, REDUCE_SCATTER, GATHER_F, GATHER_B: collectives of the data-parallel group, run
+/// on the rank's communication stream.
+bool is_dp_collective(ActionKind k);
 /// "F", "B", "I", "W", "SEND_F", ..., "REDUCE_GRAD", "STEP".
 const char* op_name(ActionKind k);
 
@@ -88,16 +96,25 @@ struct PlanStage {
     int64_t boundary_bytes = 0;     // the activation (or its gradient) sent to a neighbour stage
     int32_t tp_reductions = 0;      // tensor-parallel all-reduces in one forward (as many in B/I)
     int64_t tp_reduction_bytes = 0; // size of each
-    std::vector<int64_t> buckets;   // gradient bucket sizes in bytes, in reduction order
-    std::vector<PlanShard> shards;  // tensors split over tp (empty when tp = 1)
+    /// Context parallelism: bytes of key/value blocks this rank passes along the ring in one
+    /// forward (the backward passes them and their gradients: twice as many), and the seconds-
+    /// weighted share of the forward spent in attention, behind which the ring hides.
+    int64_t cp_ring_bytes = 0;
+    double attention_flops = 0;
+    /// ZeRO 3 gathers weights a unit (a block, the embeddings, the head) at a time: the
+    /// largest unit's parameters on one tensor-parallel rank, and the stage's unit count.
+    int64_t largest_unit_parameters = 0;
+    int32_t units = 1;
+    std::vector<int64_t> buckets;  // gradient bucket sizes in bytes, in reduction order
+    std::vector<PlanShard> shards; // tensors split over tp (empty when tp = 1)
 
     bool operator==(const PlanStage&) const = default;
 };
 
 /// One device: its coordinates in the mesh and what it executes each step.
 struct PlanRank {
-    int32_t rank = 0; // (dp * PP + pp) * TP + tp
-    int32_t dp = 0, pp = 0, tp = 0;
+    int32_t rank = 0; // ((dp * PP + pp) * CP + cp) * TP + tp
+    int32_t dp = 0, pp = 0, tp = 0, cp = 0;
     int32_t host = 0;
     std::vector<PlanAction> actions;
 
@@ -108,6 +125,9 @@ struct Graph {
     std::string file; // the script, for located messages
     ScheduleKind schedule = ScheduleKind::one_f_one_b;
     int32_t dp = 1, tp = 1, pp = 1;
+    int32_t cp = 1;   // context-parallel ranks per sequence
+    int32_t zero = 0; // ZeRO stage over the dp x cp ranks of a replica
+    bool sp = false;  // sequence parallelism over the tp group
     int32_t virtual_stages = 1;
     int32_t microbatches = 1;
     int64_t microbatch_tokens = 0; // tokens of one microbatch on one data-parallel rank
@@ -123,10 +143,23 @@ struct Graph {
     bool operator==(const Graph&) const = default;
 
     int32_t num_stages() const { return static_cast<int32_t>(stages.size()); }
-    int32_t rank_of(int32_t dp_, int32_t pp_, int32_t tp_) const {
-        return (dp_ * pp + pp_) * tp + tp_;
+    /// The layout puts tp fastest, then cp, so that the two axes that talk inside every layer
+    /// share a host; then pp, then dp (whose reduction happens once a step).
+    int32_t rank_of(int32_t dp_, int32_t pp_, int32_t tp_, int32_t cp_ = 0) const {
+        return ((dp_ * pp + pp_) * cp + cp_) * tp + tp_;
+    }
+    /// The ranks that hold the same weights as `r` and reduce their gradients together: every
+    /// (dp, cp) with r's (pp, tp). ZeRO shards over them.
+    std::vector<int32_t> replica_group(const PlanRank& r) const {
+        std::vector<int32_t> out;
+        for (int32_t d = 0; d < dp; ++d)
+            for (int32_t c = 0; c < cp; ++c) out.push_back(rank_of(d, r.pp, r.tp, c));
+        return out;
     }
 };
+
+/// "dp 4, cp 2, tp 4 with sp, pp 2, ZeRO 1": the mesh's axes, cp, sp and ZeRO only when on.
+std::string axes_text(const Graph& g);
 
 /// `dist plan`: the ranks, the partition and every rank's actions, wrapped at `width` columns.
 std::string print(const Graph& g, int width = 100);

@@ -28,6 +28,10 @@ json to_json(const Graph& g) {
              {"tp_reductions", s.tp_reductions},
              {"tp_reduction_bytes", s.tp_reduction_bytes},
              {"buckets", s.buckets},
+             {"cp_ring_bytes", s.cp_ring_bytes},
+             {"attention_flops", s.attention_flops},
+             {"largest_unit_parameters", s.largest_unit_parameters},
+             {"units", s.units},
              {"shards", shards}});
     }
     json ranks = json::array();
@@ -45,6 +49,7 @@ json to_json(const Graph& g) {
                          {"dp", r.dp},
                          {"pp", r.pp},
                          {"tp", r.tp},
+                         {"cp", r.cp},
                          {"host", r.host},
                          {"actions", actions}});
     }
@@ -53,6 +58,9 @@ json to_json(const Graph& g) {
             {"dp", g.dp},
             {"tp", g.tp},
             {"pp", g.pp},
+            {"cp", g.cp},
+            {"zero", g.zero},
+            {"sp", g.sp},
             {"virtual_stages", g.virtual_stages},
             {"microbatches", g.microbatches},
             {"microbatch_tokens", g.microbatch_tokens},
@@ -82,6 +90,9 @@ bool from_json(const json& j, Graph& out, std::string& error) {
         g.dp = j.at("dp").get<int32_t>();
         g.tp = j.at("tp").get<int32_t>();
         g.pp = j.at("pp").get<int32_t>();
+        g.cp = j.value("cp", 1);
+        g.zero = j.value("zero", 0);
+        g.sp = j.value("sp", false);
         g.virtual_stages = j.at("virtual_stages").get<int32_t>();
         g.microbatches = j.at("microbatches").get<int32_t>();
         g.microbatch_tokens = j.at("microbatch_tokens").get<int64_t>();
@@ -106,6 +117,10 @@ bool from_json(const json& j, Graph& out, std::string& error) {
             st.tp_reductions = s.at("tp_reductions").get<int32_t>();
             st.tp_reduction_bytes = s.at("tp_reduction_bytes").get<int64_t>();
             st.buckets = s.at("buckets").get<std::vector<int64_t>>();
+            st.cp_ring_bytes = s.value("cp_ring_bytes", int64_t{0});
+            st.attention_flops = s.value("attention_flops", 0.0);
+            st.largest_unit_parameters = s.value("largest_unit_parameters", int64_t{0});
+            st.units = s.value("units", 1);
             for (const json& sh : s.at("shards")) {
                 PlanShard x;
                 x.layer = sh.at("layer").get<std::string>();
@@ -123,6 +138,7 @@ bool from_json(const json& j, Graph& out, std::string& error) {
             rank.dp = r.at("dp").get<int32_t>();
             rank.pp = r.at("pp").get<int32_t>();
             rank.tp = r.at("tp").get<int32_t>();
+            rank.cp = r.value("cp", 0);
             rank.host = r.at("host").get<int32_t>();
             for (const json& a : r.at("actions")) {
                 std::stringstream words(a.get<std::string>());

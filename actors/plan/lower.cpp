@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 namespace dist::plan {
 
@@ -25,11 +26,14 @@ PlanAction comm(ActionKind kind, int32_t stage, int32_t mb, int32_t peer) {
 } // namespace
 
 Graph assemble(const ScheduleOrder& order, std::vector<PlanStage> stages, ScheduleKind kind,
-               int32_t dp, int32_t tp, int32_t microbatches, int32_t devices_per_host) {
+               int32_t dp, int32_t tp, int32_t microbatches, int32_t devices_per_host, int32_t cp,
+               int32_t zero) {
     Graph g;
     g.schedule = kind;
     g.dp = dp;
     g.tp = tp;
+    g.cp = cp;
+    g.zero = zero;
     g.pp = static_cast<int32_t>(order.ranks.size());
     g.virtual_stages = g.pp > 0 ? static_cast<int32_t>(order.stage_rank.size()) / g.pp : 1;
     g.microbatches = microbatches;
@@ -38,14 +42,17 @@ Graph assemble(const ScheduleOrder& order, std::vector<PlanStage> stages, Schedu
     auto rank_of_stage = [&](int32_t s) { return order.stage_rank[static_cast<size_t>(s)]; };
     for (int32_t d = 0; d < dp; ++d) {
         for (int32_t pp = 0; pp < g.pp; ++pp) {
-            for (int32_t t = 0; t < tp; ++t) {
-                PlanRank r;
-                r.rank = g.rank_of(d, pp, t);
-                r.dp = d;
-                r.pp = pp;
-                r.tp = t;
-                r.host = devices_per_host > 0 ? r.rank / devices_per_host : 0;
-                g.ranks.push_back(std::move(r));
+            for (int32_t c = 0; c < cp; ++c) {
+                for (int32_t t = 0; t < tp; ++t) {
+                    PlanRank r;
+                    r.rank = g.rank_of(d, pp, t, c);
+                    r.dp = d;
+                    r.pp = pp;
+                    r.tp = t;
+                    r.cp = c;
+                    r.host = devices_per_host > 0 ? r.rank / devices_per_host : 0;
+                    g.ranks.push_back(std::move(r));
+                }
             }
         }
     }
@@ -58,15 +65,38 @@ Graph assemble(const ScheduleOrder& order, std::vector<PlanStage> stages, Schedu
             if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight)
                 last_grad[a.stage] = i;
         }
-        auto peer = [&](int32_t stage) { return g.rank_of(r.dp, rank_of_stage(stage), r.tp); };
+        auto peer = [&](int32_t stage) {
+            return g.rank_of(r.dp, rank_of_stage(stage), r.tp, r.cp);
+        };
+        const bool reduces = dp * cp > 1;
+        // ZeRO 3: the weights of the stage of compute action k are gathered before compute
+        // action k - 1 starts, so the gather runs behind it.
+        auto gather = [&](const PlanAction& a) {
+            bool fwd = a.kind == ActionKind::forward;
+            bool bwd = a.kind == ActionKind::backward || a.kind == ActionKind::backward_input;
+            if (zero < 3 || !reduces || !(fwd || bwd)) return std::optional<PlanAction>{};
+            return std::optional<PlanAction>{
+                comm(fwd ? ActionKind::gather_forward : ActionKind::gather_backward, a.stage,
+                     a.microbatch, -1)};
+        };
         auto remote = [&](int32_t stage) {
             return stage >= 0 && stage < S && rank_of_stage(stage) != r.pp;
         };
         std::vector<PlanAction> out;
         // An overlapped pair is one unit: its receives before it, its sends after it.
-        for (size_t i = 0; i < compute.size();) {
+        auto unit_end = [&](size_t i) {
             size_t end = i + 1;
             while (end < compute.size() && compute[end - 1].overlap_next) ++end;
+            return end;
+        };
+        auto gathers = [&](size_t i) {
+            for (size_t k = i; k < unit_end(i); ++k)
+                if (auto gt = gather(compute[k])) out.push_back(*gt);
+        };
+        if (!compute.empty()) gathers(0);
+        for (size_t i = 0; i < compute.size();) {
+            size_t end = unit_end(i);
+            if (end < compute.size()) gathers(end);
             for (size_t k = i; k < end; ++k) {
                 const PlanAction& a = compute[k];
                 if (a.kind == ActionKind::forward && remote(a.stage - 1))
@@ -92,11 +122,12 @@ Graph assemble(const ScheduleOrder& order, std::vector<PlanStage> stages, Schedu
             }
             for (size_t k = i; k < end; ++k) {
                 auto it = last_grad.find(compute[k].stage);
-                if (dp > 1 && it != last_grad.end() && it->second == k) {
+                if (reduces && it != last_grad.end() && it->second == k) {
                     const PlanStage& st = g.stages[static_cast<size_t>(compute[k].stage)];
+                    ActionKind kind =
+                        zero >= 2 ? ActionKind::reduce_scatter : ActionKind::reduce_grad;
                     for (size_t b = 0; b < st.buckets.size(); ++b)
-                        out.push_back(
-                            comm(ActionKind::reduce_grad, st.index, static_cast<int32_t>(b), -1));
+                        out.push_back(comm(kind, st.index, static_cast<int32_t>(b), -1));
                 }
             }
             i = end;
@@ -154,7 +185,9 @@ PlanResult lower(const Program& p) {
     }
     Graph g = assemble(order, build_stages(p, partition, order.stage_rank), s.kind,
                        static_cast<int32_t>(p.mesh.dp), static_cast<int32_t>(p.mesh.tp), m,
-                       static_cast<int32_t>(p.mesh.devices_per_host));
+                       static_cast<int32_t>(p.mesh.devices_per_host),
+                       static_cast<int32_t>(p.mesh.cp), static_cast<int32_t>(p.mesh.zero));
+    g.sp = p.mesh.sp;
     g.file = p.file;
     g.partition_given = s.partition_given;
     g.microbatch_tokens = p.train.microbatch_size * p.model.context;

@@ -33,9 +33,12 @@ struct PlanResult {
 PlanResult lower(const Program& p);
 
 /// Places a compute order on a mesh: one list per rank with the sends, receives, gradient
-/// reductions and the optimizer step inserted. `stages` must have p * v entries.
+/// reductions and the optimizer step inserted. `stages` must have p * v entries. With `zero`
+/// >= 2 a bucket is reduce-scattered instead of all-reduced; with 3 every forward and backward
+/// of a stage is preceded (one compute action ahead) by the all-gather of its weights.
 Graph assemble(const ScheduleOrder& order, std::vector<PlanStage> stages, ScheduleKind kind,
-               int32_t dp, int32_t tp, int32_t microbatches, int32_t devices_per_host);
+               int32_t dp, int32_t tp, int32_t microbatches, int32_t devices_per_host,
+               int32_t cp = 1, int32_t zero = 0);
 
 /// A graph with dp = tp = 1 and stages without costs, for studying a schedule on its own (the
 /// tests, the docs, `--cost unit`). Errors of the schedule come back in the result.

@@ -1,11 +1,23 @@
 // stages.cpp: FLOPs, bytes and memory of every layer kind, and the balanced partition.
 //
-// Counts are per microbatch (b sequences of T tokens, N = b T) on one tensor-parallel rank.
-// Matmuls cost 2 FLOPs per multiply-add; an input gradient costs what the forward costs, and a
-// weight gradient what the forward's weight matmuls cost (so B = I + W is about 2 F). Saved
-// activations: each layer keeps its input and the tensors its backward reads (Q, K, V and the
-// attention output; the MLP's hidden activations; the logits), and the T x T attention scores
-// unless recomputation drops them; full recomputation keeps only each block's input.
+// Counts are per microbatch (b sequences of T tokens) on one tensor- and context-parallel rank,
+// which sees N = b T / cp tokens. Matmuls cost 2 FLOPs per multiply-add; an input gradient costs
+// what the forward costs, and a weight gradient what the forward's weight matmuls cost (so
+// B = I + W is about 2 F). Causal attention under cp's load-balanced split gives every rank the
+// same share, 1/cp, of the T x T scores.
+//
+// Saved activations of a block follow Korthikanti et al. 2022 ("Reducing Activation
+// Recomputation in Large Transformer Models", section 4), in bytes for 2-byte activations, per
+// layer of s tokens, b sequences, width h, a heads, tensor-parallel size t:
+//     no parallelism      s b h (34 + 5 a s / h)
+//     tensor parallel     s b h (10 + 24 / t + 5 a s / (h t))
+//     tensor + sequence   s b h (34 / t + 5 a s / (h t))
+//     selective recompute drops the 5 a s / h term (the scores stay on chip and are redone)
+//     full recompute      2 s b h (2 s b h / t with sequence parallelism): the block's input
+// scaled by the element size over 2 (f32 doubles it). Context parallelism makes s the rank's
+// s / cp tokens; their scores span the whole sequence (5 a (s / cp) s b / t). The formula is the
+// GPT block's (a 4h GeLU MLP); Dist applies it to every block. Embeddings, head and loss are
+// counted layer by layer: the input each keeps and the logits.
 #include "actors/plan/stages.hpp"
 
 #include <algorithm>
@@ -21,6 +33,8 @@ void PartCost::add(const PartCost& o) {
     bytes_elementwise += o.bytes_elementwise;
     activation_bytes += o.activation_bytes;
     tp_reductions += o.tp_reductions;
+    cp_ring_bytes += o.cp_ring_bytes;
+    attention_flops += o.attention_flops;
 }
 
 double PartCost::seconds(double flops_rate, double bytes_rate) const {
@@ -37,9 +51,12 @@ int64_t bytes_per_element(const Program& p) {
 PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
     PartCost c;
     const double tp = static_cast<double>(p.mesh.tp);
+    const double cp = static_cast<double>(p.mesh.cp);
     const double b = static_cast<double>(p.train.microbatch_size);
     const double T = static_cast<double>(p.model.context);
-    const double N = b * T;
+    const double N = b * T / cp;
+    // Sequence parallelism runs the norms on the rank's 1/tp of the tokens.
+    const double sp = p.mesh.sp ? tp : 1.0;
     const double C = static_cast<double>(l.width ? l.width : p.model.width);
     const double elt = static_cast<double>(bytes_per_element(p));
     const double shard = l.shard == ShardDim::none ? 1.0 : tp;
@@ -55,25 +72,28 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
     case LayerKind::rotary_embedding: c.bytes_elementwise = 2 * N * C * elt; break;
     case LayerKind::layer_norm:
     case LayerKind::rms_norm:
-        c.bytes_elementwise = 2 * N * C * elt;
-        saved = N * C;
+        c.bytes_elementwise = 2 * N * C * elt / sp;
+        saved = N * C / sp;
         break;
     case LayerKind::attention: {
         double h = static_cast<double>(l.heads) / tp;
         double kv = std::max(1.0, static_cast<double>(l.kv_heads) / tp);
         double hd = static_cast<double>(l.head_dim);
         double weights = 2 * N * C * (h + 2 * kv) * hd + 2 * N * h * hd * C;
-        double scores = 4 * b * T * T * h * hd;
+        double scores = 4 * b * T * T * h * hd / cp;
         c.flops_forward = weights + scores;
+        c.attention_flops = c.flops_forward;
+        // The ring passes every other rank's key and value blocks through this one.
+        if (p.mesh.cp > 1) c.cp_ring_bytes = static_cast<int64_t>((cp - 1) * 2 * N * kv * hd * elt);
         c.flops_input_grad = weights + 2 * scores;
         c.flops_weight_grad = weights;
         // The T x T scores reach memory only when they are kept (no recomputation); with
         // selective recomputation they stay on chip (flash attention) and are recomputed.
         c.bytes_elementwise = p.schedule.recompute == Recompute::none
-                                  ? 3 * b * h * T * T * elt
+                                  ? 3 * b * h * T * T * elt / cp
                                   : 4 * N * (h + 2 * kv) * hd * elt;
         saved = N * C + N * (h + 2 * kv) * hd + N * h * hd;
-        if (p.schedule.recompute == Recompute::none) saved += b * h * T * T;
+        if (p.schedule.recompute == Recompute::none) saved += b * h * T * T / cp;
         c.tp_reductions = p.mesh.tp > 1 ? 1 : 0;
         break;
     }
@@ -109,6 +129,32 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
 
 } // namespace
 
+int64_t block_activation_bytes(const Program& p, const BlockSpec& block) {
+    int64_t heads = 0;
+    for (const ModelItemSpec& it : block.items)
+        for (const LayerSpec& l : it.layers)
+            if (l.kind == LayerKind::attention) heads = l.heads;
+    if (heads == 0) return cost_of_items(p, block.items).activation_bytes;
+    const double t = static_cast<double>(p.mesh.tp);
+    const double cp = static_cast<double>(p.mesh.cp);
+    const double s_full = static_cast<double>(p.model.context);
+    const double s = s_full / cp;
+    const double b = static_cast<double>(p.train.microbatch_size);
+    const double h = static_cast<double>(p.model.width);
+    const double a = static_cast<double>(heads);
+    const double scale = static_cast<double>(bytes_per_element(p)) / 2.0;
+    const double sbh = s * b * h;
+    double bytes = 0;
+    if (p.schedule.recompute == Recompute::full) {
+        bytes = 2 * sbh / (p.mesh.sp ? t : 1.0);
+    } else {
+        double linear = p.mesh.sp ? 34 / t : 10 + 24 / t;
+        double scores = p.schedule.recompute == Recompute::none ? 5 * a * s_full / (h * t) : 0.0;
+        bytes = sbh * (linear + scores);
+    }
+    return static_cast<int64_t>(bytes * scale);
+}
+
 bool tied_elsewhere(const Program& p, const std::vector<int32_t>& stage_rank) {
     if (stage_rank.empty() || stage_rank.front() == stage_rank.back() || p.model.pre.empty())
         return false;
@@ -134,12 +180,9 @@ PartCost post_cost(const Program& p) {
 
 PartCost block_cost(const Program& p, size_t i) {
     PartCost c = cost_of_items(p, p.model.blocks[i].items);
-    if (p.schedule.recompute == Recompute::full) {
-        // Only the block's input stays; the forward runs again inside the backward.
-        c.activation_bytes =
-            p.train.microbatch_size * p.model.context * p.model.width * bytes_per_element(p);
-        c.flops_input_grad += c.flops_forward;
-    }
+    c.activation_bytes = block_activation_bytes(p, p.model.blocks[i]);
+    // Full recomputation runs the forward again inside the backward.
+    if (p.schedule.recompute == Recompute::full) c.flops_input_grad += c.flops_forward;
     return c;
 }
 
@@ -201,7 +244,10 @@ std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>
                                     const std::vector<int32_t>& stage_rank) {
     std::vector<PlanStage> out;
     const int64_t elt = bytes_per_element(p);
-    const int64_t N = p.train.microbatch_size * p.model.context;
+    // A rank's tokens of a microbatch: its 1/cp of each sequence, and 1/tp of that between
+    // stages under sequence parallelism (Megatron-LM sends the sequence shard).
+    const int64_t N =
+        p.train.microbatch_size * p.model.context / p.mesh.cp / (p.mesh.sp ? p.mesh.tp : 1);
     const int64_t bucket_cap = 25 << 20; // PyTorch DDP's default bucket_cap_mb
     int32_t first = 0;
     for (size_t s = 0; s < partition.size(); ++s) {
@@ -213,10 +259,25 @@ std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>
         st.embedding = s == 0;
         st.head = s + 1 == partition.size();
         PartCost c;
-        if (st.embedding) c.add(pre_cost(p));
-        for (int32_t k = 0; k < st.blocks; ++k)
-            c.add(block_cost(p, static_cast<size_t>(first + k)));
-        if (st.head) c.add(post_cost(p));
+        // ZeRO 3's units: the embeddings, each block, the head.
+        st.units = 0;
+        auto unit = [&st](const PartCost& u) {
+            ++st.units;
+            st.largest_unit_parameters = std::max(st.largest_unit_parameters, u.parameters);
+        };
+        if (st.embedding) {
+            c.add(pre_cost(p));
+            unit(pre_cost(p));
+        }
+        for (int32_t k = 0; k < st.blocks; ++k) {
+            PartCost b = block_cost(p, static_cast<size_t>(first + k));
+            c.add(b);
+            unit(b);
+        }
+        if (st.head) {
+            c.add(post_cost(p));
+            unit(post_cost(p));
+        }
         auto shard_items = [&](const std::vector<ModelItemSpec>& items) {
             if (p.mesh.tp <= 1) return;
             for (const ModelItemSpec& it : items) {
@@ -245,12 +306,17 @@ std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>
         st.flops_weight_grad = c.flops_weight_grad;
         st.bytes_elementwise = c.bytes_elementwise;
         st.activation_bytes = c.activation_bytes;
+        st.cp_ring_bytes = c.cp_ring_bytes;
+        st.attention_flops = c.attention_flops;
         st.boundary_bytes = N * p.model.width * elt;
         st.tp_reductions = c.tp_reductions;
-        st.tp_reduction_bytes = p.mesh.tp > 1 ? N * p.model.width * elt : 0;
+        // With sequence parallelism each all-reduce is a reduce-scatter and an all-gather of
+        // the same total volume: priced as the all-reduce it replaces.
+        st.tp_reduction_bytes =
+            p.mesh.tp > 1 ? N * (p.mesh.sp ? p.mesh.tp : 1) * p.model.width * elt : 0;
         // Gradients are reduced in the precision they are kept in (that of the weights).
         int64_t grad_bytes = st.parameters * elt;
-        if (p.mesh.dp > 1) {
+        if (p.mesh.dp * p.mesh.cp > 1) {
             for (int64_t left = grad_bytes; left > 0; left -= bucket_cap)
                 st.buckets.push_back(std::min(left, bucket_cap));
         }

@@ -18,6 +18,8 @@ struct PartCost {
     double bytes_elementwise = 0;
     int64_t activation_bytes = 0;
     int32_t tp_reductions = 0;
+    int64_t cp_ring_bytes = 0;  // key/value bytes passed along the cp ring in one forward
+    double attention_flops = 0; // the forward FLOPs the ring hides behind
 
     void add(const PartCost& o);
     /// Seconds of one forward and backward at `flops_rate` and `bytes_rate` (the balancing key).
@@ -25,6 +27,10 @@ struct PartCost {
 };
 
 PartCost cost_of_items(const Program& p, const std::vector<ModelItemSpec>& items);
+
+/// Bytes a block saves for its backward per microbatch on one rank: Korthikanti et al.'s
+/// formula with its tensor-, sequence-parallel and recomputation variants (stages.cpp).
+int64_t block_activation_bytes(const Program& p, const BlockSpec& block);
 
 /// Blocks per stage minimising the slowest stage, embeddings counted on the first stage and
 /// the head and loss on the last; every stage gets at least one block.

@@ -32,7 +32,7 @@ void check_order(const Graph& g, std::vector<PlanError>& errors) {
     // are compared with them below).
     std::map<std::pair<int32_t, int32_t>, std::string> seen;
     for (const PlanRank& r : g.ranks) {
-        if (r.dp != 0 || r.tp != 0) continue;
+        if (r.dp != 0 || r.tp != 0 || r.cp != 0) continue;
         for (size_t i = 0; i < r.actions.size(); ++i) {
             const PlanAction& a = r.actions[i];
             if (!is_compute(a.kind)) continue;
@@ -178,36 +178,44 @@ void check_messages(const Graph& g, std::vector<PlanError>& errors) {
     }
 }
 
-// Collective groups: the data-parallel group of every (pp, tp) enters REDUCE_GRAD; the
-// tensor-parallel group of every (dp, pp) enters the reductions inside each compute action.
+// Collective groups: the replica group of every (pp, tp) (its dp x cp ranks) enters
+// REDUCE_GRAD, REDUCE_SCATTER and the gathers of ZeRO 3; the tensor-parallel group of every
+// (dp, pp, cp) enters the reductions inside each compute action, and the context-parallel ring
+// of every (dp, pp, tp) the key/value exchanges inside each attention.
 void check_collectives(const Graph& g, std::vector<PlanError>& errors) {
     auto sequence = [](const PlanRank& r, bool reductions) {
         std::vector<std::string> out;
         for (const PlanAction& a : r.actions)
-            if (reductions ? a.kind == ActionKind::reduce_grad : is_compute(a.kind))
+            if (reductions ? is_dp_collective(a.kind) : is_compute(a.kind))
                 out.push_back(to_string(a));
         return out;
     };
-    auto compare = [&](const PlanRank& a, const PlanRank& b, bool reductions) {
+    auto compare = [&](const PlanRank& a, const PlanRank& b, bool reductions, const char* group) {
         auto x = sequence(a, reductions), y = sequence(b, reductions);
-        std::string group = reductions ? "data-parallel" : "tensor-parallel";
         for (size_t k = 0; k < std::max(x.size(), y.size()); ++k) {
             std::string xa = k < x.size() ? "`" + x[k] + "`" : "nothing";
             std::string yb = k < y.size() ? "`" + y[k] + "`" : "nothing";
             if (xa == yb) continue;
-            errors.push_back(
-                {{},
-                 "ranks " + std::to_string(a.rank) + " and " + std::to_string(b.rank) +
-                     " enter their " + group + " collectives in different orders: collective " +
-                     std::to_string(k + 1) + " is " + xa + " on rank " + std::to_string(a.rank) +
-                     " but " + yb + " on rank " + std::to_string(b.rank),
-                 "every member of a group must enter its collectives in one order"});
+            errors.push_back({{},
+                              "ranks " + std::to_string(a.rank) + " and " + std::to_string(b.rank) +
+                                  " enter their " + std::string(group) +
+                                  " collectives in different orders: collective " +
+                                  std::to_string(k + 1) + " is " + xa + " on rank " +
+                                  std::to_string(a.rank) + " but " + yb + " on rank " +
+                                  std::to_string(b.rank),
+                              "every member of a group must enter its collectives in one order"});
             return;
         }
     };
     for (const PlanRank& r : g.ranks) {
-        if (r.dp > 0) compare(g.ranks[static_cast<size_t>(g.rank_of(0, r.pp, r.tp))], r, true);
-        if (r.tp > 0) compare(g.ranks[static_cast<size_t>(g.rank_of(r.dp, r.pp, 0))], r, false);
+        auto at = [&](int32_t rank) -> const PlanRank& {
+            return g.ranks[static_cast<size_t>(rank)];
+        };
+        if (r.dp > 0 || r.cp > 0)
+            compare(at(g.rank_of(0, r.pp, r.tp, 0)), r, true, "data-parallel");
+        if (r.tp > 0) compare(at(g.rank_of(r.dp, r.pp, 0, r.cp)), r, false, "tensor-parallel");
+        // The context-parallel ring passes key/value blocks inside every attention.
+        if (r.cp > 0) compare(at(g.rank_of(r.dp, r.pp, r.tp, 0)), r, false, "context-parallel");
     }
 }
 

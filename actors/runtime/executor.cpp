@@ -36,6 +36,12 @@ Tensor take(std::map<int32_t, Tensor>& m, int32_t mb, const char* what, int32_t 
     return t;
 }
 
+// ZeRO: the elements [lo, hi) of a parameter's n local elements that data-parallel member d of
+// `members` owns: its optimizer state, its reduced gradient (stage 2), its update.
+std::pair<int64_t, int64_t> zero_share(int64_t n, int d, int members) {
+    return {n * d / members, n * (d + 1) / members};
+}
+
 // The name of the embedding a tied head shares, or "".
 std::string tied_embedding(const ModelSpec& spec) {
     bool tied = false;
@@ -85,9 +91,12 @@ struct RankExecutor::StageState {
 // share of a stage's gradients, flattened in parameter order.
 class RankExecutor::Reducer {
   public:
+    /// `scatter`: ZeRO 2, each bucket reduce-scattered, every member keeping the average of
+    /// its share of each parameter (zero_share); else all-reduced and averaged whole.
     Reducer(transport::Collectives* dp, std::map<int32_t, std::unique_ptr<StageState>>& stages,
-            kernels::Backend& device)
-        : dp_(dp), stages_(stages), device_(device), thread_([this] { loop(); }) {}
+            kernels::Backend& device, bool scatter)
+        : dp_(dp), stages_(stages), scatter_(scatter), device_(device),
+          thread_([this] { loop(); }) {}
     ~Reducer() {
         {
             std::lock_guard lock(mutex_);
@@ -150,6 +159,10 @@ class RankExecutor::Reducer {
         for (const auto& p : params) total += p.grad.numel();
         auto k = static_cast<int64_t>(std::max<size_t>(1, s.info.buckets.size()));
         int64_t begin = total * bucket / k, end = total * (bucket + 1) / k;
+        if (scatter_) {
+            reduce_scatter(params, begin, end);
+            return;
+        }
         if (buffer_.numel() != end - begin) buffer_ = device_.empty({end - begin});
         float* buffer = buffer_.data<float>();
         // Pack the bucket's range of the flattened gradients, reduce, unpack averaged.
@@ -173,8 +186,53 @@ class RankExecutor::Reducer {
         });
     }
 
+    // The bucket [begin, end) of the flattened gradients, packed member by member (each
+    // member's shares of the parameters in it, padded to the longest), reduce-scattered; this
+    // member's shares come back summed and are averaged in place.
+    void reduce_scatter(std::deque<models::Parameter>& params, int64_t begin, int64_t end) {
+        const int n_members = dp_->size(), me = dp_->rank();
+        std::vector<std::vector<std::pair<float*, int64_t>>> pieces(static_cast<size_t>(n_members));
+        std::vector<int64_t> counts(static_cast<size_t>(n_members), 0);
+        int64_t offset = 0;
+        for (auto& p : params) {
+            int64_t n = p.grad.numel();
+            for (int d = 0; d < n_members; ++d) {
+                auto [lo, hi] = zero_share(n, d, n_members);
+                int64_t a = std::max(begin, offset + lo), b = std::min(end, offset + hi);
+                if (a >= b) continue;
+                pieces[static_cast<size_t>(d)].push_back(
+                    {p.grad.data<float>() + (a - offset), b - a});
+                counts[static_cast<size_t>(d)] += b - a;
+            }
+            offset += n;
+        }
+        int64_t chunk = *std::max_element(counts.begin(), counts.end());
+        if (chunk == 0) return;
+        if (buffer_.numel() != chunk * n_members) buffer_ = device_.empty({chunk * n_members});
+        if (share_.numel() != chunk) share_ = device_.empty({chunk});
+        buffer_.fill_zero();
+        float* buffer = buffer_.data<float>();
+        for (int d = 0; d < n_members; ++d) {
+            int64_t at = d * chunk;
+            for (auto [g, n] : pieces[static_cast<size_t>(d)]) {
+                device_.copy_block(g, n, buffer + at, n, 1, n);
+                at += n;
+            }
+        }
+        dp_->reduce_scatter(buffer, chunk, share_.data<float>());
+        float inv = 1.0f / static_cast<float>(n_members);
+        int64_t at = 0;
+        for (auto [g, n] : pieces[static_cast<size_t>(me)]) {
+            device_.copy_block(share_.data<float>() + at, n, g, n, 1, n);
+            device_.scale(g, n, inv);
+            at += n;
+        }
+    }
+
     transport::Collectives* dp_;
     std::map<int32_t, std::unique_ptr<StageState>>& stages_;
+    bool scatter_;
+    Tensor share_; // this member's summed share of a scattered bucket
     std::mutex mutex_;
     std::condition_variable cv_;
     std::deque<std::pair<int32_t, int32_t>> queue_;
@@ -198,8 +256,25 @@ RankExecutor::RankExecutor(const Program& program, const plan::Graph& graph, int
             stages_.emplace(
                 a.stage, std::make_unique<StageState>(graph.stages.at(static_cast<size_t>(a.stage)),
                                                       program, comms.tp, *device_));
-    if (comms_.dp && comms_.dp->size() > 1)
-        reducer_ = std::make_unique<Reducer>(comms_.dp, stages_, *device_);
+    if (comms_.dp && comms_.dp->size() > 1) {
+        zero_ = graph.zero;
+        if (zero_ >= 3) throw std::invalid_argument("ZeRO 3 is planned and simulated, not trained");
+        reducer_ = std::make_unique<Reducer>(comms_.dp, stages_, *device_, zero_ >= 2);
+    }
+    if (zero_ >= 1) {
+        // Each member keeps the AdamW moments of its share of every parameter only.
+        const int members = comms_.dp->size(), me = comms_.dp->rank();
+        for (auto& [i, s] : stages_) {
+            for (auto& p : s->stage.params().all()) {
+                auto [lo, hi] = zero_share(p.value.numel(), me, members);
+                p.state_begin = lo;
+                p.m = device_->empty({hi - lo});
+                p.v = device_->empty({hi - lo});
+                p.m.fill_zero();
+                p.v.fill_zero();
+            }
+        }
+    }
     int64_t rows = program.train.batch / graph.dp;
     microbatch_rows_ = rows / graph.microbatches;
     if (microbatch_rows_ * graph.microbatches * graph.dp != program.train.batch)
@@ -352,8 +427,12 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
             device_->here(comms_.p2p->recv(a.peer, {step, s + 1, mb, Direction::gradient}));
         break;
     case ActionKind::reduce_grad:
+    case ActionKind::reduce_scatter:
         if (reducer_) reducer_->enqueue(s, mb);
         break;
+    case ActionKind::gather_forward:
+    case ActionKind::gather_backward:
+        throw std::logic_error("ZeRO 3's weight gathers are planned and simulated, not trained");
 
     case ActionKind::step: break;
     }
@@ -389,10 +468,19 @@ double RankExecutor::gradient_norm(bool& loss_nonfinite, double loss_sum) {
             // replicated over the tensor-parallel ranks only on the first of them.
             if (std::find(copies.begin(), copies.end(), p.name) != copies.end()) continue;
             if (p.shard.whole() && me_.tp != 0) continue;
-            grads.push_back({p.grad.data<float>(), p.grad.numel()});
+            // Under ZeRO each member counts its share, reduced over the group below.
+            if (zero_ >= 1 && p.m.numel() > 0)
+                grads.push_back({p.grad.data<float>() + p.state_begin, p.m.numel()});
+            else if (zero_ == 0)
+                grads.push_back({p.grad.data<float>(), p.grad.numel()});
         }
     }
     double sq = device_->sum_squares_of(grads);
+    if (zero_ >= 1) {
+        float share = static_cast<float>(sq);
+        comms_.dp->all_reduce(&share, 1, transport::ReduceOp::sum);
+        sq = share;
+    }
     // The replica's loss lives on its last stage: whether it is finite travels with the norm.
     float v[2] = {static_cast<float>(sq), std::isfinite(loss_sum) ? 0.0f : 1.0f};
     if (comms_.model && comms_.model->size() > 1) {
@@ -424,6 +512,46 @@ void RankExecutor::finish_step(int64_t step, RankStepResult& result) {
     for (auto& [i, s] : stages_)
         for (auto& p : s->stage.params().all()) params.push_back(&p);
     result.lr = models::optimizer_step(program_.train, step, result.grad_norm, params, *device_);
+    if (zero_ >= 1) gather_weights();
+}
+
+void RankExecutor::gather_weights() {
+    // Every member updated its share of every parameter: all-gather the shares, stage by stage,
+    // each member's packed in parameter order and padded to the longest.
+    const int members = comms_.dp->size(), me = comms_.dp->rank();
+    for (auto& [i, s] : stages_) {
+        auto& params = s->stage.params().all();
+        std::vector<int64_t> counts(static_cast<size_t>(members), 0);
+        for (auto& p : params)
+            for (int d = 0; d < members; ++d) {
+                auto [lo, hi] = zero_share(p.value.numel(), d, members);
+                counts[static_cast<size_t>(d)] += hi - lo;
+            }
+        int64_t chunk = *std::max_element(counts.begin(), counts.end());
+        if (chunk == 0) continue;
+        Tensor mine = device_->empty({chunk}), all = device_->empty({chunk * members});
+        mine.fill_zero();
+        int64_t at = 0;
+        for (auto& p : params) {
+            auto [lo, hi] = zero_share(p.value.numel(), me, members);
+            if (hi > lo)
+                device_->copy_block(p.value.data<float>() + lo, hi - lo, mine.data<float>() + at,
+                                    hi - lo, 1, hi - lo);
+            at += hi - lo;
+        }
+        comms_.dp->all_gather(mine.data<float>(), chunk, all.data<float>());
+        for (int d = 0; d < members; ++d) {
+            if (d == me) continue;
+            at = d * chunk;
+            for (auto& p : params) {
+                auto [lo, hi] = zero_share(p.value.numel(), d, members);
+                if (hi > lo)
+                    device_->copy_block(all.data<float>() + at, hi - lo, p.value.data<float>() + lo,
+                                        hi - lo, 1, hi - lo);
+                at += hi - lo;
+            }
+        }
+    }
 }
 
 } // namespace dist::runtime

@@ -104,6 +104,8 @@ class RankExecutor {
     void finish_step(int64_t step, RankStepResult& result);
     void sum_tied_gradients();
     double gradient_norm(bool& loss_nonfinite, double loss_sum);
+    /// ZeRO: after each member has updated its share, every member gets the whole weights.
+    void gather_weights();
 
     const Program& program_;
     const plan::Graph& graph_;
@@ -112,6 +114,7 @@ class RankExecutor {
     RankComms comms_;
     kernels::Backend* device_;
     std::string tied_name_; // the embedding a tied head shares, or ""
+    int zero_ = 0;          // the ZeRO stage over the data-parallel group (0 when alone)
     std::map<int32_t, std::unique_ptr<StageState>> stages_;
     std::unique_ptr<Reducer> reducer_;
     kernels::Tensor tokens_, targets_; // this dp rank's rows of the step's batch

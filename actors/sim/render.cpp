@@ -53,11 +53,10 @@ std::string time_str(const Timeline& t, double x) {
 std::string text_report(const Timeline& t, int width) {
     const plan::Graph& g = t.graph;
     std::string out;
-    char buf[256];
-    std::snprintf(buf, sizeof buf,
-                  "%s, %d rank%s (dp %d, tp %d, pp %d), %d microbatch%s, %s costs\n",
+    char buf[512];
+    std::snprintf(buf, sizeof buf, "%s, %d rank%s (%s), %d microbatch%s, %s costs\n",
                   to_string(g.schedule), static_cast<int>(g.ranks.size()),
-                  g.ranks.size() == 1 ? "" : "s", g.dp, g.tp, g.pp, g.microbatches,
+                  g.ranks.size() == 1 ? "" : "s", plan::axes_text(g).c_str(), g.microbatches,
                   g.microbatches == 1 ? "" : "es", t.cost == CostModel::unit ? "unit" : "profile");
     out += buf;
     out += "makespan  " + time_str(t, t.makespan) + "\n";

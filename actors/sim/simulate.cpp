@@ -46,6 +46,12 @@ double ring_allreduce(double bytes, int32_t n, const LinkSpec& link) {
     return steps * (link.latency + bytes / n / link.bandwidth);
 }
 
+/// Ring all-gather or reduce-scatter of `bytes` in all: n - 1 steps of bytes / n each.
+double ring_half(double bytes, int32_t n, const LinkSpec& link) {
+    if (n <= 1) return 0.0;
+    return (n - 1) * (link.latency + bytes / n / link.bandwidth);
+}
+
 plan::ExecCosts unit_costs() {
     plan::ExecCosts c = plan::zero_costs();
     c.compute = [](const PlanRank&, const PlanAction& a) {
@@ -67,26 +73,47 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr) {
     };
     // The tensor-parallel group shares a host when it can (the fastest axis of the layout).
     auto tp_link = [&g, &pr](const PlanRank& r) {
-        int32_t first = g.rank_of(r.dp, r.pp, 0), last = g.rank_of(r.dp, r.pp, g.tp - 1);
+        int32_t first = g.rank_of(r.dp, r.pp, 0, r.cp),
+                last = g.rank_of(r.dp, r.pp, g.tp - 1, r.cp);
         return g.ranks[static_cast<size_t>(first)].host == g.ranks[static_cast<size_t>(last)].host
                    ? pr.intra
                    : pr.inter;
     };
-    c.compute = [&g, pr, stage, tp_link](const PlanRank& r, const PlanAction& a) {
+    auto cp_link = [&g, &pr](const PlanRank& r) {
+        int32_t first = g.rank_of(r.dp, r.pp, r.tp, 0),
+                last = g.rank_of(r.dp, r.pp, r.tp, g.cp - 1);
+        return g.ranks[static_cast<size_t>(first)].host == g.ranks[static_cast<size_t>(last)].host
+                   ? pr.intra
+                   : pr.inter;
+    };
+    // The link of the replica group (dp x cp): the host's when every member shares it.
+    auto replica_link = [&g, &pr](const PlanRank& r) {
+        for (int32_t m : g.replica_group(r))
+            if (g.ranks[static_cast<size_t>(m)].host != r.host) return pr.inter;
+        return pr.intra;
+    };
+    const int32_t replicas = g.dp * g.cp;
+    c.compute = [&g, pr, stage, tp_link, cp_link, replica_link, replicas](const PlanRank& r,
+                                                                          const PlanAction& a) {
         double rate = pr.flops * pr.efficiency;
         if (a.kind == ActionKind::step) {
-            // AdamW reads and writes its 16 bytes of state per parameter about twice.
+            // AdamW reads and writes its 16 bytes of state per parameter about twice; under ZeRO
+            // each replica rank updates its 1/N share, and below stage 3 all-gathers the new
+            // weights (Megatron-LM's distributed optimizer).
             double params = 0;
             for (const PlanStage& s : g.stages)
                 if (s.pp == r.pp) params += static_cast<double>(s.parameters);
-            double step = 2.0 * 16.0 * params / pr.mem_bw;
+            double share = g.zero >= 1 ? 1.0 / replicas : 1.0;
+            double step = 2.0 * 16.0 * params * share / pr.mem_bw;
+            if (g.zero == 1 || g.zero == 2)
+                step += ring_half(params * g.bytes_per_element, replicas, replica_link(r));
             bool first = r.pp == g.stages.front().pp, last = r.pp == g.stages.back().pp;
             if (g.tied_bytes > 0 && (first || last)) {
                 // The tied embedding's two copies are summed between the two ranks.
                 const PlanRank& a =
-                    g.ranks[static_cast<size_t>(g.rank_of(r.dp, g.stages.front().pp, r.tp))];
+                    g.ranks[static_cast<size_t>(g.rank_of(r.dp, g.stages.front().pp, r.tp, r.cp))];
                 const PlanRank& b =
-                    g.ranks[static_cast<size_t>(g.rank_of(r.dp, g.stages.back().pp, r.tp))];
+                    g.ranks[static_cast<size_t>(g.rank_of(r.dp, g.stages.back().pp, r.tp, r.cp))];
                 step += ring_allreduce(static_cast<double>(g.tied_bytes), 2,
                                        a.host == b.host ? pr.intra : pr.inter);
             }
@@ -95,15 +122,25 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr) {
         const PlanStage& s = stage(a);
         double tp = s.tp_reductions *
                     ring_allreduce(static_cast<double>(s.tp_reduction_bytes), g.tp, tp_link(r));
+        // Context parallelism: the ring's transfers run behind the attention's blocks; only
+        // what exceeds the attention's time shows. The backward passes twice the bytes
+        // (key/value blocks and their gradients) behind twice the FLOPs.
+        double ring = 0;
+        if (g.cp > 1 && s.cp_ring_bytes > 0) {
+            LinkSpec l = cp_link(r);
+            double send =
+                (g.cp - 1) * l.latency + static_cast<double>(s.cp_ring_bytes) / l.bandwidth;
+            ring = std::max(0.0, send - s.attention_flops / rate);
+        }
         switch (a.kind) {
         case ActionKind::forward:
-            return s.flops_forward / rate + s.bytes_elementwise / pr.mem_bw + tp;
+            return s.flops_forward / rate + s.bytes_elementwise / pr.mem_bw + tp + ring;
         case ActionKind::backward_input:
-            return s.flops_input_grad / rate + 2 * s.bytes_elementwise / pr.mem_bw + tp;
+            return s.flops_input_grad / rate + 2 * s.bytes_elementwise / pr.mem_bw + tp + 2 * ring;
         case ActionKind::backward_weight: return s.flops_weight_grad / rate;
         case ActionKind::backward:
             return (s.flops_input_grad + s.flops_weight_grad) / rate +
-                   2 * s.bytes_elementwise / pr.mem_bw + tp;
+                   2 * s.bytes_elementwise / pr.mem_bw + tp + 2 * ring;
         default: return 0.0;
         }
     };
@@ -111,14 +148,21 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr) {
         const LinkSpec& l = from.host == to.host ? pr.intra : pr.inter;
         return l.latency + static_cast<double>(stage(a).boundary_bytes) / l.bandwidth;
     };
-    c.reduction = [&g, pr, stage](const PlanRank& r, const PlanAction& a) {
-        bool one_host = true;
-        for (int32_t d = 0; d < g.dp; ++d)
-            one_host =
-                one_host && g.ranks[static_cast<size_t>(g.rank_of(d, r.pp, r.tp))].host == r.host;
+    c.reduction = [&g, stage, replica_link, replicas](const PlanRank& r, const PlanAction& a) {
         const PlanStage& s = stage(a);
-        double bytes = static_cast<double>(s.buckets[static_cast<size_t>(a.microbatch)]);
-        return ring_allreduce(bytes, g.dp, one_host ? pr.intra : pr.inter);
+        LinkSpec link = replica_link(r);
+        switch (a.kind) {
+        case ActionKind::gather_forward:
+        case ActionKind::gather_backward:
+            return ring_half(static_cast<double>(s.parameters) * g.bytes_per_element, replicas,
+                             link);
+        case ActionKind::reduce_scatter:
+            return ring_half(static_cast<double>(s.buckets[static_cast<size_t>(a.microbatch)]),
+                             replicas, link);
+        default:
+            return ring_allreduce(static_cast<double>(s.buckets[static_cast<size_t>(a.microbatch)]),
+                                  replicas, link);
+        }
     };
     return c;
 }
@@ -133,9 +177,19 @@ void account_memory(const Graph& g, const PlanRank& r, RankReport& rep) {
         for (int64_t b : s.buckets) bucket = std::max(bucket, b);
         tp_buf = std::max(tp_buf, s.tp_reduction_bytes);
     }
-    rep.parameters_bytes = params * bpe;
-    rep.gradients_bytes = params * bpe;
-    rep.optimizer_bytes = params * (16 - 2 * bpe);
+    // ZeRO's (2 + 2 + K) psi / N_d (Rajbhandari et al. 2020, figure 1): stage 1 divides the
+    // optimizer's K bytes per parameter over the N_d replica ranks, 2 also the gradients, 3
+    // also the weights, which then are whole only for the units being gathered: the one
+    // computing and the one prefetched.
+    const int64_t nd = static_cast<int64_t>(g.dp) * g.cp;
+    int64_t unit = 0;
+    for (const PlanStage& s : g.stages)
+        if (s.pp == r.pp) unit = std::max(unit, s.largest_unit_parameters);
+    const int32_t zero = nd > 1 ? g.zero : 0; // alone, a rank has nothing to shard over
+    rep.parameters_bytes =
+        zero >= 3 ? params * bpe / nd + std::min(params, 2 * unit) * bpe : params * bpe;
+    rep.gradients_bytes = zero >= 2 ? params * bpe / nd : params * bpe;
+    rep.optimizer_bytes = params * (16 - 2 * bpe) / (zero >= 1 ? nd : 1);
     bool p2p = false;
     for (const PlanAction& a : r.actions) p2p = p2p || plan::is_p2p(a.kind);
     // A send and a receive buffer each way, the largest bucket, one tensor-parallel buffer.

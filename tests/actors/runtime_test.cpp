@@ -97,6 +97,11 @@ using tests::mesh_overrides;
 std::vector<std::string> mesh(int dp, int tp, int pp, const std::string& kind, int m, int v = 0) {
     return mesh_overrides(dp, tp, pp, kind, m, v);
 }
+// The same mesh with ZeRO stage `zero` over its data-parallel ranks.
+std::vector<std::string> zero(int stage, std::vector<std::string> overrides) {
+    overrides.push_back("mesh.zero=" + std::to_string(stage));
+    return overrides;
+}
 
 INSTANTIATE_TEST_SUITE_P(
     Meshes, Equivalence,
@@ -114,7 +119,15 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"pp2_dualpipev", "gpt", mesh(1, 1, 2, "dualpipev", 4, 2)},
                       Case{"dp2_tp2_pp2", "gpt", mesh(2, 2, 2, "1f1b", 2)},
                       Case{"llama_tp2_pp2", "llama", mesh(1, 2, 2, "1f1b", 2)},
-                      Case{"llama_dp2_zb_h1", "llama", mesh(2, 1, 2, "zb_h1", 2)}),
+                      Case{"llama_dp2_zb_h1", "llama", mesh(2, 1, 2, "zb_h1", 2)},
+                      // ZeRO: sharded optimizer state (1), and gradients (2), whose shares of
+                      // odd-sized parameters differ in length between members (dp 4).
+                      Case{"dp2_zero1", "gpt", zero(1, mesh(2, 1, 1, "1f1b", 2))},
+                      Case{"dp2_zero2", "gpt", zero(2, mesh(2, 1, 1, "1f1b", 2))},
+                      Case{"dp4_zero2", "gpt", zero(2, mesh(4, 1, 1, "1f1b", 1))},
+                      Case{"dp2_pp2_zero1", "gpt", zero(1, mesh(2, 1, 2, "1f1b", 2))},
+                      Case{"dp2_tp2_pp2_zero2", "gpt", zero(2, mesh(2, 2, 2, "1f1b", 2))},
+                      Case{"llama_dp2_zb_h1_zero2", "llama", zero(2, mesh(2, 1, 2, "zb_h1", 2))}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 } // namespace
