@@ -51,6 +51,7 @@ void* Allocator::allocate(size_t bytes) {
     if (bytes == 0) bytes = 1;
     std::lock_guard<std::mutex> lock(mutex_);
     in_use_ += bytes;
+    peak_ = std::max(peak_, in_use_);
     auto it = free_.find(bytes);
     if (it != free_.end()) {
         void* p = it->second;

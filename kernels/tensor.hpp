@@ -69,6 +69,12 @@ class Allocator {
     /// Calls that had to ask the system for memory (not served from a free list).
     size_t fresh_allocations() const { return fresh_; }
     size_t bytes_in_use() const { return in_use_; }
+    /// The most bytes in use at once since construction or the last reset_peak().
+    size_t peak_bytes_in_use() const { return peak_; }
+    void reset_peak() {
+        std::lock_guard lock(mutex_);
+        peak_ = in_use_;
+    }
     size_t bytes_reserved() const { return reserved_; }
 
     /// The process-wide allocator of the CPU.
@@ -81,6 +87,7 @@ class Allocator {
     std::multimap<size_t, void*> free_;
     size_t fresh_ = 0;
     size_t in_use_ = 0;
+    size_t peak_ = 0;
     size_t reserved_ = 0;
 };
 

@@ -49,20 +49,6 @@ void BlockChecker::mesh(const Block* block) {
                       "exchanges, the sequence split over cp), not trained yet",
                       "`--set mesh.cp=1` to train; `dist plan` and `dist sim` take cp as "
                       "written"});
-    else if (m.zero == 3 && m.dp > 1)
-        p.train.training_refusal = render_diagnostic(
-            sources, {zero_loc,
-                      "ZeRO 3 is planned and simulated (its per-unit weight gathers, the "
-                      "memory it saves), not trained yet; ZeRO 1 and 2 are",
-                      "`--set mesh.zero=2` to train with sharded gradients and optimizer "
-                      "state"});
-    else if (m.sp)
-        p.train.training_refusal = render_diagnostic(
-            sources, {sp_loc,
-                      "sequence parallelism is planned and simulated (its reduce-scatters "
-                      "and all-gathers, the activations it divides), not trained yet",
-                      "`--set mesh.sp=false` to train; `dist plan` and `dist sim` take sp as "
-                      "written"});
     int64_t ranks = sat_mul(sat_mul(sat_mul(m.dp, m.cp), m.tp), m.pp);
     if (ranks > max_ranks) {
         diags.error(block->loc, "the mesh has " + std::to_string(ranks) +

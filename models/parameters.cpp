@@ -111,17 +111,30 @@ template <typename Whole> auto& whole_of(const Parameter& p, Whole& whole) {
 }
 
 // The value and moments of `p` readable on the host (themselves, or copies of device memory).
+// Under ZeRO 3, between uses, the value is the owned share: the elements the moments cover.
 struct HostState {
     kernels::Tensor value, m, v;
+    bool whole;
     explicit HostState(const Parameter& p)
-        : value(p.value.on_host()), m(p.m.on_host()), v(p.v.on_host()) {}
+        : value(p.value.defined() ? p.value.on_host() : p.owned.on_host()), m(p.m.on_host()),
+          v(p.v.on_host()), whole(p.value.defined()) {}
     // Writes host copies back to the device tensors they came from (nothing for host ones).
     void store(Parameter& p) const {
-        p.value.copy_from(value);
+        (whole ? p.value : p.owned).copy_from(value);
         p.m.copy_from(m);
         p.v.copy_from(v);
     }
+    // The value of local element i, which the state holds (always, when whole).
+    float& at(const Parameter& p, int64_t i) const {
+        return value.data<float>()[whole ? i : i - p.state_begin];
+    }
 };
+
+// The local elements of `p` whose values this rank holds now: all, or its ZeRO 3 share.
+std::pair<int64_t, int64_t> held_values(const Parameter& p) {
+    if (p.value.defined()) return {0, p.value.numel()};
+    return {p.state_begin, p.state_begin + p.owned.numel()};
+}
 
 // The parameters of `store` with their host states, made as a whole store is read or written.
 struct HostStates {
@@ -140,9 +153,9 @@ void copy_from_whole(const ParameterStore& whole, ParameterStore& part) {
     for (Parameter& p : part.all()) {
         HostState to(p);
         const HostState& h = from.of(whole_of(p, whole));
-        for (int64_t i = 0; i < p.value.numel(); ++i)
-            to.value.data<float>()[i] =
-                h.value.data<float>()[p.shard.global_index(p.full_shape, i)];
+        auto [lo, hi] = held_values(p);
+        for (int64_t i = lo; i < hi; ++i)
+            to.at(p, i) = h.value.data<float>()[p.shard.global_index(p.full_shape, i)];
         for (int64_t i = 0; i < p.m.numel(); ++i) {
             int64_t g = p.shard.global_index(p.full_shape, p.state_begin + i);
             to.m.data<float>()[i] = h.m.data<float>()[g];
@@ -159,9 +172,9 @@ void copy_to_whole(const ParameterStore& part, ParameterStore& whole,
         if (std::find(skip.begin(), skip.end(), p.name) != skip.end()) continue;
         HostState from(p);
         HostState& h = to.of(whole_of(p, whole));
-        for (int64_t i = 0; i < p.value.numel(); ++i)
-            h.value.data<float>()[p.shard.global_index(p.full_shape, i)] =
-                from.value.data<float>()[i];
+        auto [lo, hi] = held_values(p);
+        for (int64_t i = lo; i < hi; ++i)
+            h.value.data<float>()[p.shard.global_index(p.full_shape, i)] = from.at(p, i);
         for (int64_t i = 0; i < p.m.numel(); ++i) {
             int64_t g = p.shard.global_index(p.full_shape, p.state_begin + i);
             h.m.data<float>()[g] = from.m.data<float>()[i];
@@ -206,12 +219,13 @@ void append_serialised(const ParameterStore& part, const std::vector<std::string
             put(out, b);
             put(out, e);
         }
-        // The moments may be a share of the elements (ZeRO): where it starts, how long.
+        // The moments may be a share of the elements (ZeRO): where it starts, how long; and
+        // whether the values are whole or that share too (ZeRO 3).
         put<int64_t>(out, p.state_begin);
         put<int64_t>(out, p.m.numel());
         HostState h(p);
-        out.append(reinterpret_cast<const char*>(h.value.data<float>()),
-                   static_cast<size_t>(p.value.numel()) * sizeof(float));
+        put<uint8_t>(out, h.whole ? 1 : 0);
+        out.append(reinterpret_cast<const char*>(h.value.data<float>()), h.value.bytes());
         for (const kernels::Tensor* t : {&h.m, &h.v})
             out.append(reinterpret_cast<const char*>(t->data<float>()),
                        static_cast<size_t>(p.m.numel()) * sizeof(float));
@@ -254,14 +268,20 @@ std::string merge_serialised(const std::string& bytes, ParameterStore& whole) {
         if (state_begin < 0 || state_count < 0 || state_begin > numel ||
             state_count > numel - state_begin)
             return "the parameters' message has optimizer state outside `" + name + "`";
-        const size_t n = static_cast<size_t>(numel) * sizeof(float);
+        uint8_t whole = 1;
+        if (!r.get(whole)) return truncated;
         const size_t ns = static_cast<size_t>(state_count) * sizeof(float);
+        const size_t n = whole ? static_cast<size_t>(numel) * sizeof(float) : ns;
         if (n > bytes.size() - r.at || 2 * ns > bytes.size() - r.at - n) return truncated;
         Parameter& p = part.add(name, shape, Init{}, false, 0, shard);
         p.state_begin = state_begin;
         p.m = kernels::Tensor({state_count});
         p.v = kernels::Tensor({state_count});
-        r.bytes(p.value.data<float>(), n);
+        if (!whole) {
+            p.owned = kernels::Tensor({state_count});
+            p.value = kernels::Tensor();
+        }
+        r.bytes((whole ? p.value : p.owned).data<float>(), n);
         for (kernels::Tensor* t : {&p.m, &p.v}) r.bytes(t->data<float>(), ns);
     }
     copy_to_whole(part, whole);

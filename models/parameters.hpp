@@ -41,7 +41,9 @@ struct Shard {
 
 /// One parameter with its gradient and AdamW moments (all f32). Value and gradient have the
 /// local shape; the moments cover the local elements [state_begin, state_begin + m.numel()):
-/// all of them, or under ZeRO this data-parallel rank's share.
+/// all of them, or under ZeRO this data-parallel rank's share. Under ZeRO 3 `owned` holds the
+/// values of that share, and `value` is whole (gathered) only while a unit computes with it:
+/// otherwise it is undefined.
 struct Parameter {
     std::string name;                // e.g. "h.0.attn.qkv.weight"
     std::vector<int64_t> full_shape; // unsharded
@@ -51,6 +53,10 @@ struct Parameter {
     kernels::Tensor m;
     kernels::Tensor v;
     int64_t state_begin = 0;
+    kernels::Tensor owned;
+    /// Its gradient is this tensor-parallel rank's part of a sum over the group (a norm or
+    /// the positions, computed on a sequence shard): the runtime all-reduces it over tp.
+    bool sequence_partial = false;
     Init init;
     bool decay = true; // weight decay applies (matrices), or not (biases and norm gains)
 };

@@ -7,17 +7,37 @@ namespace dist::models {
 
 namespace {
 
+// Builds the units of `items` into `out`, and into `reads` the parameters each one reads: those
+// it created, and for a tied head the embedding.
 void add_items(const std::vector<ModelItemSpec>& items, UnitContext& ctx, bool recompute,
-               std::vector<std::unique_ptr<Unit>>& out) {
+               std::vector<std::unique_ptr<Unit>>& out,
+               std::vector<std::vector<Parameter*>>& reads) {
+    auto& params = ctx.params.all();
     for (const auto& item : items) {
         std::vector<std::unique_ptr<Unit>> body;
-        for (const auto& layer : item.layers)
-            if (auto u = make_unit(layer, ctx)) body.push_back(std::move(u));
+        std::vector<std::vector<Parameter*>> body_reads;
+        for (const auto& layer : item.layers) {
+            size_t before = params.size();
+            auto u = make_unit(layer, ctx);
+            if (!u) continue;
+            std::vector<Parameter*> r;
+            for (size_t i = before; i < params.size(); ++i) r.push_back(&params[i]);
+            if (layer.kind == LayerKind::lm_head && layer.tied && ctx.embedding)
+                r.push_back(ctx.embedding);
+            body.push_back(std::move(u));
+            body_reads.push_back(std::move(r));
+        }
         if (item.residual) {
             std::string name = item.name.empty() ? body.front()->name() + "+" : item.name;
             out.push_back(make_residual(std::move(name), std::move(body), ctx.device(), recompute));
+            std::vector<Parameter*> all;
+            for (auto& r : body_reads) all.insert(all.end(), r.begin(), r.end());
+            reads.push_back(std::move(all));
         } else {
-            for (auto& u : body) out.push_back(std::move(u));
+            for (size_t i = 0; i < body.size(); ++i) {
+                out.push_back(std::move(body[i]));
+                reads.push_back(std::move(body_reads[i]));
+            }
         }
     }
 }
@@ -32,7 +52,7 @@ const LayerSpec* find_layer(const std::vector<ModelItemSpec>& items, LayerKind k
 } // namespace
 
 Stage::Stage(const ModelSpec& spec, StageSpan span, uint64_t seed, Recompute recompute,
-             transport::Collectives* tp, kernels::Backend* device)
+             transport::Collectives* tp, kernels::Backend* device, bool sequence_parallel)
     : span_(span), device_(device ? device : &kernels::cpu_backend()),
       params_(device_->allocator()) {
     auto blocks = static_cast<int64_t>(spec.blocks.size());
@@ -42,11 +62,12 @@ Stage::Stage(const ModelSpec& spec, StageSpan span, uint64_t seed, Recompute rec
                                     std::to_string(blocks) + " blocks");
     UnitContext ctx{params_, seed, blocks};
     ctx.tp = tp;
+    ctx.sequence_parallel = sequence_parallel;
     ctx.backend = device_;
     if (const LayerSpec* rotary = find_layer(spec.pre, LayerKind::rotary_embedding))
         ctx.rotary_theta = rotary->theta;
     if (span.first) {
-        add_items(spec.pre, ctx, false, units_);
+        add_items(spec.pre, ctx, false, units_, unit_params_);
     } else if (span.last) {
         // A head tied to an embedding on another stage gets its own copy of the embedding,
         // made by the embedding's unit (same name, shape, shard and initial values); the copy
@@ -60,13 +81,23 @@ Stage::Stage(const ModelSpec& spec, StageSpan span, uint64_t seed, Recompute rec
     }
     for (int64_t b = span.begin_block; b < span.end_block; ++b)
         add_items(spec.blocks[static_cast<size_t>(b)].items, ctx, recompute == Recompute::full,
-                  units_);
-    if (span.last) add_items(spec.post, ctx, false, units_);
+                  units_, unit_params_);
+    if (span.last) add_items(spec.post, ctx, false, units_, unit_params_);
+}
+
+template <typename F> auto Stage::with_hooks(size_t unit, UnitHooks::Phase phase, F&& run) {
+    if (!hooks_) return run();
+    hooks_->before(unit, phase);
+    auto out = run();
+    hooks_->after(unit, phase);
+    return out;
 }
 
 Tensor Stage::forward(int64_t mb, const Tensor& input, const Batch& batch) {
     Tensor x = input;
-    for (auto& u : units_) x = u->forward(mb, x, batch);
+    for (size_t i = 0; i < units_.size(); ++i)
+        x = with_hooks(i, UnitHooks::Phase::forward,
+                       [&] { return units_[i]->forward(mb, x, batch); });
     return x;
 }
 
@@ -79,12 +110,18 @@ Tensor Stage::forward_without_loss(int64_t mb, const Tensor& input, const Batch&
 
 Tensor Stage::backward_input(int64_t mb, const Tensor& dy) {
     Tensor g = dy;
-    for (auto u = units_.rbegin(); u != units_.rend(); ++u) g = (*u)->backward_input(mb, g);
+    for (size_t i = units_.size(); i-- > 0;)
+        g = with_hooks(i, UnitHooks::Phase::backward_input,
+                       [&] { return units_[i]->backward_input(mb, g); });
     return g;
 }
 
 void Stage::backward_weight(int64_t mb) {
-    for (auto& u : units_) u->backward_weight(mb);
+    for (size_t i = 0; i < units_.size(); ++i)
+        with_hooks(i, UnitHooks::Phase::backward_weight, [&] {
+            units_[i]->backward_weight(mb);
+            return 0;
+        });
 }
 
 Tensor Stage::infer(const Tensor& input, const InferContext& ctx) {

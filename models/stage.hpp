@@ -33,13 +33,25 @@ struct StageSpan {
     }
 };
 
+/// Called around every unit's part of a forward or backward: what ZeRO 3 needs to have a
+/// unit's weights gathered while it computes, and only then.
+class UnitHooks {
+  public:
+    enum class Phase { forward, backward_input, backward_weight };
+    virtual ~UnitHooks() = default;
+    virtual void before(size_t unit, Phase phase) = 0;
+    virtual void after(size_t unit, Phase phase) = 0;
+};
+
 class Stage {
   public:
     /// Throws std::invalid_argument for a span outside the model. The stage's parameters live
     /// and its units compute on `device` (null: the CPU); its inputs must be there too.
+    /// With `sequence_parallel` (and a tp group of more than one) the stage's activations
+    /// between layers, its input and its output are this rank's 1/tp of the tokens.
     Stage(const ModelSpec& spec, StageSpan span, uint64_t seed,
           Recompute recompute = Recompute::none, transport::Collectives* tp = nullptr,
-          kernels::Backend* device = nullptr);
+          kernels::Backend* device = nullptr, bool sequence_parallel = false);
 
     /// The first stage reads tokens (B,T) i32, the others activations (B,T,C). Returns the
     /// activations for the next stage, or on the last stage the per-token losses (B,T).
@@ -68,12 +80,23 @@ class Stage {
     /// the stage that owns them (the tied embedding on the last stage).
     const std::vector<std::string>& tied_copies() const { return tied_copies_; }
 
+    /// The parameters each unit reads, in the order the units run forward (a tied head reads
+    /// the embedding).
+    const std::vector<std::vector<Parameter*>>& unit_parameters() const { return unit_params_; }
+    /// Hooks called around each unit in forward, backward_input and backward_weight (not in
+    /// inference); null for none.
+    void set_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+
   private:
+    template <typename F> auto with_hooks(size_t unit, UnitHooks::Phase phase, F&& run);
+
     StageSpan span_;
     kernels::Backend* device_;
     ParameterStore params_;
     std::vector<std::unique_ptr<Unit>> units_;
     std::vector<std::string> tied_copies_;
+    std::vector<std::vector<Parameter*>> unit_params_;
+    UnitHooks* hooks_ = nullptr;
 };
 
 } // namespace dist::models

@@ -73,8 +73,9 @@ double optimizer_step(const TrainSpec& t, int64_t step, double norm,
             device.adamw_step(p->grad.data<float>() + p->state_begin, p->m.numel(), lr,
                               t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
                               p->decay ? t.optimizer.weight_decay : 0.0, step + 1,
-                              p->value.data<float>() + p->state_begin, p->m.data<float>(),
-                              p->v.data<float>());
+                              p->owned.defined() ? p->owned.data<float>()
+                                                 : p->value.data<float>() + p->state_begin,
+                              p->m.data<float>(), p->v.data<float>());
     return lr;
 }
 

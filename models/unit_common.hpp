@@ -77,6 +77,30 @@ struct TensorParallel {
     }
 };
 
+/// Megatron-LM's sequence parallelism (Korthikanti et al. 2022): between the tensor-parallel
+/// layers rank r of the group holds tokens [r T/tp, (r+1) T/tp) of every sequence, so the norms,
+/// the residual adds and the positions run on 1/tp of the tokens. A layer that needs the whole
+/// sequence gathers it first (all-gather), and the sum over the group that tensor parallelism
+/// all-reduces is reduce-scattered instead, back to the shards: the same volume, and no rank
+/// keeps a whole activation between layers. `on` only when the script sets sp and the group has
+/// more than one rank.
+struct SequenceParallel {
+    transport::Collectives* group = nullptr;
+    int rank = 0;
+    int size = 1;
+    bool on = false;
+
+    explicit SequenceParallel(const UnitContext& ctx)
+        : group(ctx.tp), rank(ctx.tp ? ctx.tp->rank() : 0), size(ctx.tp ? ctx.tp->size() : 1),
+          on(ctx.sequence_parallel && size > 1) {}
+    /// (B, T/tp, ...) shards of the group -> (B, T, ...); x itself when off.
+    Tensor gather(const Tensor& x, kernels::Backend& be) const;
+    /// The output of a layer run on the whole sequence, as the next layer takes it: with sp this
+    /// rank's shard of the sum of the group's partial results (`tp.split`: reduce-scatter) or of
+    /// a result every rank holds whole (a slice); without, the all-reduce of partial results.
+    Tensor finish(Tensor y, const TensorParallel& tp, kernels::Backend& be) const;
+};
+
 /// y = x W^T (+ b): W (OC, C), b (OC) or null. Column- and row-parallel variants are the same
 /// matmul on a shard of W; the owning unit does the reduction.
 struct Linear {
@@ -84,17 +108,23 @@ struct Linear {
     Parameter* bias = nullptr;
     kernels::Backend* be = nullptr;
 
-    int64_t out_features() const { return weight->value.dim(0); }
-    int64_t in_features() const { return weight->value.dim(1); }
+    // From the gradient, whose shape is the weight's: the weight's values may be away (ZeRO 3
+    // gathers them only for the forward and the input gradient).
+    int64_t out_features() const { return weight->grad.dim(0); }
+    int64_t in_features() const { return weight->grad.dim(1); }
 
     /// With `add_bias` false the bias is left for after a reduction (row-parallel).
     Tensor forward(const Tensor& x, bool add_bias = true) const;
     void add_bias_to(Tensor& y) const;
     /// A row-parallel linear's output: the partial products summed over the group, then the
     /// bias added once.
-    Tensor forward_row_parallel(const Tensor& x, const TensorParallel& tp) const {
+    Tensor forward_row_parallel(const Tensor& x, const TensorParallel& tp,
+                                const SequenceParallel* sp = nullptr) const {
         Tensor y = forward(x, !tp.split);
-        if (tp.split) {
+        if (sp && sp->on) {
+            y = sp->finish(y, tp, *be);
+            if (tp.split) add_bias_to(y);
+        } else if (tp.split) {
             tp.all_reduce(y);
             add_bias_to(y);
         }

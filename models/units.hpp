@@ -83,6 +83,9 @@ struct UnitContext {
     /// The tensor-parallel group: layers the script shards hold their part of every split
     /// parameter and reduce through it. Null, or a group of one: every layer whole.
     transport::Collectives* tp = nullptr;
+    /// Megatron-LM sequence parallelism over `tp`: between its layers a unit's activations are
+    /// this rank's 1/tp of the tokens (see SequenceParallel in unit_common.hpp).
+    bool sequence_parallel = false;
     /// The device the units compute on, where `params` lives too. Null: the CPU.
     kernels::Backend* backend = nullptr;
     kernels::Backend& device() const { return backend ? *backend : kernels::cpu_backend(); }

@@ -15,6 +15,50 @@
 
 namespace dist::models::detail {
 
+// ----- sequence parallelism -----------------------------------------------------------------
+
+Tensor SequenceParallel::gather(const Tensor& x, kernels::Backend& be) const {
+    if (!on) return x;
+    // The members' shards side by side, then each into its rows of every sequence.
+    const int64_t B = x.dim(0), Tl = x.dim(1), inner = x.numel() / (B * Tl), n = x.numel();
+    Tensor all = be.empty({size * n});
+    group->all_gather(x.data<float>(), n, all.data<float>());
+    std::vector<int64_t> shape = x.shape();
+    shape[1] = Tl * size;
+    Tensor y = be.empty(shape);
+    for (int r = 0; r < size; ++r)
+        be.copy_block(all.data<float>() + r * n, Tl * inner, y.data<float>() + r * Tl * inner,
+                      Tl * size * inner, B, Tl * inner);
+    return y;
+}
+
+Tensor SequenceParallel::finish(Tensor y, const TensorParallel& tp, kernels::Backend& be) const {
+    if (!on) {
+        tp.all_reduce(y);
+        return y;
+    }
+    const int64_t B = y.dim(0), T = y.dim(1), inner = y.numel() / (B * T);
+    if (T % size != 0)
+        throw std::invalid_argument("sequence parallelism: " + std::to_string(T) +
+                                    " tokens do not split over " + std::to_string(size) + " ranks");
+    const int64_t Tl = T / size, n = B * Tl * inner;
+    std::vector<int64_t> shape = y.shape();
+    shape[1] = Tl;
+    Tensor out = be.empty(shape);
+    if (!tp.split) { // every rank holds the whole result: its slice
+        be.copy_block(y.data<float>() + rank * Tl * inner, T * inner, out.data<float>(), Tl * inner,
+                      B, Tl * inner);
+        return out;
+    }
+    // Each member's tokens together, member by member, for the reduce-scatter.
+    Tensor packed = be.empty({size * n});
+    for (int r = 0; r < size; ++r)
+        be.copy_block(y.data<float>() + r * Tl * inner, T * inner, packed.data<float>() + r * n,
+                      Tl * inner, B, Tl * inner);
+    group->reduce_scatter(packed.data<float>(), n, out.data<float>());
+    return out;
+}
+
 // ----- linear -------------------------------------------------------------------------------
 
 Tensor Linear::forward(const Tensor& x, bool add_bias) const {
@@ -70,6 +114,11 @@ class NormUnit : public Named {
         weight_ = &ctx.params.add(l.name + ".weight", {l.width}, Init::ones(), false, ctx.seed);
         if (!rms_ && l.bias)
             bias_ = &ctx.params.add(l.name + ".bias", {l.width}, Init::zeros(), false, ctx.seed);
+        // On a sequence shard the gradients are this rank's part of the group's sum.
+        if (SequenceParallel(ctx).on) {
+            weight_->sequence_partial = true;
+            if (bias_) bias_->sequence_partial = true;
+        }
     }
     Tensor forward(int64_t mb, const Tensor& x, const Batch&) override {
         int64_t N = rows(x), C = x.shape().back();
@@ -129,8 +178,8 @@ class NormUnit : public Named {
 class AttentionUnit : public Named {
   public:
     AttentionUnit(const LayerSpec& l, UnitContext& ctx)
-        : Named(l.name, ctx.device()), tp_(ctx, l.shard == ShardDim::heads), D_(l.head_dim),
-          theta_(ctx.rotary_theta) {
+        : Named(l.name, ctx.device()), tp_(ctx, l.shard == ShardDim::heads), sp_(ctx),
+          D_(l.head_dim), theta_(ctx.rotary_theta) {
         auto [h0, h1] = tp_.part(l.heads);
         auto [k0, k1] = tp_.part(l.kv_heads);
         H_ = h1 - h0;
@@ -149,7 +198,8 @@ class AttentionUnit : public Named {
         out_ = make_linear(ctx, l.name + ".out", H * D, l.width, l.bias, residual_std(ctx), cols);
     }
 
-    Tensor forward(int64_t mb, const Tensor& x, const Batch&) override {
+    Tensor forward(int64_t mb, const Tensor& shard, const Batch&) override {
+        Tensor x = sp_.gather(shard, be_);
         int64_t B = x.dim(0), T = x.dim(1);
         Tensor qkv = qkv_.forward(x);
         Tensor q = be_.empty({B, T, H_, D_}), k = be_.empty({B, T, KV_, D_}),
@@ -162,12 +212,16 @@ class AttentionUnit : public Named {
         Tensor a = be_.empty({B, T, H_ * D_}), lse = be_.empty({B, H_, T});
         be_.attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), B, T, H_, KV_, D_,
                               a.data<float>(), lse.data<float>());
-        saved_[mb] = {x, q, k, v, a, lse, {}, {}};
-        return out_.forward_row_parallel(a, tp_);
+        // With sp the input is kept as this rank's shard and gathered again for the backward
+        // (Megatron-LM's choice: one more all-gather for 1/tp of the memory).
+        saved_[mb] = {sp_.on ? shard : x, q, k, v, a, lse, {}, {}};
+        return out_.forward_row_parallel(a, tp_, &sp_);
     }
 
-    Tensor backward_input(int64_t mb, const Tensor& dy) override {
+    Tensor backward_input(int64_t mb, const Tensor& dy_shard) override {
         Saved& s = saved_.at(mb);
+        Tensor dy = sp_.gather(dy_shard, be_);
+        s.x = sp_.gather(s.x, be_); // the weight gradient's input, whole
         int64_t B = s.x.dim(0), T = s.x.dim(1);
         Tensor da = out_.backward_input(dy);
         Tensor dq = be_.zeros(s.q.shape()), dk = be_.zeros(s.k.shape()),
@@ -186,9 +240,7 @@ class AttentionUnit : public Named {
         join(dq, dk, dv, dqkv);
         s.dy = dy;
         s.dqkv = dqkv;
-        Tensor dx = qkv_.backward_input(dqkv);
-        tp_.all_reduce(dx);
-        return dx;
+        return sp_.finish(qkv_.backward_input(dqkv), tp_, be_);
     }
 
     void backward_weight(int64_t mb) override {
@@ -295,6 +347,7 @@ class AttentionUnit : public Named {
         Tensor x, q, k, v, a, lse, dy, dqkv;
     };
     TensorParallel tp_;
+    SequenceParallel sp_;
     int64_t H_ = 0, KV_ = 0, D_;
     double theta_;
     Linear qkv_, out_;
@@ -306,7 +359,8 @@ class AttentionUnit : public Named {
 class MlpUnit : public Named {
   public:
     MlpUnit(const LayerSpec& l, UnitContext& ctx)
-        : Named(l.name, ctx.device()), tp_(ctx, l.shard == ShardDim::hidden), act_(l.activation) {
+        : Named(l.name, ctx.device()), tp_(ctx, l.shard == ShardDim::hidden), sp_(ctx),
+          act_(l.activation) {
         auto [h0, h1] = tp_.part(l.hidden);
         hidden_ = h1 - h0;
         bool glu = act_ == Activation::swiglu;
@@ -323,7 +377,8 @@ class MlpUnit : public Named {
             make_linear(ctx, l.name + ".proj", l.hidden, l.width, l.bias, residual_std(ctx), cols);
     }
 
-    Tensor forward(int64_t mb, const Tensor& x, const Batch&) override {
+    Tensor forward(int64_t mb, const Tensor& shard, const Batch&) override {
+        Tensor x = sp_.gather(shard, be_);
         Tensor h = fc_.forward(x);
         Tensor g = be_.empty(with_last(x, hidden_));
         Tensor th;
@@ -334,12 +389,14 @@ class MlpUnit : public Named {
         } else {
             activate(h, g);
         }
-        saved_[mb] = {x, h, g, {}, {}, th};
-        return proj_.forward_row_parallel(g, tp_);
+        saved_[mb] = {sp_.on ? shard : x, h, g, {}, {}, th}; // as attention keeps its input
+        return proj_.forward_row_parallel(g, tp_, &sp_);
     }
 
-    Tensor backward_input(int64_t mb, const Tensor& dy) override {
+    Tensor backward_input(int64_t mb, const Tensor& dy_shard) override {
         Saved& s = saved_.at(mb);
+        Tensor dy = sp_.gather(dy_shard, be_);
+        s.x = sp_.gather(s.x, be_);
         Tensor dg = proj_.backward_input(dy);
         // Written whole by GELU's backward; the others accumulate into zeros.
         Tensor dh = act_ == Activation::gelu_tanh ? be_.empty(s.h.shape()) : be_.zeros(s.h.shape());
@@ -358,9 +415,7 @@ class MlpUnit : public Named {
         }
         s.dy = dy;
         s.dh = dh;
-        Tensor dx = fc_.backward_input(dh);
-        tp_.all_reduce(dx);
-        return dx;
+        return sp_.finish(fc_.backward_input(dh), tp_, be_);
     }
 
     void backward_weight(int64_t mb) override {
@@ -394,6 +449,7 @@ class MlpUnit : public Named {
         Tensor x, h, g, dy, dh, th;
     };
     TensorParallel tp_;
+    SequenceParallel sp_;
     Activation act_;
     int64_t hidden_ = 0;
     Linear fc_, proj_;

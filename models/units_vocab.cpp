@@ -29,7 +29,8 @@ void check_tokens(const Tensor& tokens, int64_t vocab, const char* what) {
 class EmbeddingUnit : public Named {
   public:
     EmbeddingUnit(const LayerSpec& l, UnitContext& ctx)
-        : Named(l.name, ctx.device()), tp_(ctx, l.shard == ShardDim::vocab), vocab_(l.vocab) {
+        : Named(l.name, ctx.device()), tp_(ctx, l.shard == ShardDim::vocab), sp_(ctx),
+          vocab_(l.vocab) {
         auto [begin, end] = tp_.part(l.vocab);
         begin_ = begin;
         rows_ = end - begin;
@@ -43,22 +44,21 @@ class EmbeddingUnit : public Named {
         const int32_t* tok = tokens.data<int32_t>();
         const float* table = weight_->value.data<float>();
         Tensor y = be_.empty({tokens.dim(0), tokens.dim(1), C});
-        if (!tp_.split) {
+        if (!tp_.split)
             be_.embedding_forward(tok, table, N, C, y.data<float>());
-        } else {
+        else
             be_.embedding_forward_part(tok, table, N, C, begin_, rows_, y.data<float>());
-            tp_.all_reduce(y);
-        }
         saved_[mb].tokens = tokens;
-        return y;
+        // The group's sum of the vocabulary slices (or, with sp, this rank's tokens of it).
+        return sp_.finish(y, tp_, be_);
     }
     Tensor backward_input(int64_t mb, const Tensor& dy) override {
-        saved_.at(mb).dy = dy;
+        saved_.at(mb).dy = sp_.gather(dy, be_); // every token's gradient, for its row
         return {};
     }
     void backward_weight(int64_t mb) override {
         Saved s = take(saved_, mb, "embedding");
-        int64_t C = weight_->value.dim(1), N = s.tokens.numel();
+        int64_t C = weight_->grad.dim(1), N = s.tokens.numel();
         const int32_t* tok = s.tokens.data<int32_t>();
         if (!tp_.split)
             be_.embedding_backward(tok, s.dy.data<float>(), N, C, weight_->grad.data<float>());
@@ -74,6 +74,7 @@ class EmbeddingUnit : public Named {
         Tensor tokens, dy;
     };
     TensorParallel tp_;
+    SequenceParallel sp_;
     int64_t vocab_, begin_ = 0, rows_ = 0;
     Parameter* weight_;
     std::map<int64_t, Saved> saved_;
@@ -81,18 +82,22 @@ class EmbeddingUnit : public Named {
 
 class PositionUnit : public Named {
   public:
-    PositionUnit(const LayerSpec& l, UnitContext& ctx) : Named(l.name, ctx.device()) {
+    PositionUnit(const LayerSpec& l, UnitContext& ctx) : Named(l.name, ctx.device()), sp_(ctx) {
         weight_ = &ctx.params.add(l.name + ".weight", {l.context, l.width}, Init::normal(0.02),
                                   true, ctx.seed);
+        weight_->sequence_partial = sp_.on;
     }
-    Tensor forward(int64_t, const Tensor& x, const Batch&) override {
-        if (x.dim(1) > weight_->value.dim(0))
-            throw std::out_of_range("sequence of " + std::to_string(x.dim(1)) +
+    Tensor forward(int64_t mb, const Tensor& x, const Batch&) override {
+        // With sp, x holds this rank's tokens of each sequence: positions from its first.
+        const int64_t first = sp_.on ? sp_.rank * x.dim(1) : 0, C = x.dim(2);
+        if (first + x.dim(1) > weight_->value.dim(0))
+            throw std::out_of_range("sequence of " + std::to_string(first + x.dim(1)) +
                                     " tokens is longer than the context of " +
                                     std::to_string(weight_->value.dim(0)));
         Tensor y = x.clone();
-        be_.positions_forward(weight_->value.data<float>(), x.dim(0), x.dim(1), x.dim(2),
+        be_.positions_forward(weight_->value.data<float>() + first * C, x.dim(0), x.dim(1), C,
                               y.data<float>());
+        first_[mb] = first;
         return y;
     }
     Tensor backward_input(int64_t mb, const Tensor& dy) override {
@@ -119,20 +124,27 @@ class PositionUnit : public Named {
     }
     void backward_weight(int64_t mb) override {
         Tensor dy = take(saved_, mb, "positions");
+        int64_t first = take(first_, mb, "positions");
         be_.positions_backward(dy.data<float>(), dy.dim(0), dy.dim(1), dy.dim(2),
-                               weight_->grad.data<float>());
+                               weight_->grad.data<float>() + first * dy.dim(2));
     }
 
-    void discard(int64_t mb) override { saved_.erase(mb); }
+    void discard(int64_t mb) override {
+        saved_.erase(mb);
+        first_.erase(mb);
+    }
 
   private:
+    SequenceParallel sp_;
     Parameter* weight_;
     std::map<int64_t, Tensor> saved_;
+    std::map<int64_t, int64_t> first_;
 };
 
 class HeadUnit : public Named {
   public:
-    HeadUnit(const LayerSpec& l, UnitContext& ctx) : Named(l.name, ctx.device()), tp_(ctx, false) {
+    HeadUnit(const LayerSpec& l, UnitContext& ctx)
+        : Named(l.name, ctx.device()), tp_(ctx, false), sp_(ctx) {
         Shard shard;
         if (l.tied) {
             if (!ctx.embedding) throw std::logic_error("tied head without an embedding");
@@ -156,15 +168,14 @@ class HeadUnit : public Named {
         ctx.logits_begin = shard.whole() ? 0 : shard.ranges.at(0).first;
         ctx.logits_size = head_.out_features();
     }
-    Tensor forward(int64_t mb, const Tensor& x, const Batch&) override {
+    Tensor forward(int64_t mb, const Tensor& shard, const Batch&) override {
+        Tensor x = sp_.gather(shard, be_); // the loss takes every token's logits
         saved_[mb].x = x;
         return head_.forward(x);
     }
     Tensor backward_input(int64_t mb, const Tensor& dy) override {
         saved_.at(mb).dy = dy;
-        Tensor dx = head_.backward_input(dy);
-        tp_.all_reduce(dx);
-        return dx;
+        return sp_.finish(head_.backward_input(dy), tp_, be_);
     }
     void backward_weight(int64_t mb) override {
         Saved s = take(saved_, mb, "lm_head");
@@ -178,6 +189,7 @@ class HeadUnit : public Named {
         Tensor x, dy;
     };
     TensorParallel tp_;
+    SequenceParallel sp_;
     Linear head_;
     std::map<int64_t, Saved> saved_;
 };

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -73,7 +74,8 @@ struct RankExecutor::StageState {
         : info(s),
           stage(p.model,
                 models::StageSpan{s.first_block, s.first_block + s.blocks, s.embedding, s.head},
-                static_cast<uint64_t>(p.train.seed), p.schedule.recompute, tp, &device) {}
+                static_cast<uint64_t>(p.train.seed), p.schedule.recompute, tp, &device, p.mesh.sp) {
+    }
 
     void clear() {
         inputs.clear();
@@ -107,15 +109,30 @@ class RankExecutor::Reducer {
     }
 
     void enqueue(int32_t stage, int32_t bucket) {
-        std::lock_guard lock(mutex_);
-        queue_.push_back({stage, bucket});
-        cv_.notify_all();
+        run([this, stage, bucket] { reduce(stage, bucket); });
     }
 
-    /// Waits until every enqueued bucket is reduced; rethrows a failure of the reduction.
+    /// Queues any other collective of the group (ZeRO 3's gathers) behind those queued: every
+    /// member queues them in one order, so the group runs them in one order. Returns a ticket
+    /// for wait_for.
+    uint64_t run(std::function<void()> task) {
+        std::lock_guard lock(mutex_);
+        queue_.push_back(std::move(task));
+        cv_.notify_all();
+        return ++queued_;
+    }
+
+    /// Waits until the task of `ticket` (and every one before it) has run; rethrows a failure.
+    void wait_for(uint64_t ticket) {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return done_ >= ticket || error_; });
+        if (error_) std::rethrow_exception(error_);
+    }
+
+    /// Waits until every queued task has run; rethrows a failure of one (and clears it).
     void wait() {
         std::unique_lock lock(mutex_);
-        cv_.wait(lock, [&] { return (queue_.empty() && !busy_) || error_; });
+        cv_.wait(lock, [&] { return done_ == queued_ || error_; });
         if (error_) {
             auto e = error_;
             error_ = nullptr;
@@ -132,22 +149,21 @@ class RankExecutor::Reducer {
         while (true) {
             cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !error_); });
             if (stop_) return;
-            auto [stage, bucket] = queue_.front();
+            auto task = std::move(queue_.front());
             queue_.pop_front();
-            busy_ = true;
             lock.unlock();
             try {
-                reduce(stage, bucket);
+                task();
             } catch (...) {
                 lock.lock();
                 error_ = std::current_exception();
+                done_ += queue_.size() + 1; // what is left will not run
                 queue_.clear();
-                busy_ = false;
                 cv_.notify_all();
                 continue;
             }
             lock.lock();
-            busy_ = false;
+            ++done_;
             cv_.notify_all();
         }
     }
@@ -235,13 +251,96 @@ class RankExecutor::Reducer {
     Tensor share_; // this member's summed share of a scattered bucket
     std::mutex mutex_;
     std::condition_variable cv_;
-    std::deque<std::pair<int32_t, int32_t>> queue_;
-    bool busy_ = false;
+    std::deque<std::function<void()>> queue_;
+    uint64_t queued_ = 0, done_ = 0;
     bool stop_ = false;
     std::exception_ptr error_;
     kernels::Backend& device_;
     Tensor buffer_; // on the device
     std::thread thread_;
+};
+
+// ----- ZeRO 3: the weights of a unit, gathered while it computes ----------------------------
+
+// Between uses every member of the data-parallel group holds only its share of each
+// parameter's values (Parameter::owned). Before a unit's forward or input gradient its weights
+// are all-gathered on the communication thread, queued behind the reductions already there
+// (every member queues the same collectives in the same order), and the next unit's are queued
+// at once (prefetch); after it they are freed. The weight gradient reads no weights. The
+// plan's GATHER_F and GATHER_B queue the first unit of the coming pass one action ahead.
+class RankExecutor::WeightGatherer final : public models::UnitHooks {
+  public:
+    WeightGatherer(models::Stage& stage, Reducer& comm, transport::Collectives& dp,
+                   kernels::Backend& device)
+        : units_(stage.unit_parameters()), comm_(comm), dp_(dp), device_(device) {}
+
+    void before(size_t unit, Phase phase) override {
+        if (phase == Phase::backward_weight) return;
+        request(unit, phase);
+        bool fwd = phase == Phase::forward;
+        if (fwd ? unit + 1 < units_.size() : unit > 0) request(fwd ? unit + 1 : unit - 1, phase);
+        for (models::Parameter* p : units_[unit]) comm_.wait_for(held_[p].ticket);
+    }
+
+    void after(size_t unit, Phase phase) override {
+        if (phase == Phase::backward_weight) return;
+        auto it = requested_.find({unit, phase});
+        if (it == requested_.end()) return;
+        requested_.erase(it);
+        for (models::Parameter* p : units_[unit]) {
+            Held& h = held_[p];
+            if (--h.refs == 0) p->value = Tensor(); // back to the allocator
+        }
+    }
+
+    /// GATHER_F / GATHER_B: queue the first unit the coming pass needs.
+    void prefetch(bool forward) {
+        if (units_.empty()) return;
+        request(forward ? 0 : units_.size() - 1, forward ? Phase::forward : Phase::backward_input);
+    }
+
+  private:
+    struct Held {
+        int refs = 0;
+        uint64_t ticket = 0;
+    };
+
+    void request(size_t unit, Phase phase) {
+        if (!requested_.insert({unit, phase}).second) return;
+        for (models::Parameter* p : units_[unit]) {
+            Held& h = held_[p];
+            if (h.refs++ > 0) continue;
+            p->value = device_.empty(p->grad.shape());
+            h.ticket = comm_.run([this, p] { gather(*p); });
+        }
+    }
+
+    // The members' shares of one parameter, each padded to the longest, into its value.
+    void gather(models::Parameter& p) {
+        const int members = dp_.size();
+        const int64_t n = p.grad.numel();
+        const int64_t chunk = (n + members - 1) / members;
+        if (mine_.numel() != chunk) mine_ = device_.empty({chunk});
+        if (all_.numel() != chunk * members) all_ = device_.empty({chunk * members});
+        const int64_t own = p.owned.numel();
+        if (own > 0)
+            device_.copy_block(p.owned.data<float>(), own, mine_.data<float>(), own, 1, own);
+        dp_.all_gather(mine_.data<float>(), chunk, all_.data<float>());
+        for (int d = 0; d < members; ++d) {
+            auto [lo, hi] = zero_share(n, d, members);
+            if (hi > lo)
+                device_.copy_block(all_.data<float>() + d * chunk, hi - lo,
+                                   p.value.data<float>() + lo, hi - lo, 1, hi - lo);
+        }
+    }
+
+    const std::vector<std::vector<models::Parameter*>>& units_;
+    Reducer& comm_;
+    transport::Collectives& dp_;
+    kernels::Backend& device_;
+    std::map<models::Parameter*, Held> held_;
+    std::set<std::pair<size_t, Phase>> requested_;
+    Tensor mine_, all_; // used on the communication thread only
 };
 
 // ----- the executor ---------------------------------------------------------------------------
@@ -258,7 +357,6 @@ RankExecutor::RankExecutor(const Program& program, const plan::Graph& graph, int
                                                       program, comms.tp, *device_));
     if (comms_.dp && comms_.dp->size() > 1) {
         zero_ = graph.zero;
-        if (zero_ >= 3) throw std::invalid_argument("ZeRO 3 is planned and simulated, not trained");
         reducer_ = std::make_unique<Reducer>(comms_.dp, stages_, *device_, zero_ >= 2);
     }
     if (zero_ >= 1) {
@@ -272,6 +370,19 @@ RankExecutor::RankExecutor(const Program& program, const plan::Graph& graph, int
                 p.v = device_->empty({hi - lo});
                 p.m.fill_zero();
                 p.v.fill_zero();
+                if (zero_ < 3) continue;
+                // ZeRO 3: only the share of the values stays; units gather the rest.
+                p.owned = device_->empty({hi - lo});
+                if (hi > lo)
+                    device_->copy_block(p.value.data<float>() + lo, hi - lo, p.owned.data<float>(),
+                                        hi - lo, 1, hi - lo);
+                p.value = Tensor();
+            }
+            if (zero_ >= 3) {
+                auto g =
+                    std::make_unique<WeightGatherer>(s->stage, *reducer_, *comms_.dp, *device_);
+                s->stage.set_hooks(g.get());
+                gatherers_[i] = std::move(g);
             }
         }
     }
@@ -431,10 +542,42 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
         if (reducer_) reducer_->enqueue(s, mb);
         break;
     case ActionKind::gather_forward:
-    case ActionKind::gather_backward:
-        throw std::logic_error("ZeRO 3's weight gathers are planned and simulated, not trained");
+    case ActionKind::gather_backward: {
+        auto it = gatherers_.find(s);
+        if (it != gatherers_.end()) it->second->prefetch(a.kind == ActionKind::gather_forward);
+        break;
+    }
 
     case ActionKind::step: break;
+    }
+}
+
+void RankExecutor::sum_sequence_partial_gradients() {
+    // Sequence parallelism: the norms and positions saw this rank's tokens only; their
+    // gradients are summed over the tensor-parallel group, in parameter order, as one buffer.
+    if (!comms_.tp || comms_.tp->size() == 1) return;
+    std::vector<models::Parameter*> partial;
+    int64_t total = 0;
+    for (auto& [i, s] : stages_)
+        for (auto& p : s->stage.params().all())
+            if (p.sequence_partial) {
+                partial.push_back(&p);
+                total += p.grad.numel();
+            }
+    if (partial.empty()) return;
+    Tensor buffer = device_->empty({total});
+    int64_t at = 0;
+    for (auto* p : partial) {
+        const int64_t n = p->grad.numel();
+        device_->copy_block(p->grad.data<float>(), n, buffer.data<float>() + at, n, 1, n);
+        at += n;
+    }
+    comms_.tp->all_reduce(buffer.data<float>(), total, transport::ReduceOp::sum);
+    at = 0;
+    for (auto* p : partial) {
+        const int64_t n = p->grad.numel();
+        device_->copy_block(buffer.data<float>() + at, n, p->grad.data<float>(), n, 1, n);
+        at += n;
     }
 }
 
@@ -497,6 +640,7 @@ void RankExecutor::finish_step(int64_t step, RankStepResult& result) {
     // The data-parallel reduction has finished with the tied embedding's gradient: sum the
     // copies of the first and last stage (Megatron-LM's embedding group).
     sum_tied_gradients();
+    sum_sequence_partial_gradients();
     bool loss_nonfinite = false;
     result.grad_norm = gradient_norm(loss_nonfinite, result.loss_sum);
     // The guard before any weight moves. Every rank of a replica sees the same two values (one
@@ -512,7 +656,7 @@ void RankExecutor::finish_step(int64_t step, RankStepResult& result) {
     for (auto& [i, s] : stages_)
         for (auto& p : s->stage.params().all()) params.push_back(&p);
     result.lr = models::optimizer_step(program_.train, step, result.grad_norm, params, *device_);
-    if (zero_ >= 1) gather_weights();
+    if (zero_ == 1 || zero_ == 2) gather_weights();
 }
 
 void RankExecutor::gather_weights() {

@@ -99,10 +99,12 @@ class RankExecutor {
   private:
     struct StageState;
     class Reducer;
+    class WeightGatherer;
 
     void execute(const plan::PlanAction& a, int64_t step, RankStepResult& result);
     void finish_step(int64_t step, RankStepResult& result);
     void sum_tied_gradients();
+    void sum_sequence_partial_gradients();
     double gradient_norm(bool& loss_nonfinite, double loss_sum);
     /// ZeRO: after each member has updated its share, every member gets the whole weights.
     void gather_weights();
@@ -116,6 +118,9 @@ class RankExecutor {
     std::string tied_name_; // the embedding a tied head shares, or ""
     int zero_ = 0;          // the ZeRO stage over the data-parallel group (0 when alone)
     std::map<int32_t, std::unique_ptr<StageState>> stages_;
+    // ZeRO 3, by stage. Before the reducer, which goes first: its thread may be running one of
+    // their gathers.
+    std::map<int32_t, std::unique_ptr<WeightGatherer>> gatherers_;
     std::unique_ptr<Reducer> reducer_;
     kernels::Tensor tokens_, targets_; // this dp rank's rows of the step's batch
     int64_t microbatch_rows_ = 0;

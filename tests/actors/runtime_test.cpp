@@ -89,13 +89,19 @@ TEST_P(Equivalence, LossesAndWeightsMatchOneDevice) {
         const models::Parameter* g = whole.params().find(w.name);
         ASSERT_NE(g, nullptr) << w.name;
         for (int64_t i = 0; i < w.value.numel(); ++i)
-            ASSERT_NEAR(g->value.data<float>()[i], w.value.data<float>()[i], 1e-4) << w.name;
+            ASSERT_NEAR(g->value.data<float>()[i], w.value.data<float>()[i], 1e-4)
+                << w.name << " " << i << " of " << w.value.numel();
     }
 }
 
 using tests::mesh_overrides;
 std::vector<std::string> mesh(int dp, int tp, int pp, const std::string& kind, int m, int v = 0) {
     return mesh_overrides(dp, tp, pp, kind, m, v);
+}
+// The same mesh with sequence parallelism over its tensor-parallel ranks.
+std::vector<std::string> sp(std::vector<std::string> overrides) {
+    overrides.push_back("mesh.sp=true");
+    return overrides;
 }
 // The same mesh with ZeRO stage `zero` over its data-parallel ranks.
 std::vector<std::string> zero(int stage, std::vector<std::string> overrides) {
@@ -127,7 +133,21 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"dp4_zero2", "gpt", zero(2, mesh(4, 1, 1, "1f1b", 1))},
                       Case{"dp2_pp2_zero1", "gpt", zero(1, mesh(2, 1, 2, "1f1b", 2))},
                       Case{"dp2_tp2_pp2_zero2", "gpt", zero(2, mesh(2, 2, 2, "1f1b", 2))},
-                      Case{"llama_dp2_zb_h1_zero2", "llama", zero(2, mesh(2, 1, 2, "zb_h1", 2))}),
+                      Case{"llama_dp2_zb_h1_zero2", "llama", zero(2, mesh(2, 1, 2, "zb_h1", 2))},
+                      // ZeRO 3: weights gathered unit by unit, with tensor parallelism, a
+                      // pipeline, and the split backward of a zero-bubble schedule.
+                      Case{"dp2_zero3", "gpt", zero(3, mesh(2, 1, 1, "1f1b", 2))},
+                      Case{"dp4_zero3", "gpt", zero(3, mesh(4, 1, 1, "1f1b", 1))},
+                      Case{"dp2_tp2_zero3", "gpt", zero(3, mesh(2, 2, 1, "1f1b", 2))},
+                      Case{"dp2_pp2_zb_h1_zero3", "gpt", zero(3, mesh(2, 1, 2, "zb_h1", 2))},
+                      Case{"llama_dp2_tp2_zero3", "llama", zero(3, mesh(2, 2, 1, "1f1b", 2))},
+                      // Sequence parallelism: activations on 1/tp of the tokens between the
+                      // tensor-parallel layers, alone, with a pipeline, with ZeRO, on Llama.
+                      Case{"tp2_sp", "gpt", sp(mesh(1, 2, 1, "1f1b", 2))},
+                      Case{"tp4_sp", "gpt", sp(mesh(1, 4, 1, "1f1b", 1))},
+                      Case{"tp2_sp_pp2", "gpt", sp(mesh(1, 2, 2, "1f1b", 2))},
+                      Case{"dp2_tp2_sp_zero3", "gpt", sp(zero(3, mesh(2, 2, 1, "1f1b", 2)))},
+                      Case{"llama_tp2_sp_pp2_zb_h1", "llama", sp(mesh(1, 2, 2, "zb_h1", 2))}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 } // namespace

@@ -47,6 +47,17 @@ TEST(Cluster, RanksAreDividedInContiguousBlocks) {
 // The runtime's equivalence cases, with the ranks spread over 2 and 4 processes: pipeline
 // neighbours in different processes (UCX), data- and tensor-parallel groups across processes
 // (Gloo), the tied embedding's group across processes.
+namespace {
+std::vector<std::string> with_zero(int stage, std::vector<std::string> sets) {
+    sets.push_back("mesh.zero=" + std::to_string(stage));
+    return sets;
+}
+std::vector<std::string> with_sp(std::vector<std::string> sets) {
+    sets.push_back("mesh.sp=true");
+    return sets;
+}
+} // namespace
+
 TEST(Cluster, SameLossesOverTwoAndFourProcessesAsInOne) {
     Dir dir("equivalence");
     const std::vector<Mesh> meshes = {
@@ -59,6 +70,10 @@ TEST(Cluster, SameLossesOverTwoAndFourProcessesAsInOne) {
         {"pp4 1f1b", "gpt.dist", mesh_sets(1, 1, 4, "1f1b", 4), 4},
         {"dp2 tp2 pp2", "gpt.dist", mesh_sets(2, 2, 2, "1f1b", 2), 8},
         {"llama tp2 pp2", "llama.dist", mesh_sets(1, 2, 2, "1f1b", 2), 4},
+        // ZeRO over Gloo: moments, gradients and (3) weights sharded over the dp group.
+        {"dp2 pp2 zero 2", "gpt.dist", with_zero(2, mesh_sets(2, 1, 2, "1f1b", 2)), 4},
+        {"dp2 tp2 zero 3", "gpt.dist", with_zero(3, mesh_sets(2, 2, 1, "1f1b", 2)), 4},
+        {"tp2 sp pp2", "gpt.dist", with_sp(mesh_sets(1, 2, 2, "1f1b", 2)), 4},
     };
     for (const Mesh& m : meshes) {
         std::string one = dir / "one.jsonl";

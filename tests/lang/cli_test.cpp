@@ -252,9 +252,10 @@ TEST(Cli, RunSavedOnOneMeshResumesOnAnotherAsIfUninterrupted) {
     fs::remove_all(dir);
 }
 
-// Under ZeRO every data-parallel rank keeps a share of the AdamW moments; the checkpoint holds
-// them whole, so a run saved under ZeRO 2 on dp 4 resumes on a plain pp 2 mesh, and one saved
-// there resumes under ZeRO 1 on dp 2, with the losses of the uninterrupted run.
+// Under ZeRO every data-parallel rank keeps a share of the AdamW moments (and under ZeRO 3 of
+// the weights); the checkpoint holds them whole, so a run saved under ZeRO 3 on dp 4 resumes on
+// a plain pp 2 mesh, and one saved there resumes under ZeRO 1 on dp 2, with the losses of the
+// uninterrupted run.
 TEST(Cli, RunSavedUnderZeroResumesWithoutItAndTheOtherWayRound) {
     fs::path dir = fs::temp_directory_path() / ("dist_cli_zero_" + std::to_string(::getpid()));
     fs::remove_all(dir);
@@ -272,8 +273,8 @@ TEST(Cli, RunSavedUnderZeroResumesWithoutItAndTheOtherWayRound) {
         EXPECT_EQ(r.status, 0) << r.err;
         return r;
     };
-    Result first = part(2, "--set mesh.dp=4 --set mesh.zero=2", "", "ck1");
-    EXPECT_NE(first.out.find("4 cpu ranks (dp 4, tp 1, pp 1, ZeRO 2, 1f1b)"), std::string::npos)
+    Result first = part(2, "--set mesh.dp=4 --set mesh.zero=3", "", "ck1");
+    EXPECT_NE(first.out.find("4 cpu ranks (dp 4, tp 1, pp 1, ZeRO 3, 1f1b)"), std::string::npos)
         << first.out;
     part(4, "--set mesh.pp=2", "ck1", "ck2");
     part(6, "--set mesh.dp=2 --set mesh.zero=1", "ck2", "ck3");

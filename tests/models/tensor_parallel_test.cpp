@@ -171,6 +171,74 @@ TEST(Shard, SerialisedShardsMergeLikeCopyToWholeAndBadBytesAreRefused) {
     EXPECT_EQ(merge_serialised(past, small), "");
 }
 
+// ZeRO: each data-parallel member holds the moments of its share of the elements, and under
+// ZeRO 3 only that share's values (the rest undefined). Both members' shares, copied or sent as
+// bytes, make up the whole parameter; and a whole parameter loads into a member's share.
+TEST(Shard, ZeroSharesOfTheStateMakeUpTheWholeParameter) {
+    auto member = [](int64_t begin, int64_t end, bool values_too) {
+        ParameterStore s;
+        Parameter& p = s.add("w", {2, 5}, Init{}, true, 1, Shard::range(1, 1, 4)); // 2 x 3
+        p.state_begin = begin;
+        p.m = kernels::Tensor({end - begin});
+        p.v = kernels::Tensor({end - begin});
+        for (int64_t i = 0; i < end - begin; ++i) {
+            p.m.data<float>()[i] = 10.0f + static_cast<float>(begin + i);
+            p.v.data<float>()[i] = 20.0f + static_cast<float>(begin + i);
+        }
+        for (int64_t i = 0; i < 6; ++i) p.value.data<float>()[i] = static_cast<float>(i);
+        if (values_too) {
+            p.owned = kernels::Tensor({end - begin});
+            for (int64_t i = 0; i < end - begin; ++i)
+                p.owned.data<float>()[i] = static_cast<float>(begin + i);
+            p.value = kernels::Tensor();
+        }
+        return s;
+    };
+    for (bool zero3 : {false, true}) {
+        ParameterStore a = member(0, 3, zero3), b = member(3, 6, zero3);
+        ParameterStore direct, merged;
+        for (ParameterStore* s : {&direct, &merged}) s->add("w", {2, 5}, Init::ones(), true, 1);
+        copy_to_whole(a, direct);
+        copy_to_whole(b, direct);
+        std::string bytes;
+        append_serialised(a, {}, bytes);
+        append_serialised(b, {}, bytes);
+        ASSERT_EQ(merge_serialised(bytes, merged), "");
+        // Local element i of the 2 x 3 shard is column 1 + i % 3 of row i / 3.
+        for (const ParameterStore* s : {&direct, &merged}) {
+            const Parameter& w = *s->find("w");
+            for (int64_t i = 0; i < 6; ++i) {
+                int64_t g = (i / 3) * 5 + 1 + i % 3;
+                EXPECT_EQ(w.value.data<float>()[g], static_cast<float>(i)) << zero3 << i;
+                EXPECT_EQ(w.m.data<float>()[g], 10.0f + static_cast<float>(i)) << zero3 << i;
+                EXPECT_EQ(w.v.data<float>()[g], 20.0f + static_cast<float>(i)) << zero3 << i;
+            }
+            EXPECT_EQ(w.value.data<float>()[0], 1.0f); // outside the shard: untouched
+        }
+        // Back into a member: its share of the moments (and of the values under ZeRO 3).
+        ParameterStore c = member(3, 6, zero3);
+        Parameter& cp = *c.find("w");
+        cp.m.fill_zero();
+        (zero3 ? cp.owned : cp.value).fill_zero();
+        copy_from_whole(merged, c);
+        EXPECT_EQ(cp.m.data<float>()[0], 13.0f);
+        EXPECT_EQ((zero3 ? cp.owned : cp.value).data<float>()[zero3 ? 0 : 3], 3.0f);
+    }
+    // A share that claims elements past the parameter's end is refused.
+    ParameterStore a = member(0, 3, false);
+    std::string bytes;
+    append_serialised(a, {}, bytes);
+    // The share's begin follows the name (8 + 1), shape (8 + 16), dim (4), count (8), range
+    // (16).
+    const size_t begin_at = 8 + 1 + 8 + 16 + 4 + 8 + 16;
+    int64_t far = 5;
+    std::memcpy(bytes.data() + begin_at, &far, sizeof far);
+    ParameterStore whole;
+    whole.add("w", {2, 5}, Init{}, true, 1);
+    EXPECT_NE(merge_serialised(bytes, whole).find("optimizer state outside `w`"),
+              std::string::npos);
+}
+
 TEST(Parameters, ADevicesStoreIsReadAndWrittenThroughTheHost) {
     // A stand-in device whose memory is host memory: what differs from a CPU store is only
     // that every read and write must go through to_host / from_host copies.
