@@ -4,7 +4,8 @@
 // usage: zero_memory_bench [STEPS]
 //
 // A GPT of 4 blocks, width 256, context 128, on 4 ranks of one process (in-process
-// collectives): dp 4 under ZeRO 0, 1, 2 and 3, then tp 4 without and with sp. The ranks share
+// collectives): dp 4 under ZeRO 0, 1, 2 and 3; tp 4 without and with sp; dp 4, dp 2 x cp 2 and
+// cp 4 (each sequence over 1, 2 or 4 ranks, the same tokens per rank). The ranks share
 // the process's CPU allocator and are symmetric, so a rank's figure is the allocator's total
 // over the 4: the state (bytes in use once the ranks are built: weights, gradients, AdamW
 // moments) and the high-water mark during the steps (everything: state, activations, buffers),
@@ -61,6 +62,9 @@ int main(int argc, char** argv) {
         {"dp 4, ZeRO 3", 0, {"mesh.zero=3"}},
         {"tp 4", 1, {"mesh.dp=1", "mesh.tp=4"}},
         {"tp 4, sp", 1, {"mesh.dp=1", "mesh.tp=4", "mesh.sp=true"}},
+        {"dp 4", 2, {"mesh.dp=4"}},
+        {"dp 2, cp 2", 2, {"mesh.dp=2", "mesh.cp=2"}},
+        {"cp 4", 2, {"mesh.dp=1", "mesh.cp=4"}},
     };
     std::vector<Row> rows;
     for (const Config& config : configs) {

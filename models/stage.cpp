@@ -52,7 +52,8 @@ const LayerSpec* find_layer(const std::vector<ModelItemSpec>& items, LayerKind k
 } // namespace
 
 Stage::Stage(const ModelSpec& spec, StageSpan span, uint64_t seed, Recompute recompute,
-             transport::Collectives* tp, kernels::Backend* device, bool sequence_parallel)
+             transport::Collectives* tp, kernels::Backend* device, bool sequence_parallel,
+             transport::Collectives* cp)
     : span_(span), device_(device ? device : &kernels::cpu_backend()),
       params_(device_->allocator()) {
     auto blocks = static_cast<int64_t>(spec.blocks.size());
@@ -63,6 +64,7 @@ Stage::Stage(const ModelSpec& spec, StageSpan span, uint64_t seed, Recompute rec
     UnitContext ctx{params_, seed, blocks};
     ctx.tp = tp;
     ctx.sequence_parallel = sequence_parallel;
+    ctx.cp = cp;
     ctx.backend = device_;
     if (const LayerSpec* rotary = find_layer(spec.pre, LayerKind::rotary_embedding))
         ctx.rotary_theta = rotary->theta;

@@ -51,7 +51,8 @@ class Stage {
     /// between layers, its input and its output are this rank's 1/tp of the tokens.
     Stage(const ModelSpec& spec, StageSpan span, uint64_t seed,
           Recompute recompute = Recompute::none, transport::Collectives* tp = nullptr,
-          kernels::Backend* device = nullptr, bool sequence_parallel = false);
+          kernels::Backend* device = nullptr, bool sequence_parallel = false,
+          transport::Collectives* cp = nullptr);
 
     /// The first stage reads tokens (B,T) i32, the others activations (B,T,C). Returns the
     /// activations for the next stage, or on the last stage the per-token losses (B,T).

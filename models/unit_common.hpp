@@ -101,6 +101,28 @@ struct SequenceParallel {
     Tensor finish(Tensor y, const TensorParallel& tp, kernels::Backend& be) const;
 };
 
+/// Context parallelism: a sequence of T tokens is cut into 2 cp chunks of c = T / (2 cp), and
+/// rank r of the group holds chunks r and 2 cp - 1 - r side by side (its 2c local tokens), so
+/// that under the causal mask every rank does the same attention work. Only attention looks
+/// across tokens: it gathers every rank's keys and values, and reduce-scatters their gradients.
+struct ContextParallel {
+    transport::Collectives* group = nullptr;
+    int rank = 0;
+    int size = 1;
+    bool on = false;
+
+    explicit ContextParallel(const UnitContext& ctx)
+        : group(ctx.cp), rank(ctx.cp ? ctx.cp->rank() : 0), size(ctx.cp ? ctx.cp->size() : 1),
+          on(size > 1) {}
+    /// The chunk that local half h (0 or 1) of rank `r` holds.
+    int64_t chunk(int h, int r) const { return h == 0 ? r : 2 * size - 1 - r; }
+    int64_t chunk(int h) const { return chunk(h, rank); }
+    /// Every rank's (B, 2c, ...) local tokens -> (B, T, ...) in sequence order.
+    Tensor gather(const Tensor& x, kernels::Backend& be) const;
+    /// (B, T, ...) partial sums from every rank -> the sum's rows of this rank's two chunks.
+    Tensor scatter_sum(const Tensor& x, kernels::Backend& be) const;
+};
+
 /// y = x W^T (+ b): W (OC, C), b (OC) or null. Column- and row-parallel variants are the same
 /// matmul on a shard of W; the owning unit does the reduction.
 struct Linear {

@@ -86,6 +86,9 @@ struct UnitContext {
     /// Megatron-LM sequence parallelism over `tp`: between its layers a unit's activations are
     /// this rank's 1/tp of the tokens (see SequenceParallel in unit_common.hpp).
     bool sequence_parallel = false;
+    /// The context-parallel group: each rank holds two chunks of every sequence (see
+    /// ContextParallel in unit_common.hpp). Null, or a group of one: whole sequences.
+    transport::Collectives* cp = nullptr;
     /// The device the units compute on, where `params` lives too. Null: the CPU.
     kernels::Backend* backend = nullptr;
     kernels::Backend& device() const { return backend ? *backend : kernels::cpu_backend(); }

@@ -59,6 +59,37 @@ Tensor SequenceParallel::finish(Tensor y, const TensorParallel& tp, kernels::Bac
     return out;
 }
 
+Tensor ContextParallel::gather(const Tensor& x, kernels::Backend& be) const {
+    const int64_t B = x.dim(0), T2 = x.dim(1), c = T2 / 2, inner = x.numel() / (B * T2);
+    const int64_t n = x.numel(), T = T2 * size;
+    Tensor all = be.empty({size * n});
+    group->all_gather(x.data<float>(), n, all.data<float>());
+    std::vector<int64_t> shape = x.shape();
+    shape[1] = T;
+    Tensor y = be.empty(shape);
+    for (int r = 0; r < size; ++r)
+        for (int h = 0; h < 2; ++h)
+            be.copy_block(all.data<float>() + r * n + h * c * inner, T2 * inner,
+                          y.data<float>() + chunk(h, r) * c * inner, T * inner, B, c * inner);
+    return y;
+}
+
+Tensor ContextParallel::scatter_sum(const Tensor& x, kernels::Backend& be) const {
+    const int64_t B = x.dim(0), T = x.dim(1), c = T / (2 * size), inner = x.numel() / (B * T);
+    const int64_t n = B * 2 * c * inner;
+    Tensor packed = be.empty({size * n});
+    for (int r = 0; r < size; ++r)
+        for (int h = 0; h < 2; ++h)
+            be.copy_block(x.data<float>() + chunk(h, r) * c * inner, T * inner,
+                          packed.data<float>() + r * n + h * c * inner, 2 * c * inner, B,
+                          c * inner);
+    std::vector<int64_t> shape = x.shape();
+    shape[1] = 2 * c;
+    Tensor out = be.empty(shape);
+    group->reduce_scatter(packed.data<float>(), n, out.data<float>());
+    return out;
+}
+
 // ----- linear -------------------------------------------------------------------------------
 
 Tensor Linear::forward(const Tensor& x, bool add_bias) const {
@@ -178,7 +209,7 @@ class NormUnit : public Named {
 class AttentionUnit : public Named {
   public:
     AttentionUnit(const LayerSpec& l, UnitContext& ctx)
-        : Named(l.name, ctx.device()), tp_(ctx, l.shard == ShardDim::heads), sp_(ctx),
+        : Named(l.name, ctx.device()), tp_(ctx, l.shard == ShardDim::heads), sp_(ctx), cp_(ctx),
           D_(l.head_dim), theta_(ctx.rotary_theta) {
         auto [h0, h1] = tp_.part(l.heads);
         auto [k0, k1] = tp_.part(l.kv_heads);
@@ -198,7 +229,9 @@ class AttentionUnit : public Named {
         out_ = make_linear(ctx, l.name + ".out", H * D, l.width, l.bias, residual_std(ctx), cols);
     }
 
-    Tensor forward(int64_t mb, const Tensor& shard, const Batch&) override {
+    Tensor forward(int64_t mb, const Tensor& shard, const Batch& batch) override {
+        if (cp_.on) return forward_cp(mb, shard);
+        (void)batch;
         Tensor x = sp_.gather(shard, be_);
         int64_t B = x.dim(0), T = x.dim(1);
         Tensor qkv = qkv_.forward(x);
@@ -219,6 +252,7 @@ class AttentionUnit : public Named {
     }
 
     Tensor backward_input(int64_t mb, const Tensor& dy_shard) override {
+        if (cp_.on) return backward_cp(mb, dy_shard);
         Saved& s = saved_.at(mb);
         Tensor dy = sp_.gather(dy_shard, be_);
         s.x = sp_.gather(s.x, be_); // the weight gradient's input, whole
@@ -247,9 +281,13 @@ class AttentionUnit : public Named {
         Saved s = take(saved_, mb, "attention");
         out_.backward_weight(s.dy, s.a);
         qkv_.backward_weight(s.dqkv, s.x);
+        ring_.erase(mb);
     }
 
-    void discard(int64_t mb) override { saved_.erase(mb); }
+    void discard(int64_t mb) override {
+        saved_.erase(mb);
+        ring_.erase(mb);
+    }
 
     Tensor infer(const Tensor& x, const Batch&, const InferContext& ctx) override {
         check_host("attention with a key/value cache");
@@ -321,6 +359,129 @@ class AttentionUnit : public Named {
     void end_session(int64_t session) override { caches_.erase(session); }
 
   private:
+    // ----- context parallelism: the two local chunks against every rank's keys and values --
+    //
+    // Every rank's keys and values are gathered in sequence order (the same bytes a ring passes
+    // around, in one collective). Local chunk j, of queries at positions [j c, (j+1) c), needs
+    // the keys of positions [0, (j+1) c): it runs the causal attention of length L = (j+1) c with
+    // its queries in the last c rows and zeros above them, whose rows are dropped (and, with a
+    // zero output gradient, give no gradient to anything). Key and value gradients are summed
+    // over the group back to the ranks that hold those positions.
+    struct Half {
+        Tensor a, lse; // (B, L, H D) and (B, H, L) of the padded attention
+    };
+    struct Ring {
+        Tensor keys, values; // (B, T, KV, D), rotary positions applied
+        Half half[2];
+    };
+
+    // Rotary positions of the two local chunks, in place (backward: into `out`).
+    void rope_chunks(float* x, int64_t B, int64_t heads, bool backward, float* out) const {
+        const int64_t c = chunk_tokens_, row = heads * D_;
+        for (int64_t b = 0; b < B; ++b)
+            for (int h = 0; h < 2; ++h) {
+                int64_t at = (b * 2 * c + h * c) * row;
+                if (backward)
+                    be_.rope_backward(x + at, 1, c, heads, D_, theta_, cp_.chunk(h) * c, out + at);
+                else
+                    be_.rope_forward(x + at, 1, c, heads, D_, theta_, cp_.chunk(h) * c, x + at);
+            }
+    }
+
+    // Rows [0, L) of every sequence of `whole` (B, T, inner), or the local half h of `local`
+    // (B, 2c, inner) in the last c of L rows of zeros.
+    Tensor prefix(const Tensor& whole, int64_t L) const {
+        const int64_t B = whole.dim(0), T = whole.dim(1), inner = whole.numel() / (B * T);
+        Tensor out = be_.empty({B, L, inner});
+        be_.copy_block(whole.data<float>(), T * inner, out.data<float>(), L * inner, B, L * inner);
+        return out;
+    }
+    Tensor padded(const Tensor& local, int h, int64_t L) const {
+        const int64_t B = local.dim(0), c = chunk_tokens_, inner = local.numel() / (B * 2 * c);
+        Tensor out = be_.zeros({B, L, inner});
+        be_.copy_block(local.data<float>() + h * c * inner, 2 * c * inner,
+                       out.data<float>() + (L - c) * inner, L * inner, B, c * inner);
+        return out;
+    }
+    // The last c rows of `full` (B, L, inner) into local half h of `local` (B, 2c, inner).
+    void unpad(const Tensor& full, int h, Tensor& local) const {
+        const int64_t B = full.dim(0), L = full.dim(1), c = chunk_tokens_,
+                      inner = full.numel() / (B * L);
+        be_.copy_block(full.data<float>() + (L - c) * inner, L * inner,
+                       local.data<float>() + h * c * inner, 2 * c * inner, B, c * inner);
+    }
+
+    Tensor forward_cp(int64_t mb, const Tensor& x) {
+        const int64_t B = x.dim(0), T2 = x.dim(1);
+        chunk_tokens_ = T2 / 2;
+        Tensor qkv = qkv_.forward(x);
+        Tensor q = be_.empty({B, T2, H_, D_}), k = be_.empty({B, T2, KV_, D_}),
+               v = be_.empty({B, T2, KV_, D_});
+        split(qkv, q, k, v);
+        if (theta_ > 0) {
+            rope_chunks(q.data<float>(), B, H_, false, nullptr);
+            rope_chunks(k.data<float>(), B, KV_, false, nullptr);
+        }
+        Ring ring{cp_.gather(k, be_), cp_.gather(v, be_), {}};
+        Tensor a = be_.empty({B, T2, H_ * D_});
+        for (int h = 0; h < 2; ++h) {
+            const int64_t L = (cp_.chunk(h) + 1) * chunk_tokens_;
+            Tensor qp = padded(q, h, L), kp = prefix(ring.keys, L), vp = prefix(ring.values, L);
+            Half& half = ring.half[h];
+            half.a = be_.empty({B, L, H_ * D_});
+            half.lse = be_.empty({B, H_, L});
+            be_.attention_forward(qp.data<float>(), kp.data<float>(), vp.data<float>(), B, L, H_,
+                                  KV_, D_, half.a.data<float>(), half.lse.data<float>());
+            unpad(half.a, h, a);
+        }
+        saved_[mb] = {x, q, {}, {}, a, {}, {}, {}};
+        ring_[mb] = std::move(ring);
+        return out_.forward_row_parallel(a, tp_, &sp_);
+    }
+
+    Tensor backward_cp(int64_t mb, const Tensor& dy) {
+        Saved& s = saved_.at(mb);
+        Ring& ring = ring_.at(mb);
+        const int64_t B = s.x.dim(0), T2 = s.x.dim(1), T = ring.keys.dim(1);
+        Tensor da = out_.backward_input(dy);
+        Tensor dq = be_.empty({B, T2, H_, D_});
+        Tensor dkeys = be_.zeros({B, T, KV_, D_}), dvalues = be_.zeros({B, T, KV_, D_});
+        const int64_t kv_row = KV_ * D_;
+        for (int h = 0; h < 2; ++h) {
+            const int64_t L = (cp_.chunk(h) + 1) * chunk_tokens_;
+            Tensor qp = padded(s.q, h, L), kp = prefix(ring.keys, L), vp = prefix(ring.values, L);
+            Tensor dap = padded(da, h, L);
+            Tensor dqp = be_.zeros(qp.shape()), dkp = be_.zeros(kp.shape()),
+                   dvp = be_.zeros(vp.shape());
+            const Half& half = ring.half[h];
+            be_.attention_backward(dap.data<float>(), qp.data<float>(), kp.data<float>(),
+                                   vp.data<float>(), half.a.data<float>(), half.lse.data<float>(),
+                                   B, L, H_, KV_, D_, dqp.data<float>(), dkp.data<float>(),
+                                   dvp.data<float>());
+            unpad(dqp, h, dq);
+            for (int64_t b = 0; b < B; ++b) {
+                float* dk = dkeys.data<float>() + b * T * kv_row;
+                float* dv = dvalues.data<float>() + b * T * kv_row;
+                be_.add(dk, dkp.data<float>() + b * L * kv_row, L * kv_row, dk);
+                be_.add(dv, dvp.data<float>() + b * L * kv_row, L * kv_row, dv);
+            }
+        }
+        ring_.erase(mb);
+        Tensor dk = cp_.scatter_sum(dkeys, be_), dv = cp_.scatter_sum(dvalues, be_);
+        if (theta_ > 0) {
+            Tensor rq = be_.zeros(dq.shape()), rk = be_.zeros(dk.shape());
+            rope_chunks(dq.data<float>(), B, H_, true, rq.data<float>());
+            rope_chunks(dk.data<float>(), B, KV_, true, rk.data<float>());
+            dq = rq;
+            dk = rk;
+        }
+        Tensor dqkv = be_.empty({B, T2, (H_ + 2 * KV_) * D_});
+        join(dq, dk, dv, dqkv);
+        s.dy = dy;
+        s.dqkv = dqkv;
+        return sp_.finish(qkv_.backward_input(dqkv), tp_, be_);
+    }
+
     struct Cache {
         int64_t length = 0;
         std::vector<std::vector<float>> keys, values; // per row: (length, KV, D)
@@ -348,6 +509,9 @@ class AttentionUnit : public Named {
     };
     TensorParallel tp_;
     SequenceParallel sp_;
+    ContextParallel cp_;
+    std::map<int64_t, Ring> ring_;
+    int64_t chunk_tokens_ = 0;
     int64_t H_ = 0, KV_ = 0, D_;
     double theta_;
     Linear qkv_, out_;

@@ -82,22 +82,27 @@ class EmbeddingUnit : public Named {
 
 class PositionUnit : public Named {
   public:
-    PositionUnit(const LayerSpec& l, UnitContext& ctx) : Named(l.name, ctx.device()), sp_(ctx) {
+    PositionUnit(const LayerSpec& l, UnitContext& ctx)
+        : Named(l.name, ctx.device()), sp_(ctx), cp_(ctx) {
         weight_ = &ctx.params.add(l.name + ".weight", {l.context, l.width}, Init::normal(0.02),
                                   true, ctx.seed);
         weight_->sequence_partial = sp_.on;
     }
     Tensor forward(int64_t mb, const Tensor& x, const Batch&) override {
-        // With sp, x holds this rank's tokens of each sequence: positions from its first.
-        const int64_t first = sp_.on ? sp_.rank * x.dim(1) : 0, C = x.dim(2);
-        if (first + x.dim(1) > weight_->value.dim(0))
-            throw std::out_of_range("sequence of " + std::to_string(first + x.dim(1)) +
-                                    " tokens is longer than the context of " +
-                                    std::to_string(weight_->value.dim(0)));
+        const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
+        std::vector<Run> runs = runs_of(T);
+        for (const Run& r : runs)
+            if (r.position + r.count > weight_->value.dim(0))
+                throw std::out_of_range("sequence of " + std::to_string(r.position + r.count) +
+                                        " tokens is longer than the context of " +
+                                        std::to_string(weight_->value.dim(0)));
         Tensor y = x.clone();
-        be_.positions_forward(weight_->value.data<float>() + first * C, x.dim(0), x.dim(1), C,
-                              y.data<float>());
-        first_[mb] = first;
+        for (const Run& r : runs)
+            for (int64_t b = 0; b < (runs.size() == 1 ? 1 : B); ++b)
+                be_.positions_forward(weight_->value.data<float>() + r.position * C,
+                                      runs.size() == 1 ? B : 1, r.count, C,
+                                      y.data<float>() + (b * T + r.token) * C);
+        runs_[mb] = runs;
         return y;
     }
     Tensor backward_input(int64_t mb, const Tensor& dy) override {
@@ -124,21 +129,36 @@ class PositionUnit : public Named {
     }
     void backward_weight(int64_t mb) override {
         Tensor dy = take(saved_, mb, "positions");
-        int64_t first = take(first_, mb, "positions");
-        be_.positions_backward(dy.data<float>(), dy.dim(0), dy.dim(1), dy.dim(2),
-                               weight_->grad.data<float>() + first * dy.dim(2));
+        std::vector<Run> runs = take(runs_, mb, "positions");
+        const int64_t B = dy.dim(0), T = dy.dim(1), C = dy.dim(2);
+        for (const Run& r : runs)
+            for (int64_t b = 0; b < (runs.size() == 1 ? 1 : B); ++b)
+                be_.positions_backward(dy.data<float>() + (b * T + r.token) * C,
+                                       runs.size() == 1 ? B : 1, r.count, C,
+                                       weight_->grad.data<float>() + r.position * C);
     }
 
     void discard(int64_t mb) override {
         saved_.erase(mb);
-        first_.erase(mb);
+        runs_.erase(mb);
     }
 
   private:
+    // Tokens [token, token + count) of each sequence sit at positions [position, + count).
+    struct Run {
+        int64_t position, token, count;
+    };
+    // With sp, x holds this rank's 1/tp of each sequence; with cp, its two chunks.
+    std::vector<Run> runs_of(int64_t T) const {
+        if (cp_.on) return {{cp_.chunk(0) * T / 2, 0, T / 2}, {cp_.chunk(1) * T / 2, T / 2, T / 2}};
+        return {{sp_.on ? sp_.rank * T : 0, 0, T}};
+    }
+
     SequenceParallel sp_;
+    ContextParallel cp_;
     Parameter* weight_;
     std::map<int64_t, Tensor> saved_;
-    std::map<int64_t, int64_t> first_;
+    std::map<int64_t, std::vector<Run>> runs_;
 };
 
 class HeadUnit : public Named {

@@ -70,12 +70,12 @@ struct RankExecutor::StageState {
     std::map<int32_t, std::vector<int64_t>> loss_shape;
 
     StageState(const plan::PlanStage& s, const Program& p, transport::Collectives* tp,
-               kernels::Backend& device)
+               transport::Collectives* cp, kernels::Backend& device)
         : info(s),
           stage(p.model,
                 models::StageSpan{s.first_block, s.first_block + s.blocks, s.embedding, s.head},
-                static_cast<uint64_t>(p.train.seed), p.schedule.recompute, tp, &device, p.mesh.sp) {
-    }
+                static_cast<uint64_t>(p.train.seed), p.schedule.recompute, tp, &device, p.mesh.sp,
+                cp) {}
 
     void clear() {
         inputs.clear();
@@ -354,7 +354,7 @@ RankExecutor::RankExecutor(const Program& program, const plan::Graph& graph, int
         if (plan::is_compute(a.kind) && !stages_.count(a.stage))
             stages_.emplace(
                 a.stage, std::make_unique<StageState>(graph.stages.at(static_cast<size_t>(a.stage)),
-                                                      program, comms.tp, *device_));
+                                                      program, comms.tp, comms.cp, *device_));
     if (comms_.dp && comms_.dp->size() > 1) {
         zero_ = graph.zero;
         reducer_ = std::make_unique<Reducer>(comms_.dp, stages_, *device_, zero_ >= 2);
@@ -473,11 +473,22 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
     switch (a.kind) {
     case ActionKind::forward: {
         StageState& st = state(s);
-        Tensor mb_tokens({microbatch_rows_, program_.model.context}, kernels::DType::i32);
+        // Under context parallelism this rank's two chunks of each sequence (ContextParallel).
+        const int64_t T = program_.model.context, cp = graph_.cp, c = T / (2 * cp);
+        Tensor mb_tokens({microbatch_rows_, T / cp}, kernels::DType::i32);
         Tensor mb_targets(mb_tokens.shape(), kernels::DType::i32);
-        size_t bytes = mb_tokens.bytes();
-        std::memcpy(mb_tokens.raw(), tokens_.data<int32_t>() + mb * mb_tokens.numel(), bytes);
-        std::memcpy(mb_targets.raw(), targets_.data<int32_t>() + mb * mb_targets.numel(), bytes);
+        for (int64_t row = 0; row < microbatch_rows_; ++row) {
+            const int64_t from = (mb * microbatch_rows_ + row) * T;
+            for (int64_t h = 0; h < (cp > 1 ? 2 : 1); ++h) {
+                const int64_t chunk = h == 0 ? me_.cp : 2 * cp - 1 - me_.cp;
+                const int64_t count = cp > 1 ? c : T, at = cp > 1 ? chunk * c : 0;
+                const size_t bytes = static_cast<size_t>(count) * sizeof(int32_t);
+                std::memcpy(mb_tokens.data<int32_t>() + row * (T / cp) + h * c,
+                            tokens_.data<int32_t>() + from + at, bytes);
+                std::memcpy(mb_targets.data<int32_t>() + row * (T / cp) + h * c,
+                            targets_.data<int32_t>() + from + at, bytes);
+            }
+        }
         kernels::Backend& dev = *device_;
         models::Batch batch{dev.here(mb_tokens), dev.here(mb_targets)};
         Tensor input = st.info.embedding          ? batch.tokens

@@ -29,9 +29,10 @@ namespace dist::runtime {
 /// The groups a rank communicates in; a null group has one member.
 struct RankComms {
     transport::PointToPoint* p2p = nullptr;
-    transport::Collectives* tp = nullptr;    // ranks with the same (dp, pp)
-    transport::Collectives* dp = nullptr;    // ranks with the same (pp, tp)
-    transport::Collectives* model = nullptr; // ranks with the same dp (the gradient norm)
+    transport::Collectives* tp = nullptr;    // ranks with the same (dp, pp, cp)
+    transport::Collectives* dp = nullptr;    // ranks with the same (pp, tp): a replica's dp x cp
+    transport::Collectives* model = nullptr; // ranks with the same (dp, cp) (the gradient norm)
+    transport::Collectives* cp = nullptr;    // ranks with the same (dp, pp, tp)
     /// The two pipeline ranks, with the same (dp, tp), that hold the token embedding and the
     /// tied head, when they differ.
     transport::Collectives* tied = nullptr;

@@ -16,7 +16,7 @@ Generator::Generator(const Program& program, const plan::Graph& graph, const mod
     : program_(program), comms_(std::make_unique<LocalComms>(graph)) {
     stages_.resize(graph.stages.size());
     for (const auto& r : graph.ranks) {
-        if (r.dp != 0) continue;
+        if (r.dp != 0 || r.cp != 0) continue;
         transport::Collectives* tp = comms_->for_rank(r.rank).tp;
         for (const auto& s : graph.stages) {
             if (s.pp != r.pp) continue;

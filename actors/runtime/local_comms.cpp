@@ -206,20 +206,21 @@ namespace {
 // ranks differ), with the group's name.
 std::vector<std::pair<std::vector<int32_t>, std::string>> groups_of(const plan::Graph& graph,
                                                                     const plan::PlanRank& me) {
-    std::vector<int32_t> tp{0}, dp{1}, model{2};
+    std::vector<int32_t> tp{0}, dp{1}, model{2}, cp{4};
     for (const auto& r : graph.ranks) {
-        if (r.dp == me.dp && r.pp == me.pp) tp.push_back(r.rank);
+        if (r.dp == me.dp && r.pp == me.pp && r.cp == me.cp) tp.push_back(r.rank);
         if (r.pp == me.pp && r.tp == me.tp) dp.push_back(r.rank);
-        if (r.dp == me.dp) model.push_back(r.rank);
+        if (r.dp == me.dp && r.cp == me.cp) model.push_back(r.rank);
+        if (r.dp == me.dp && r.pp == me.pp && r.tp == me.tp) cp.push_back(r.rank);
     }
     std::vector<std::pair<std::vector<int32_t>, std::string>> out = {
-        {tp, "tp group"}, {dp, "dp group"}, {model, "model group"}};
+        {tp, "tp group"}, {dp, "dp group"}, {model, "model group"}, {cp, "cp group"}};
     if (!graph.stages.empty()) {
         int32_t first = graph.stages.front().pp, last = graph.stages.back().pp;
         if (first != last && (me.pp == first || me.pp == last))
-            out.push_back(
-                {{3, graph.rank_of(me.dp, first, me.tp), graph.rank_of(me.dp, last, me.tp)},
-                 "tied embedding group"});
+            out.push_back({{3, graph.rank_of(me.dp, first, me.tp, me.cp),
+                            graph.rank_of(me.dp, last, me.tp, me.cp)},
+                           "tied embedding group"});
     }
     return out;
 }
@@ -305,10 +306,11 @@ RankComms LocalComms::for_rank(int32_t rank) {
     c.tp = member(groups[0].first, rank);
     c.dp = member(groups[1].first, rank);
     c.model = member(groups[2].first, rank);
-    if (groups.size() > 3) c.tied = member(groups[3].first, rank);
+    c.cp = member(groups[3].first, rank);
+    if (groups.size() > 4) c.tied = member(groups[4].first, rank);
     auto far = ucx_.find(rank);
     if (far == ucx_.end()) return c;
-    for (transport::Collectives** g : {&c.tp, &c.dp, &c.model, &c.tied}) {
+    for (transport::Collectives** g : {&c.tp, &c.dp, &c.model, &c.cp, &c.tied}) {
         if (!*g) continue;
         auto& hint = hints_[{rank, *g}];
         if (!hint) hint = std::make_unique<AwayHint>(**g, *far->second);

@@ -98,6 +98,11 @@ using tests::mesh_overrides;
 std::vector<std::string> mesh(int dp, int tp, int pp, const std::string& kind, int m, int v = 0) {
     return mesh_overrides(dp, tp, pp, kind, m, v);
 }
+// The same mesh with each sequence split over `ranks` context-parallel ranks.
+std::vector<std::string> cp(int ranks, std::vector<std::string> overrides) {
+    overrides.push_back("mesh.cp=" + std::to_string(ranks));
+    return overrides;
+}
 // The same mesh with sequence parallelism over its tensor-parallel ranks.
 std::vector<std::string> sp(std::vector<std::string> overrides) {
     overrides.push_back("mesh.sp=true");
@@ -147,7 +152,17 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tp4_sp", "gpt", sp(mesh(1, 4, 1, "1f1b", 1))},
                       Case{"tp2_sp_pp2", "gpt", sp(mesh(1, 2, 2, "1f1b", 2))},
                       Case{"dp2_tp2_sp_zero3", "gpt", sp(zero(3, mesh(2, 2, 1, "1f1b", 2)))},
-                      Case{"llama_tp2_sp_pp2_zb_h1", "llama", sp(mesh(1, 2, 2, "zb_h1", 2))}),
+                      Case{"llama_tp2_sp_pp2_zb_h1", "llama", sp(mesh(1, 2, 2, "zb_h1", 2))},
+                      // Context parallelism: two chunks of every sequence per rank, attention
+                      // over every rank's keys and values; with tp, dp, pp, ZeRO, and Llama's
+                      // rotary positions and grouped-query attention.
+                      Case{"cp2", "gpt", cp(2, mesh(1, 1, 1, "1f1b", 2))},
+                      Case{"cp4", "gpt", cp(4, mesh(1, 1, 1, "1f1b", 1))},
+                      Case{"cp2_tp2_dp2", "gpt", cp(2, mesh(2, 2, 1, "1f1b", 2))},
+                      Case{"cp2_pp2_zb_h1_zero2", "gpt", cp(2, zero(2, mesh(1, 1, 2, "zb_h1", 2)))},
+                      Case{"llama_cp2_tp2", "llama", cp(2, mesh(1, 2, 1, "1f1b", 2))},
+                      Case{"llama_cp2_dp2_zero3", "llama",
+                           cp(2, zero(3, mesh(2, 1, 1, "1f1b", 2)))}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 } // namespace

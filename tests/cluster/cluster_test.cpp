@@ -52,6 +52,10 @@ std::vector<std::string> with_zero(int stage, std::vector<std::string> sets) {
     sets.push_back("mesh.zero=" + std::to_string(stage));
     return sets;
 }
+std::vector<std::string> with_cp(std::vector<std::string> sets) {
+    sets.push_back("mesh.cp=2");
+    return sets;
+}
 std::vector<std::string> with_sp(std::vector<std::string> sets) {
     sets.push_back("mesh.sp=true");
     return sets;
@@ -74,6 +78,7 @@ TEST(Cluster, SameLossesOverTwoAndFourProcessesAsInOne) {
         {"dp2 pp2 zero 2", "gpt.dist", with_zero(2, mesh_sets(2, 1, 2, "1f1b", 2)), 4},
         {"dp2 tp2 zero 3", "gpt.dist", with_zero(3, mesh_sets(2, 2, 1, "1f1b", 2)), 4},
         {"tp2 sp pp2", "gpt.dist", with_sp(mesh_sets(1, 2, 2, "1f1b", 2)), 4},
+        {"cp2 tp2", "llama.dist", with_cp(mesh_sets(1, 2, 1, "1f1b", 2)), 4},
     };
     for (const Mesh& m : meshes) {
         std::string one = dir / "one.jsonl";
