@@ -54,15 +54,21 @@ class Named : public Unit {
 /// This rank's place in the tensor-parallel group. `split` is whether the layer at hand is
 /// sharded: a layer the script does not shard, or a group of one, runs exactly as on one
 /// device (no reduction is called).
-struct TensorParallel {
+/// A rank's place in one of its groups: the group (null: alone), its rank in it, the size.
+struct GroupPlace {
     transport::Collectives* group = nullptr;
     int rank = 0;
     int size = 1;
+
+    explicit GroupPlace(transport::Collectives* g)
+        : group(g), rank(g ? g->rank() : 0), size(g ? g->size() : 1) {}
+};
+
+struct TensorParallel : GroupPlace {
     bool split = false;
 
     TensorParallel(const UnitContext& ctx, bool shard)
-        : group(ctx.tp), rank(ctx.tp ? ctx.tp->rank() : 0), size(ctx.tp ? ctx.tp->size() : 1),
-          split(shard && size > 1) {}
+        : GroupPlace(ctx.tp), split(shard && size > 1) {}
     /// [begin, end) of this rank's equal part of n.
     std::pair<int64_t, int64_t> part(int64_t n) const {
         if (!split) return {0, n};
@@ -84,15 +90,11 @@ struct TensorParallel {
 /// all-reduces is reduce-scattered instead, back to the shards: the same volume, and no rank
 /// keeps a whole activation between layers. `on` only when the script sets sp and the group has
 /// more than one rank.
-struct SequenceParallel {
-    transport::Collectives* group = nullptr;
-    int rank = 0;
-    int size = 1;
+struct SequenceParallel : GroupPlace {
     bool on = false;
 
     explicit SequenceParallel(const UnitContext& ctx)
-        : group(ctx.tp), rank(ctx.tp ? ctx.tp->rank() : 0), size(ctx.tp ? ctx.tp->size() : 1),
-          on(ctx.sequence_parallel && size > 1) {}
+        : GroupPlace(ctx.tp), on(ctx.sequence_parallel && size > 1) {}
     /// (B, T/tp, ...) shards of the group -> (B, T, ...); x itself when off.
     Tensor gather(const Tensor& x, kernels::Backend& be) const;
     /// The output of a layer run on the whole sequence, as the next layer takes it: with sp this
@@ -105,15 +107,10 @@ struct SequenceParallel {
 /// rank r of the group holds chunks r and 2 cp - 1 - r side by side (its 2c local tokens), so
 /// that under the causal mask every rank does the same attention work. Only attention looks
 /// across tokens: it gathers every rank's keys and values, and reduce-scatters their gradients.
-struct ContextParallel {
-    transport::Collectives* group = nullptr;
-    int rank = 0;
-    int size = 1;
+struct ContextParallel : GroupPlace {
     bool on = false;
 
-    explicit ContextParallel(const UnitContext& ctx)
-        : group(ctx.cp), rank(ctx.cp ? ctx.cp->rank() : 0), size(ctx.cp ? ctx.cp->size() : 1),
-          on(size > 1) {}
+    explicit ContextParallel(const UnitContext& ctx) : GroupPlace(ctx.cp), on(size > 1) {}
     /// The chunk that local half h (0 or 1) of rank `r` holds.
     int64_t chunk(int h, int r) const { return h == 0 ? r : 2 * size - 1 - r; }
     int64_t chunk(int h) const { return chunk(h, rank); }

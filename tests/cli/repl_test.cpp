@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -229,6 +230,23 @@ TEST(Repl, AMissingScriptExitsOneARefusedSetDoesNot) {
     EXPECT_EQ(missing.status, 1);
     EXPECT_NE(missing.out.find("cannot read `no/such/file.dist`"), std::string::npos)
         << missing.out;
+}
+
+// `compare` over the ZeRO stages of Llama 3 8B on 64 A100s: the whole replica does not fit,
+// and each stage shards more of it (the fullest rank's peak falls from 1 to 3).
+TEST(Repl, CompareShowsWhatEachZeroStageSaves) {
+    TempDir dir("zero");
+    Result r = run_in(dir.path, "repl " + src + "/examples/llama3_8b_fsdp_64xa100.dist",
+                      "compare mesh.zero=0,1,2,3\n");
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("0         error: the model does not fit"), std::string::npos) << r.out;
+    std::regex row(R"(\n([123]) +[\d.]+ m?s +[\d.]+ +([\d.]+) GB +yes)");
+    std::vector<double> peaks;
+    for (std::sregex_iterator it(r.out.begin(), r.out.end(), row), end; it != end; ++it)
+        peaks.push_back(std::stod((*it)[2]));
+    ASSERT_EQ(peaks.size(), 3u) << r.out;
+    EXPECT_GT(peaks[0], peaks[1]) << r.out;
+    EXPECT_GT(peaks[1], peaks[2]) << r.out;
 }
 
 TEST(Repl, AThousandRanksPlanAndSimulate) {
