@@ -42,13 +42,6 @@ void BlockChecker::mesh(const Block* block) {
         ok = false;
     }
     // Planned and simulated, not yet trained: refused by every training front door, here.
-    if (m.cp > 1 && m.sp && m.tp > 1)
-        p.train.training_refusal = render_diagnostic(
-            sources, {cp_loc,
-                      "context parallelism together with sequence parallelism is planned and "
-                      "simulated, not trained yet (each alone is)",
-                      "`--set mesh.sp=false` or `--set mesh.cp=1` to train; `dist plan` and "
-                      "`dist sim` take both as written"});
     int64_t ranks = sat_mul(sat_mul(sat_mul(m.dp, m.cp), m.tp), m.pp);
     if (ranks > max_ranks) {
         diags.error(block->loc, "the mesh has " + std::to_string(ranks) +

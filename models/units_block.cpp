@@ -411,7 +411,8 @@ class AttentionUnit : public Named {
                        local.data<float>() + h * c * inner, 2 * c * inner, B, c * inner);
     }
 
-    Tensor forward_cp(int64_t mb, const Tensor& x) {
+    Tensor forward_cp(int64_t mb, const Tensor& shard) {
+        Tensor x = sp_.gather(shard, be_); // with sp, the local tokens from the tp group
         const int64_t B = x.dim(0), T2 = x.dim(1);
         chunk_tokens_ = T2 / 2;
         Tensor qkv = qkv_.forward(x);
@@ -434,14 +435,16 @@ class AttentionUnit : public Named {
                                   KV_, D_, half.a.data<float>(), half.lse.data<float>());
             unpad(half.a, h, a);
         }
-        saved_[mb] = {x, q, {}, {}, a, {}, {}, {}};
+        saved_[mb] = {sp_.on ? shard : x, q, {}, {}, a, {}, {}, {}};
         ring_[mb] = std::move(ring);
         return out_.forward_row_parallel(a, tp_, &sp_);
     }
 
-    Tensor backward_cp(int64_t mb, const Tensor& dy) {
+    Tensor backward_cp(int64_t mb, const Tensor& dy_shard) {
         Saved& s = saved_.at(mb);
         Ring& ring = ring_.at(mb);
+        Tensor dy = sp_.gather(dy_shard, be_);
+        s.x = sp_.gather(s.x, be_);
         const int64_t B = s.x.dim(0), T2 = s.x.dim(1), T = ring.keys.dim(1);
         Tensor da = out_.backward_input(dy);
         Tensor dq = be_.empty({B, T2, H_, D_});

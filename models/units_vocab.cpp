@@ -148,10 +148,18 @@ class PositionUnit : public Named {
     struct Run {
         int64_t position, token, count;
     };
-    // With sp, x holds this rank's 1/tp of each sequence; with cp, its two chunks.
+    // x's T tokens of each sequence: with cp this rank's two chunks side by side, and of those
+    // (or of the whole sequence) with sp the tp rank's 1/tp.
     std::vector<Run> runs_of(int64_t T) const {
-        if (cp_.on) return {{cp_.chunk(0) * T / 2, 0, T / 2}, {cp_.chunk(1) * T / 2, T / 2, T / 2}};
-        return {{sp_.on ? sp_.rank * T : 0, 0, T}};
+        const int64_t first = sp_.on ? sp_.rank * T : 0; // in the rank's local tokens
+        if (!cp_.on) return {{first, 0, T}};
+        const int64_t c = (sp_.on ? T * sp_.size : T) / 2;
+        std::vector<Run> out;
+        for (int h = 0; h < 2; ++h) {
+            int64_t a = std::max(first, h * c), b = std::min(first + T, (h + 1) * c);
+            if (a < b) out.push_back({cp_.chunk(h) * c + (a - h * c), a - first, b - a});
+        }
+        return out;
     }
 
     SequenceParallel sp_;

@@ -162,7 +162,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"cp2_pp2_zb_h1_zero2", "gpt", cp(2, zero(2, mesh(1, 1, 2, "zb_h1", 2)))},
                       Case{"llama_cp2_tp2", "llama", cp(2, mesh(1, 2, 1, "1f1b", 2))},
                       Case{"llama_cp2_dp2_zero3", "llama",
-                           cp(2, zero(3, mesh(2, 1, 1, "1f1b", 2)))}),
+                           cp(2, zero(3, mesh(2, 1, 1, "1f1b", 2)))},
+                      // Both: sp shards each rank's two chunks over the tp group.
+                      Case{"cp2_tp2_sp", "gpt", cp(2, sp(mesh(1, 2, 1, "1f1b", 2)))},
+                      Case{"llama_cp2_tp2_sp_pp2", "llama", cp(2, sp(mesh(1, 2, 2, "1f1b", 2)))}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 } // namespace

@@ -210,15 +210,9 @@ TEST(ContextParallel, SplitsEachSequenceAndPassesKeysAndValuesAroundTheRing) {
               std::string::npos)
         << count.report();
     EXPECT_NE(count.report().find("set `dp: 2`"), std::string::npos) << count.report();
-    // Training takes cp (runtime_test.cpp), but not yet together with sp, as the example has it.
-    EXPECT_NE(two.train.training_refusal.find(
-                  "context parallelism together with sequence parallelism is planned and "
-                  "simulated, not trained yet"),
-              std::string::npos)
+    // Training takes cp, with sp too (runtime_test.cpp): only the example's bf16 is refused.
+    EXPECT_NE(two.train.training_refusal.find("`precision: bf16`"), std::string::npos)
         << two.train.training_refusal;
-    EXPECT_EQ(checked("long_context.dist", {"mesh.sp=false"})
-                  .train.training_refusal.find("context parallelism"),
-              std::string::npos);
 }
 
 TEST(Examples, TheNewScalesPlanAndSimulate) {

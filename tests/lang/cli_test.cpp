@@ -285,6 +285,29 @@ TEST(Cli, RunSavedUnderZeroResumesWithoutItAndTheOtherWayRound) {
     fs::remove_all(dir);
 }
 
+// cp 2 gives each rank two chunks of 3 of a 12-token sequence; sp over tp 3 cuts those 6 tokens
+// in 3 shards of 2, the middle one across the two chunks (positions 3 apart). The losses are
+// one device's.
+TEST(Cli, SequenceShardsAcrossTheTwoContextChunksKeepTheirPositions) {
+    fs::path dir = fs::temp_directory_path() / ("dist_cli_cpsp_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const std::string small =
+        "run examples/gpt_tiny.dist --quiet --set model.width=24 --set model.heads=3 "
+        "--set model.context=12 --set model.vocab=258 --set 'train.data=synthetic()' "
+        "--set train.batch=4 --set train.stop_after=3 ";
+    Result one = run(small + "--metrics " + (dir / "a.jsonl").string());
+    ASSERT_EQ(one.status, 0) << one.err;
+    Result mesh = run(small + "--set mesh.cp=2 --set mesh.tp=3 --set mesh.sp=true --metrics " +
+                      (dir / "b.jsonl").string());
+    ASSERT_EQ(mesh.status, 0) << mesh.err;
+    std::vector<double> a = losses_of(dir / "a.jsonl"), b = losses_of(dir / "b.jsonl");
+    ASSERT_EQ(a.size(), 3u);
+    ASSERT_EQ(b.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << "step " << i + 1;
+    fs::remove_all(dir);
+}
+
 TEST(Cli, RunWritesTheTraceOfTheRealStepAndItsBubble) {
     fs::path trace = fs::temp_directory_path() / ("dist_cli_trace_" + std::to_string(::getpid()));
     Result r = run("run examples/gpt_tiny.dist --quiet --set model.width=32 --set train.batch=4 "
