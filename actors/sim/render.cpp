@@ -105,7 +105,22 @@ std::string text_report(const Timeline& t, int width) {
         out += buf;
     }
     out += "(live: peak microbatches in flight; memory at the peak, per rank)\n";
+    out += memory_model_text(g);
     return out;
+}
+
+std::string memory_model_text(const plan::Graph& g) {
+    const int32_t nd = g.dp * g.cp;
+    std::string state, acts;
+    if (g.zero > 0 && nd > 1)
+        state = "weights, gradients and optimizer by ZeRO stage " + std::to_string(g.zero) +
+                "'s (2 + 2 + K) psi / N_d over N_d = " + std::to_string(nd) +
+                " (Rajbhandari et al. 2020)";
+    if (state.empty() && !g.sp && g.cp == 1) return "";
+    acts = "activations by Korthikanti et al. 2022";
+    if (g.sp) acts += ", sequence parallel over tp " + std::to_string(g.tp);
+    if (g.cp > 1) acts += ", the sequence split over cp " + std::to_string(g.cp);
+    return "(memory model: " + state + (state.empty() || acts.empty() ? "" : "; ") + acts + ")\n";
 }
 
 nlohmann::json to_json(const Timeline& t) {

@@ -68,6 +68,10 @@ struct SimResult {
 /// figures; with unit costs it may be a default Program.
 SimResult simulate(const plan::Graph& g, const Program& p, const SimOptions& o = {});
 
+/// Which published formulas the memory figures follow, when the mesh shards state or
+/// activations (ZeRO, sp, cp): one line in parentheses; "" otherwise.
+std::string memory_model_text(const plan::Graph& g);
+
 /// `dist sim`: the figures and a timeline of one glyph per time slot, `width` columns wide.
 std::string text_report(const Timeline& t, int width = 80);
 nlohmann::json to_json(const Timeline& t);

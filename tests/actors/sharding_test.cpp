@@ -220,5 +220,10 @@ TEST(Examples, TheNewScalesPlanAndSimulate) {
         sim::Timeline t = simulated(checked(file));
         EXPECT_TRUE(t.fits) << file;
         EXPECT_GT(t.mfu, 0.1) << file;
+        // The report says which formulas its memory figures follow.
+        EXPECT_NE(sim::text_report(t).find("(memory model: "), std::string::npos) << file;
     }
+    EXPECT_NE(sim::text_report(simulated(checked(fsdp)))
+                  .find("ZeRO stage 3's (2 + 2 + K) psi / N_d over N_d = 64"),
+              std::string::npos);
 }
