@@ -112,7 +112,7 @@ struct ContextParallel : GroupPlace {
 
     explicit ContextParallel(const UnitContext& ctx) : GroupPlace(ctx.cp), on(size > 1) {}
     /// The chunk that local half h (0 or 1) of rank `r` holds.
-    int64_t chunk(int h, int r) const { return h == 0 ? r : 2 * size - 1 - r; }
+    int64_t chunk(int h, int r) const { return context_chunk(h, r, size); }
     int64_t chunk(int h) const { return chunk(h, rank); }
     /// Every rank's (B, 2c, ...) local tokens -> (B, T, ...) in sequence order.
     Tensor gather(const Tensor& x, kernels::Backend& be) const;

@@ -74,6 +74,13 @@ class Unit {
     }
 };
 
+/// Context parallelism's split of a sequence into 2 `size` equal chunks: rank `rank` of the cp
+/// group holds chunks rank and 2 size - 1 - rank side by side; this is the chunk in its local
+/// half `half` (0 or 1).
+inline int64_t context_chunk(int half, int rank, int size) {
+    return half == 0 ? rank : 2 * size - 1 - rank;
+}
+
 /// What building a unit needs besides its LayerSpec.
 struct UnitContext {
     ParameterStore& params;

@@ -480,7 +480,8 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
         for (int64_t row = 0; row < microbatch_rows_; ++row) {
             const int64_t from = (mb * microbatch_rows_ + row) * T;
             for (int64_t h = 0; h < (cp > 1 ? 2 : 1); ++h) {
-                const int64_t chunk = h == 0 ? me_.cp : 2 * cp - 1 - me_.cp;
+                const int64_t chunk =
+                    models::context_chunk(static_cast<int>(h), me_.cp, static_cast<int>(cp));
                 const int64_t count = cp > 1 ? c : T, at = cp > 1 ? chunk * c : 0;
                 const size_t bytes = static_cast<size_t>(count) * sizeof(int32_t);
                 std::memcpy(mb_tokens.data<int32_t>() + row * (T / cp) + h * c,
