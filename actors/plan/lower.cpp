@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <map>
-#include <optional>
 
 namespace dist::plan {
 
@@ -69,16 +68,6 @@ Graph assemble(const ScheduleOrder& order, std::vector<PlanStage> stages, Schedu
             return g.rank_of(r.dp, rank_of_stage(stage), r.tp, r.cp);
         };
         const bool reduces = dp * cp > 1;
-        // ZeRO 3: the weights of the stage of compute action k are gathered before compute
-        // action k - 1 starts, so the gather runs behind it.
-        auto gather = [&](const PlanAction& a) {
-            bool fwd = a.kind == ActionKind::forward;
-            bool bwd = a.kind == ActionKind::backward || a.kind == ActionKind::backward_input;
-            if (zero < 3 || !reduces || !(fwd || bwd)) return std::optional<PlanAction>{};
-            return std::optional<PlanAction>{
-                comm(fwd ? ActionKind::gather_forward : ActionKind::gather_backward, a.stage,
-                     a.microbatch, -1)};
-        };
         auto remote = [&](int32_t stage) {
             return stage >= 0 && stage < S && rank_of_stage(stage) != r.pp;
         };
@@ -89,9 +78,17 @@ Graph assemble(const ScheduleOrder& order, std::vector<PlanStage> stages, Schedu
             while (end < compute.size() && compute[end - 1].overlap_next) ++end;
             return end;
         };
+        // ZeRO 3: the weights for the forwards and backwards of the unit at i, gathered before
+        // the unit ahead of it starts, so that the gathers run behind it.
         auto gathers = [&](size_t i) {
-            for (size_t k = i; k < unit_end(i); ++k)
-                if (auto gt = gather(compute[k])) out.push_back(*gt);
+            if (zero < 3 || !reduces) return;
+            for (size_t k = i; k < unit_end(i); ++k) {
+                const PlanAction& a = compute[k];
+                if (a.kind == ActionKind::forward)
+                    out.push_back(comm(ActionKind::gather_forward, a.stage, a.microbatch, -1));
+                else if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_input)
+                    out.push_back(comm(ActionKind::gather_backward, a.stage, a.microbatch, -1));
+            }
         };
         if (!compute.empty()) gathers(0);
         for (size_t i = 0; i < compute.size();) {

@@ -71,20 +71,19 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr) {
     auto stage = [&g](const PlanAction& a) -> const PlanStage& {
         return g.stages[static_cast<size_t>(a.stage)];
     };
-    // The tensor-parallel group shares a host when it can (the fastest axis of the layout).
-    auto tp_link = [&g, &pr](const PlanRank& r) {
-        int32_t first = g.rank_of(r.dp, r.pp, 0, r.cp),
-                last = g.rank_of(r.dp, r.pp, g.tp - 1, r.cp);
+    // A group of consecutive ranks, from `first` to `last`, talks over the host's links when
+    // both ends share a host. The tensor- and context-parallel groups are such runs (the
+    // fastest axes of the layout), and share a host when they can.
+    auto span_link = [&g, &pr](int32_t first, int32_t last) {
         return g.ranks[static_cast<size_t>(first)].host == g.ranks[static_cast<size_t>(last)].host
                    ? pr.intra
                    : pr.inter;
     };
-    auto cp_link = [&g, &pr](const PlanRank& r) {
-        int32_t first = g.rank_of(r.dp, r.pp, r.tp, 0),
-                last = g.rank_of(r.dp, r.pp, r.tp, g.cp - 1);
-        return g.ranks[static_cast<size_t>(first)].host == g.ranks[static_cast<size_t>(last)].host
-                   ? pr.intra
-                   : pr.inter;
+    auto tp_link = [&g, span_link](const PlanRank& r) {
+        return span_link(g.rank_of(r.dp, r.pp, 0, r.cp), g.rank_of(r.dp, r.pp, g.tp - 1, r.cp));
+    };
+    auto cp_link = [&g, span_link](const PlanRank& r) {
+        return span_link(g.rank_of(r.dp, r.pp, r.tp, 0), g.rank_of(r.dp, r.pp, r.tp, g.cp - 1));
     };
     // The link of the replica group (dp x cp): the host's when every member shares it.
     auto replica_link = [&g, &pr](const PlanRank& r) {
