@@ -36,7 +36,7 @@ demo: deps build
 
 # Canonical formatting of the hand-written C++ and of the shipped .dist scripts.
 CXX_SOURCES = $(shell git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' 2>/dev/null)
-DIST_SOURCES = $(shell git ls-files 'examples/*.dist' 'stdlib/*.dist' 2>/dev/null)
+DIST_SOURCES = $(shell git ls-files 'examples/*.dist' 'stdlib/*.dist' 'bench/*.dist' 2>/dev/null)
 
 format:
 	clang-format -i $(CXX_SOURCES)

@@ -26,6 +26,14 @@ struct SimOptions {
     std::string svg;              // write a Gantt chart here ("" for none)
     std::string trace;            // write Chrome trace-event JSON here ("" for none)
 };
+struct CalibrateOptions {
+    std::string out;    // DIR/hardware/NAME.toml
+    bool quick = false; // a small grid (for tests): seconds instead of minutes
+    int32_t cores = 0;  // the cores to calibrate for (0: all of this machine's)
+};
+/// Measures this machine and writes it as a hardware profile.
+int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& err);
+
 /// Simulates one training step of the script's plan.
 int run_sim(const CommonOptions& o, const SimOptions& s, std::ostream& out, std::ostream& err);
 
@@ -36,6 +44,7 @@ struct RunOptions {
     std::string load;          // start from these weights (Dist or Hugging Face folder)
     bool progress = true;      // a progress line on stderr
     int64_t sample_tokens = 0; // print this many sampled tokens at the end
+    std::string svg;           // the last step's timelines, measured above predicted ("" none)
     std::string trace;         // the last step as it ran, Chrome trace-event JSON ("" for none)
 };
 /// Trains the script's model for real on its mesh (one worker actor per rank). Within a job of

@@ -46,6 +46,20 @@ int main(int argc, char** argv) {
     sim->add_option("--trace", sim_options.trace,
                     "write a Chrome trace (chrome://tracing, Perfetto) to this file");
 
+    dist::cli::CalibrateOptions calibrate_options;
+    CLI::App* calibrate = app.add_subcommand(
+        "calibrate", "measure this machine's kernels, transports and collectives into a "
+                     "hardware profile (a few minutes)");
+    calibrate
+        ->add_option("--out", calibrate_options.out,
+                     "the profile to write: DIR/hardware/NAME.toml (`devices: NAME` with DIR "
+                     "on DIST_PATH)")
+        ->required();
+    calibrate->add_flag("--quick", calibrate_options.quick,
+                        "a coarse grid in seconds (for tests; less accurate)");
+    calibrate->add_option("--cores", calibrate_options.cores, "cores to use (default: all)")
+        ->check(CLI::Range(1, 4096));
+
     dist::cli::RunOptions run_options;
     bool quiet = false;
     CLI::App* run = app.add_subcommand("run", "train the script's model");
@@ -61,7 +75,10 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(0, 1 << 20));
     run->add_flag("--quiet", quiet, "no progress line");
     run->add_option("--trace", run_options.trace,
-                    "write the last step as it ran, a Chrome trace like `dist sim --trace`");
+                    "write the last step as it ran and as `dist sim` predicts it: one Chrome "
+                    "trace, two processes");
+    run->add_option("--svg", run_options.svg,
+                    "draw the last step as it ran above its prediction (SVG)");
     int procs = 0;
     run->add_option("--procs", procs,
                     "start this many processes on this host, the ranks divided among them")
@@ -112,6 +129,7 @@ int main(int argc, char** argv) {
         return dist::cli::run_fmt(common, write, check_only, std::cout, std::cerr);
     }
     if (*plan) return dist::cli::run_plan(common, json, std::cout, std::cerr);
+    if (*calibrate) return dist::cli::run_calibrate(calibrate_options, std::cout, std::cerr);
     if (*sim) return dist::cli::run_sim(common, sim_options, std::cout, std::cerr);
     if (*generate)
         return dist::cli::run_generate(common, generate_load, tokenizer, prompts, std::cin,

@@ -40,7 +40,7 @@ std::optional<Planned> planned(const CommonOptions& o, std::ostream& err) {
 }
 
 bool runs_here(const Program& p, std::ostream& err, bool gpus) {
-    if (p.mesh.profile.name == "cpu") return true;
+    if (p.mesh.profile.cpu()) return true;
     if (gpus && kernels::gpu_count() > 0) return true;
     err << "error: the mesh is " << p.mesh.devices << " " << p.mesh.profile.name << " device(s); ";
     if (!gpus)

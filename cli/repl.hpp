@@ -111,6 +111,9 @@ class ReplSession {
     std::optional<Program> program_; // the current program (always checks)
     ReplEvaluation current_;         // its plan and timeline, when computed
     bool planned_ = false, simulated_ = false;
+    /// The last `run`'s last step as it ran: `explain` compares it with the prediction while
+    /// the plan stays the same.
+    std::optional<sim::Timeline> last_measured_;
 };
 
 /// `dist repl [FILE]`: libedit on a terminal, else one command per line of standard input.

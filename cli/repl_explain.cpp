@@ -21,7 +21,7 @@ namespace {
 using plan::ActionKind;
 using plan::PlanAction;
 
-enum class Cause { warmup, activation, gradient, dp_reduction, transfer, cooldown };
+enum class Cause { warmup, activation, gradient, dp_reduction, norm, transfer, cooldown };
 
 struct Wait {
     Cause cause = Cause::transfer;
@@ -90,10 +90,35 @@ class Explainer {
             }
         }
         if (w.peer < 0 && reduction) w.cause = Cause::dp_reduction;
+        if (actions[hi].kind == ActionKind::step) follow_norm(rank, latest, w);
         return w;
     }
 
   private:
+    // The update waits for the gradient norm, an all-reduce over the model replica (every rank
+    // under ZeRO): the member whose last action before STEP ends last holds it up.
+    void follow_norm(int32_t rank, double& latest, Wait& w) const {
+        const plan::PlanRank& me = g_.ranks[static_cast<size_t>(rank)];
+        for (const plan::PlanRank& q : g_.ranks) {
+            if (q.rank == rank || (g_.zero == 0 && (q.dp != me.dp || q.cp != me.cp))) continue;
+            const auto& qs = t_.ranks[static_cast<size_t>(q.rank)].spans;
+            // Its last span before its own STEP.
+            if (qs.empty()) continue;
+            size_t k = qs.size() - 1;
+            const auto& qa = g_.ranks[static_cast<size_t>(q.rank)].actions;
+            if (qa[qs[k].action].kind == ActionKind::step) {
+                if (k == 0) continue;
+                --k;
+            }
+            if (qs[k].end > latest) {
+                latest = qs[k].end;
+                w.cause = Cause::norm;
+                w.peer = w.from_rank = q.rank;
+                w.from_span = k;
+            }
+        }
+    }
+
     static uint64_t key(int32_t stage, int32_t microbatch, bool grad) {
         return (static_cast<uint64_t>(static_cast<uint32_t>(stage)) << 33) |
                (static_cast<uint64_t>(static_cast<uint32_t>(microbatch)) << 1) | (grad ? 1 : 0);
@@ -144,6 +169,9 @@ std::string cause_text(Cause c, int32_t peer) {
     case Cause::dp_reduction:
         return "in the data-parallel gradient reduction" +
                (peer >= 0 ? ", waiting for rank " + p : std::string());
+    case Cause::norm:
+        return "waiting for the gradient norm before the update: rank " + p +
+               " of the replica finishes last";
     case Cause::transfer: return "in transit: the transfers' own time";
     case Cause::cooldown: return "cool-down: its work is done while other ranks finish";
     }
@@ -208,6 +236,7 @@ void explain_critical_path(const sim::Timeline& t, const Explainer& ex, std::ost
         if (sg.reached && i > 0) {
             const Segment& before = path[i - 1];
             std::string what = sg.via.cause == Cause::dp_reduction ? "data-parallel reduction"
+                               : sg.via.cause == Cause::norm       ? "gradient norm"
                                : sg.via.cause == Cause::gradient   ? "gradient"
                                                                    : "activation";
             out << "    -> " << what;
@@ -291,6 +320,9 @@ void ReplSession::cmd_explain() {
                 "within "
              << time_text(t, spread) << "\n";
     }
+    if (last_measured_ && last_measured_->graph == g && t.cost == sim::CostModel::profile)
+        out_ << "\nthe last `run`'s step beside this prediction (" << program_->mesh.profile.name
+             << " profile): " << sim::disagreement_text(*last_measured_, t);
 }
 
 } // namespace dist::cli

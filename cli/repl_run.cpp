@@ -65,8 +65,10 @@ void ReplSession::cmd_run(const std::string& args) {
     run_program.train.checkpoint.dir.clear();
     runtime::SessionOptions so;
     so.join_launch = false;
+    std::vector<double> step_times;
     so.on_step = [&](const runtime::SessionStep& s) {
         const models::StepMetrics& m = s.metrics;
+        step_times.push_back(m.step_time_s);
         char line[160];
         std::snprintf(line, sizeof line, "step %lld  loss %.4f  %.1f ms  %.0f tokens/s",
                       static_cast<long long>(m.step), m.loss, 1e3 * m.step_time_s, m.tokens_per_s);
@@ -87,7 +89,7 @@ void ReplSession::cmd_run(const std::string& args) {
         return;
     }
     if (!e.message.empty()) {
-        if (p.mesh.profile.name != "cpu")
+        if (!p.mesh.profile.cpu())
             error(e.message, "`set mesh.devices cpu`");
         else
             error(e.message);
@@ -98,14 +100,14 @@ void ReplSession::cmd_run(const std::string& args) {
     const runtime::SessionStep& last = *done;
     if (last.timings.empty()) return;
     sim::Timeline measured = runtime::measured_timeline(graph, last.timings);
-    char line[256];
-    std::snprintf(line, sizeof line,
-                  "last step: measured %.3f ms, simulated %.3f ms (the %s profile); bubble "
-                  "measured %s, simulated %s\n",
-                  1e3 * last.metrics.step_time_s, 1e3 * predicted.step_time_s,
-                  p.mesh.profile.name.c_str(), percent_text(measured.bubble_fraction).c_str(),
-                  percent_text(predicted.bubble_fraction).c_str());
-    out_ << line;
+    // The median step after the first (which warms up).
+    std::vector<double> times(step_times.begin() + (step_times.size() > 1 ? 1 : 0),
+                              step_times.end());
+    std::sort(times.begin(), times.end());
+    double median = times.empty() ? last.metrics.step_time_s : times[times.size() / 2];
+    out_ << sim::comparison_line(median, measured.bubble_fraction, predicted, p.mesh.profile.name)
+         << "\n(`explain` says where they differ)\n";
+    last_measured_ = std::move(measured);
 }
 
 } // namespace dist::cli

@@ -42,9 +42,10 @@ std::string with_transfers(const std::string& trace, const runtime::SessionStep&
         return trace;
     nlohmann::json ranks = nlohmann::json::parse(runtime::traffic_json(step.traffic))["by_rank"];
     std::string events;
+    const std::vector<double> origin = runtime::timing_origins(step.timings);
     for (size_t r = 0; r < step.timings.size() && r < ranks.size(); ++r) {
         double last = 0;
-        for (const auto& t : step.timings[r]) last = std::max(last, t.end_s);
+        for (const auto& t : step.timings[r]) last = std::max(last, t.end_s - origin[r]);
         nlohmann::json e = {{"name", "transfers between processes"},
                             {"ph", "i"},
                             {"s", "t"},
@@ -90,9 +91,11 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
                   << std::flush;
         std::_Exit(1);
     };
+    std::vector<double> step_times;
     so.on_step = [&](const runtime::SessionStep& s) {
         const models::StepMetrics& m = s.metrics;
         elapsed += m.step_time_s;
+        step_times.push_back(m.step_time_s);
         double eta =
             elapsed / static_cast<double>(m.step - first) * static_cast<double>(last - m.step);
         std::string line = runtime::progress_line(m, last, eta);
@@ -134,29 +137,41 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
     const runtime::SessionStep* last_step = session.last();
     if (last_step && !last_step->timings.empty()) {
         sim::Timeline measured = runtime::measured_timeline(graph, last_step->timings);
-        if (graph.pp > 1) {
-            sim::SimResult predicted = sim::simulate(graph, p);
-            char line[160];
-            std::snprintf(line, sizeof line, "pipeline bubble of the last step: measured %.1f%%",
-                          100.0 * measured.bubble_fraction);
-            out << line;
-            if (predicted.ok())
-                out << ", simulated "
-                    << std::to_string(100.0 * predicted.timeline->bubble_fraction).substr(0, 4)
-                    << "% (`dist sim` with the " << p.mesh.profile.name << " profile)";
-            out << "\n";
-        }
-        if (!r.trace.empty()) {
-            std::string trace = sim::chrome_trace(
-                measured, "dist run: " + std::string(to_string(graph.schedule)) + " (measured)");
-            if (session.processes() > 1) trace = with_transfers(trace, *last_step);
-            std::string we = models::write_file_atomically(r.trace, {trace});
+        sim::SimResult predicted = sim::simulate(graph, p);
+        // The median step after the first (which warms up), beside the prediction.
+        std::vector<double> times(step_times.begin() + (step_times.size() > 1 ? 1 : 0),
+                                  step_times.end());
+        std::sort(times.begin(), times.end());
+        double median = times.empty() ? measured.step_time_s : times[times.size() / 2];
+        if (predicted.ok())
+            out << sim::comparison_line(median, measured.bubble_fraction, *predicted.timeline,
+                                        p.mesh.profile.name)
+                << "\n";
+        const std::string kind = to_string(graph.schedule);
+        const std::string measured_name = "measured: dist run (" + kind + ", last step)";
+        const std::string predicted_name =
+            "predicted: dist sim (" + kind + ", the " + p.mesh.profile.name + " profile)";
+        std::vector<std::pair<std::string, const sim::Timeline*>> both = {
+            {measured_name, &measured}};
+        if (predicted.ok()) both.push_back({predicted_name, &*predicted.timeline});
+        auto write = [&](const std::string& path, const std::string& text, const char* what) {
+            std::string we = models::write_file_atomically(path, {text});
             if (!we.empty()) {
                 err << "error: " << we << "\n";
-                return 1;
+                return false;
             }
-            out << "trace of the last step: " << r.trace << "\n";
+            out << what << path << "\n";
+            return true;
+        };
+        if (!r.trace.empty()) {
+            std::string trace = sim::chrome_trace(both);
+            if (session.processes() > 1) trace = with_transfers(trace, *last_step);
+            if (!write(r.trace, trace, "trace of the last step, measured and predicted: "))
+                return 1;
         }
+        if (!r.svg.empty() &&
+            !write(r.svg, sim::svg(both), "timelines of the last step, measured and predicted: "))
+            return 1;
     }
     if (r.sample_tokens > 0 && session.weights()) {
         GenerateSpec gen = p.generate;

@@ -57,11 +57,85 @@ class Reader {
         return *v;
     }
 
+    /// An array of tables at `path` (absent: empty), each read by `row`.
+    template <typename Row> void rows(std::string_view path, const Row& row) {
+        toml::node_view<const toml::node> n = root_.at_path(path);
+        if (!n) return;
+        const toml::array* list = n.as_array();
+        if (!list) {
+            diags_.error(node_loc(file_, n.node(), root_),
+                         "`" + std::string(path) + "` must be an array of tables");
+            return;
+        }
+        for (const toml::node& e : *list) {
+            const toml::table* t = e.as_table();
+            if (!t) {
+                diags_.error(node_loc(file_, &e, root_),
+                             "`" + std::string(path) + "` must be an array of tables");
+                continue;
+            }
+            Reader inner(*t, file_, diags_);
+            row(inner);
+        }
+    }
+
   private:
     const toml::table& root_;
     uint32_t file_;
     Diagnostics& diags_;
 };
+
+int32_t count(Reader& r, std::string_view key) {
+    return static_cast<int32_t>(r.number(key));
+}
+
+void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnostics& diags,
+                      Calibration& c) {
+    if (!root.contains("calibration")) return;
+    c.command = r.string("calibration.command");
+    c.date = r.string("calibration.date");
+    c.cores = count(r, "calibration.cores");
+    if (const toml::array* scales = root.at_path("calibration.scales").as_array()) {
+        bool good = scales->size() == 4;
+        for (size_t i = 0; good && i < 4; ++i) {
+            std::optional<double> v = (*scales)[i].value<double>();
+            good = v && *v > 0 && std::isfinite(*v);
+            if (good) c.scales[i] = *v;
+        }
+        if (!good)
+            diags.error(node_loc(file, root.at_path("calibration.scales").node(), root),
+                        "`scales` must be four positive numbers");
+    }
+    r.rows("calibration.matmul", [&](Reader& t) {
+        c.matmul.push_back({t.string("kernel"), static_cast<int64_t>(t.number("m")),
+                            static_cast<int64_t>(t.number("n")),
+                            static_cast<int64_t>(t.number("k")), count(t, "threads"),
+                            t.number("flops")});
+    });
+    r.rows("calibration.attention", [&](Reader& t) {
+        c.attention.push_back({static_cast<int64_t>(t.number("seq")),
+                               static_cast<int64_t>(t.number("head_dim")), count(t, "threads"),
+                               t.number("forward"), t.number("backward")});
+    });
+    r.rows("calibration.elementwise", [&](Reader& t) {
+        c.elementwise.push_back({t.string("op"), static_cast<int64_t>(t.number("elements")),
+                                 count(t, "threads"), t.number("forward"), t.number("backward")});
+    });
+    r.rows("calibration.sharing", [&](Reader& t) {
+        c.sharing.push_back({count(t, "threads"), t.number("speed")});
+    });
+    r.rows("calibration.transfer", [&](Reader& t) {
+        c.transfers.push_back(
+            {t.string("transport"), static_cast<int64_t>(t.number("bytes")), t.number("seconds")});
+    });
+    r.rows("calibration.collective", [&](Reader& t) {
+        c.collectives.push_back({t.string("backend"), t.string("op"), count(t, "ranks"),
+                                 static_cast<int64_t>(t.number("bytes")), t.number("seconds")});
+    });
+    if (c.matmul.empty() || c.sharing.empty())
+        diags.error(node_loc(file, root.at_path("calibration").node(), root),
+                    "a calibration needs its `matmul` and `sharing` rows");
+}
 
 } // namespace
 
@@ -106,6 +180,34 @@ std::optional<HardwareProfile> load_profile(const std::filesystem::path& path,
     p.intra_host.latency = r.number("links.intra_host.latency");
     p.inter_host.bandwidth = r.number("links.inter_host.bandwidth");
     p.inter_host.latency = r.number("links.inter_host.latency");
+    if (const toml::array* curve = root.at_path("compute.matmul_efficiency").as_array()) {
+        // [[width, efficiency], ...], widths ascending.
+        for (const toml::node& point : *curve) {
+            const toml::array* pair = point.as_array();
+            double w = 0, e = 0;
+            if (pair && pair->size() == 2) {
+                w = (*pair)[0].value<double>().value_or(0.0);
+                e = (*pair)[1].value<double>().value_or(0.0);
+            }
+            if (!(w > 0) || !(e > 0) || e > 1 ||
+                (!p.matmul_efficiency_by_width.empty() &&
+                 w <= p.matmul_efficiency_by_width.back().first)) {
+                diags.error(node_loc(file, &point, root),
+                            "`matmul_efficiency` points are [width, efficiency] pairs, widths "
+                            "ascending, efficiencies in (0, 1]");
+                break;
+            }
+            p.matmul_efficiency_by_width.push_back({w, e});
+        }
+    } else {
+        p.matmul_efficiency = r.number("compute.matmul_efficiency", false);
+    }
+    p.attention_efficiency = r.number("compute.attention_efficiency", false);
+    for (double e : {p.matmul_efficiency, p.attention_efficiency})
+        if (e > 1.0)
+            diags.error(node_loc(file, root.at_path("compute").node(), root),
+                        "an efficiency is a fraction of peak, at most 1");
+    read_calibration(r, root, file, diags, p.calibration);
     if (diags.error_count() > before) return std::nullopt;
     return p;
 }

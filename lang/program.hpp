@@ -8,6 +8,7 @@
 #include "lang/source.hpp"
 #include "lang/value.hpp"
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -109,6 +110,60 @@ struct LinkSpec {
     double latency = 0.0;   // seconds
 };
 
+/// What `dist calibrate` measured on a machine (empty in a datasheet profile). Rates are of
+/// Dist's own kernels and transports, alone on an idle machine unless said otherwise.
+struct MatmulRate {
+    /// "nt": out = in weight^T (a forward); "nn": an input gradient; "tn": a weight gradient.
+    std::string kernel;
+    int64_t m = 0, n = 0, k = 0; // C (m, n) = op(A) (m, k) op(B) (k, n)
+    int32_t threads = 1;
+    double flops = 0; // FLOP/s
+};
+struct AttentionRate {
+    int64_t seq = 0, head_dim = 0;
+    int32_t threads = 1;
+    double forward = 0, backward = 0; // FLOP/s of causal attention's score and value matmuls
+};
+/// An element-wise kernel (layernorm, gelu, cross_entropy, copy, adamw ...) over `elements`.
+struct StreamRate {
+    std::string op;
+    int64_t elements = 0;
+    int32_t threads = 1;
+    double forward = 0, backward = 0; // elements per second
+};
+/// `threads` single-threaded workers running at once: each one's speed relative to one alone.
+struct SharingPoint {
+    int32_t threads = 1;
+    double speed = 1;
+};
+/// One message of `bytes` through a transport ("inprocess", "ucx-sm", "ucx-tcp").
+struct TransferSample {
+    std::string transport;
+    int64_t bytes = 0;
+    double seconds = 0;
+};
+/// One collective over `ranks` members (backend "inprocess", "gloo", "nccl").
+struct CollectiveSample {
+    std::string backend, op; // op: all_reduce, reduce_scatter, all_gather
+    int32_t ranks = 0;
+    int64_t bytes = 0;
+    double seconds = 0;
+};
+struct Calibration {
+    std::string command, date;
+    int32_t cores = 0; // the cores a process's ranks share (0: not calibrated)
+    /// Whole actions against their kernels (buffers, caches, bookkeeping): what a forward's
+    /// blocks, its ends (embeddings, head, loss), a backward's blocks and ends cost per second
+    /// of their kernels.
+    std::array<double, 4> scales{1, 1, 1, 1};
+    std::vector<MatmulRate> matmul;
+    std::vector<AttentionRate> attention;
+    std::vector<StreamRate> elementwise;
+    std::vector<SharingPoint> sharing;
+    std::vector<TransferSample> transfers;
+    std::vector<CollectiveSample> collectives;
+};
+
 /// A device kind and its links, read from stdlib/hardware/NAME.toml.
 struct HardwareProfile {
     std::string name;
@@ -122,6 +177,17 @@ struct HardwareProfile {
     int64_t devices_per_host = 0;  // 0: no limit (CPU cores shared by ranks)
     LinkSpec intra_host;
     LinkSpec inter_host;
+    /// Fractions of peak that matmuls and attention reach (published measurements for a
+    /// datasheet profile; 0: the simulator's default). `matmul_efficiency_by_width`, when
+    /// given, is (model width, efficiency) points: wider models' matmuls run closer to peak.
+    double matmul_efficiency = 0.0;
+    double attention_efficiency = 0.0;
+    std::vector<std::pair<double, double>> matmul_efficiency_by_width;
+    Calibration calibration;
+
+    /// Ranks on this machine's CPU cores: the `cpu` profile, or one `dist calibrate` measured
+    /// on a CPU (it has no devices per host).
+    bool cpu() const { return name == "cpu" || (calibration.cores > 0 && devices_per_host == 0); }
 };
 
 struct MeshSpec {

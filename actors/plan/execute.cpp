@@ -5,7 +5,10 @@
 #include "actors/plan/execute.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <map>
+#include <set>
 #include <tuple>
 
 namespace dist::plan {
@@ -32,9 +35,121 @@ MessageKey recv_key(int32_t to, const PlanAction& a) {
     return {a.kind == ActionKind::recv_forward ? 0 : 1, a.stage, a.microbatch, a.peer, to};
 }
 
-} // namespace
+// Data-parallel collectives (reductions, ZeRO's gathers): the k-th one of each group starts
+// once every member has entered it and the members' communication streams are free.
+struct Collectives {
+    const Graph& g;
+    const ExecCosts& costs;
+    std::vector<double> comm_free;
+    std::vector<int32_t> entered;                                       // per rank
+    std::map<std::pair<int32_t, int32_t>, std::vector<double>> entries; // (group, k) -> times
+    std::map<std::pair<int32_t, int32_t>, double> finished, begun;
+    // ZeRO 3: the collective number of the gather a compute action waits for, per rank.
+    using GatherKey = std::tuple<int32_t, int32_t, bool>; // stage, microbatch, forward
+    std::vector<std::map<GatherKey, int32_t>> gathered;
 
-ExecTimes execute(const Graph& g, const ExecCosts& costs) {
+    Collectives(const Graph& graph, const ExecCosts& c)
+        : g(graph), costs(c), comm_free(graph.ranks.size(), 0.0), entered(graph.ranks.size(), 0),
+          gathered(graph.ranks.size()) {}
+
+    int32_t group_of(const PlanRank& r) const { return r.pp * g.tp + r.tp; }
+
+    /// Rank `r` enters collective `a` at `at`; returns its end once known (else -1).
+    double enter(const PlanRank& rank, const PlanAction& a, double at) {
+        const size_t r = static_cast<size_t>(rank.rank);
+        int32_t k = entered[r]++;
+        if (a.kind == ActionKind::gather_forward || a.kind == ActionKind::gather_backward)
+            gathered[r][{a.stage, a.microbatch, a.kind == ActionKind::gather_forward}] = k;
+        auto key = std::make_pair(group_of(rank), k);
+        auto& e = entries[key];
+        e.push_back(at);
+        if (static_cast<int32_t>(e.size()) < g.dp * g.cp || finished.count(key)) return -1.0;
+        double start = *std::max_element(e.begin(), e.end());
+        std::vector<int32_t> ms = g.replica_group(rank);
+        for (int32_t m : ms) start = std::max(start, comm_free[static_cast<size_t>(m)]);
+        double end = start + costs.reduction(rank, a);
+        for (int32_t m : ms) comm_free[static_cast<size_t>(m)] = end;
+        finished[key] = end;
+        begun[key] = start;
+        return end;
+    }
+
+    /// The end of the rank's last collective when all have finished (else -1): STEP waits for it.
+    double all_done(const PlanRank& rank) const {
+        double at = 0;
+        for (int32_t k = 0; k < entered[static_cast<size_t>(rank.rank)]; ++k) {
+            auto it = finished.find({group_of(rank), k});
+            if (it == finished.end()) return -1.0;
+            at = std::max(at, it->second);
+        }
+        return at;
+    }
+
+    /// A compute action under ZeRO 3 waits for its stage's weights: the gather runs a unit
+    /// (block) at a time, one ahead of the compute, so the compute may start once the first
+    /// unit is in and cannot end before the last unit has arrived and been computed. Returns
+    /// false when the gather has not settled yet; else the earliest start and end.
+    struct Gate {
+        bool gated = false, ready = true;
+        double start = 0, not_before = 0;
+    };
+    Gate gate(const PlanRank& rank, const PlanAction& a, double compute) {
+        Gate out;
+        if (a.kind == ActionKind::backward_weight) return out;
+        auto& mine = gathered[static_cast<size_t>(rank.rank)];
+        auto git = mine.find({a.stage, a.microbatch, a.kind == ActionKind::forward});
+        if (git == mine.end()) return out;
+        out.gated = true;
+        auto key = std::make_pair(group_of(rank), git->second);
+        auto fin = finished.find(key);
+        if (fin == finished.end()) {
+            out.ready = false;
+            return out;
+        }
+        double units = std::max(1, g.stages[static_cast<size_t>(a.stage)].units);
+        double began = begun[key], took = fin->second - began;
+        out.start = began + took / units;
+        out.not_before = fin->second + compute / units;
+        mine.erase(git);
+        return out;
+    }
+};
+
+// STEP's gradient norm: the latest arrival at STEP among the ranks it is reduced over (the
+// model replica's, every rank's under ZeRO); negative while one of them has not arrived.
+double norm_barrier(const Graph& g, const PlanRank& rank, const std::vector<double>& arrived) {
+    double last = 0;
+    for (const PlanRank& m : g.ranks) {
+        if (g.zero == 0 && (m.dp != rank.dp || m.cp != rank.cp)) continue;
+        double at = arrived[static_cast<size_t>(m.rank)];
+        if (at < 0) return -1.0;
+        last = std::max(last, at);
+    }
+    return last;
+}
+
+// Whether every rank finished, and what the stuck ones wait for.
+void conclude(const Graph& g, const Collectives& dp, ExecTimes& t) {
+    t.complete = true;
+    for (size_t r = 0; r < g.ranks.size(); ++r) {
+        const PlanRank& rank = g.ranks[r];
+        if (t.stopped_at[r] == rank.actions.size()) continue;
+        t.complete = false;
+        const PlanAction& a = rank.actions[t.stopped_at[r]];
+        if (is_p2p(a.kind)) {
+            if (a.peer >= 0 && static_cast<size_t>(a.peer) < g.ranks.size())
+                t.waits_for[r].push_back(a.peer);
+        } else if (a.kind == ActionKind::step || is_compute(a.kind)) {
+            for (int32_t m : g.replica_group(rank)) {
+                if (static_cast<size_t>(m) == r) continue;
+                // A member that has entered fewer reductions than this rank holds it up.
+                if (dp.entered[static_cast<size_t>(m)] < dp.entered[r]) t.waits_for[r].push_back(m);
+            }
+        }
+    }
+}
+
+ExecTimes sized(const Graph& g) {
     const size_t n = g.ranks.size();
     ExecTimes t;
     t.start.resize(n);
@@ -45,31 +160,17 @@ ExecTimes execute(const Graph& g, const ExecCosts& costs) {
         t.start[r].assign(g.ranks[r].actions.size(), 0.0);
         t.end[r].assign(g.ranks[r].actions.size(), 0.0);
     }
-    std::vector<double> clock(n, 0.0), comm_free(n, 0.0);
+    return t;
+}
+
+// Each rank on its own device: a fixpoint over the ranks.
+ExecTimes execute_devices(const Graph& g, const ExecCosts& costs) {
+    const size_t n = g.ranks.size();
+    ExecTimes t = sized(g);
+    std::vector<double> clock(n, 0.0);
     std::map<MessageKey, double> arrived;
-    // Reductions: the k-th one of each data-parallel group, entered by its members.
-    auto group_of = [&](const PlanRank& r) { return r.pp * g.tp + r.tp; };
-    std::vector<int32_t> entered(n, 0); // reductions entered per rank
-    std::map<std::pair<int32_t, int32_t>, std::vector<double>> entries; // (group, k) -> times
-    std::map<std::pair<int32_t, int32_t>, double> finished;             // (group, k) -> end
-    std::map<std::pair<int32_t, int32_t>, double> begun;                // (group, k) -> start
-    auto members = [&](const PlanRank& r) { return g.replica_group(r); };
-    const int32_t group_size = g.dp * g.cp;
-    // ZeRO 3: the collective number of the gather a compute action waits for, per rank.
-    using GatherKey = std::tuple<int32_t, int32_t, bool>; // stage, microbatch, forward
-    std::vector<std::map<GatherKey, int32_t>> gathered(n);
-    auto settle = [&](int32_t group, int32_t k, const PlanRank& any, const PlanAction& a) {
-        auto key = std::make_pair(group, k);
-        auto& e = entries[key];
-        if (static_cast<int32_t>(e.size()) < group_size || finished.count(key)) return;
-        double start = *std::max_element(e.begin(), e.end());
-        std::vector<int32_t> ms = members(any);
-        for (int32_t m : ms) start = std::max(start, comm_free[static_cast<size_t>(m)]);
-        double end = start + costs.reduction(any, a);
-        for (int32_t m : ms) comm_free[static_cast<size_t>(m)] = end;
-        finished[key] = end;
-        begun[key] = start;
-    };
+    Collectives dp(g, costs);
+    std::vector<double> at_step(n, -1.0); // when each rank reached STEP
     bool progress = true;
     while (progress) {
         progress = false;
@@ -80,26 +181,11 @@ ExecTimes execute(const Graph& g, const ExecCosts& costs) {
                 const PlanAction& a = rank.actions[pos];
                 double start = clock[r], end = start;
                 if (is_compute(a.kind)) {
-                    // Under ZeRO 3 the stage's weights must have arrived.
-                    GatherKey gk{a.stage, a.microbatch, a.kind == ActionKind::forward};
-                    auto git = a.kind == ActionKind::backward_weight ? gathered[r].end()
-                                                                     : gathered[r].find(gk);
                     double compute = costs.compute(rank, a);
-                    if (git != gathered[r].end()) {
-                        auto key = std::make_pair(group_of(rank), git->second);
-                        auto fin = finished.find(key);
-                        if (fin == finished.end()) break;
-                        // The gather runs a unit (block) at a time, one ahead of the compute:
-                        // the compute starts once the first unit is in and cannot finish
-                        // before the last unit has arrived and been computed.
-                        double units = std::max(1, g.stages[static_cast<size_t>(a.stage)].units);
-                        double began = begun[key], took = fin->second - began;
-                        start = std::max(start, began + took / units);
-                        end = std::max(start + compute, fin->second + compute / units);
-                        gathered[r].erase(git);
-                    } else {
-                        end = start + compute;
-                    }
+                    Collectives::Gate gate = dp.gate(rank, a, compute);
+                    if (!gate.ready) break;
+                    start = std::max(start, gate.start);
+                    end = std::max(start + compute, gate.not_before);
                 } else if (a.kind == ActionKind::send_forward ||
                            a.kind == ActionKind::send_backward) {
                     if (a.peer < 0 || static_cast<size_t>(a.peer) >= n) break;
@@ -112,24 +198,18 @@ ExecTimes execute(const Graph& g, const ExecCosts& costs) {
                     start = end = std::max(start, it->second);
                     arrived.erase(it);
                 } else if (is_dp_collective(a.kind)) {
-                    int32_t k = entered[r]++;
-                    if (a.kind == ActionKind::gather_forward ||
-                        a.kind == ActionKind::gather_backward)
-                        gathered[r][{a.stage, a.microbatch, a.kind == ActionKind::gather_forward}] =
-                            k;
-                    entries[{group_of(rank), k}].push_back(start);
-                    settle(group_of(rank), k, rank, a);
+                    dp.enter(rank, a, start);
                 } else { // STEP: after this rank's reductions
-                    bool ready = true;
-                    for (int32_t k = 0; k < entered[r]; ++k) {
-                        auto it = finished.find({group_of(rank), k});
-                        if (it == finished.end()) {
-                            ready = false;
-                            break;
-                        }
-                        start = std::max(start, it->second);
+                    double done = dp.all_done(rank);
+                    if (done < 0) break;
+                    start = std::max(start, done);
+                    if (costs.step_barrier) {
+                        // The update starts once the norm is in: the wait before is idle.
+                        at_step[r] = start;
+                        double all = norm_barrier(g, rank, at_step);
+                        if (all < 0) break;
+                        start = all;
                     }
-                    if (!ready) break;
                     end = start + costs.compute(rank, a);
                 }
                 t.start[r][pos] = start;
@@ -140,23 +220,133 @@ ExecTimes execute(const Graph& g, const ExecCosts& costs) {
             }
         }
     }
-    t.complete = true;
-    for (size_t r = 0; r < n; ++r) {
-        const PlanRank& rank = g.ranks[r];
-        if (t.stopped_at[r] == rank.actions.size()) continue;
-        t.complete = false;
-        const PlanAction& a = rank.actions[t.stopped_at[r]];
-        if (is_p2p(a.kind)) {
-            if (a.peer >= 0 && static_cast<size_t>(a.peer) < n) t.waits_for[r].push_back(a.peer);
-        } else if (a.kind == ActionKind::step || is_compute(a.kind)) {
-            for (int32_t m : members(rank)) {
-                if (static_cast<size_t>(m) == r) continue;
-                // A member that has entered fewer reductions than this rank holds it up.
-                if (entered[static_cast<size_t>(m)] < entered[r]) t.waits_for[r].push_back(m);
+    conclude(g, dp, t);
+    return t;
+}
+
+// Ranks sharing a host's cores: an event-driven execution in time order. Between two events
+// every running compute action progresses at its speed given the threads then busy on its host.
+ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
+    const size_t n = g.ranks.size();
+    ExecTimes t = sized(g);
+    std::map<MessageKey, double> arrived;
+    Collectives dp(g, costs);
+    struct Running {
+        bool on = false;
+        double left = 0, total = 0; // seconds of work alone on the host
+        double not_before = 0;      // ZeRO 3: cannot end before its last unit has arrived
+        double threads = 1;
+    };
+    std::vector<Running> run(n);
+    std::vector<double> at_step(n, -1.0); // when each rank reached STEP
+    std::set<double> wakes;               // future times at which a waiting rank may go on
+    double now = 0;
+    while (true) {
+        // Every idle rank goes as far as it can at `now`.
+        for (bool moved = true; moved;) {
+            moved = false;
+            for (size_t r = 0; r < n; ++r) {
+                if (run[r].on) continue;
+                const PlanRank& rank = g.ranks[r];
+                size_t& pos = t.stopped_at[r];
+                while (pos < rank.actions.size()) {
+                    const PlanAction& a = rank.actions[pos];
+                    if (is_compute(a.kind) || a.kind == ActionKind::step) {
+                        double compute = costs.compute(rank, a);
+                        double not_before = 0;
+                        if (a.kind == ActionKind::step) {
+                            double done = dp.all_done(rank);
+                            if (done < 0) break;
+                            if (done > now) {
+                                wakes.insert(done);
+                                break;
+                            }
+                            if (costs.step_barrier) {
+                                if (at_step[r] < 0) at_step[r] = now;
+                                if (norm_barrier(g, rank, at_step) < 0) break;
+                            }
+                        } else {
+                            Collectives::Gate gate = dp.gate(rank, a, compute);
+                            if (!gate.ready) break;
+                            if (gate.start > now) {
+                                // Not yet: the gather's first unit arrives later (the gate
+                                // is taken; keep it for when the rank wakes).
+                                wakes.insert(gate.start);
+                                run[r] = {true, compute, compute, gate.not_before,
+                                          costs.threads(rank)};
+                                t.start[r][pos] = gate.start;
+                                break;
+                            }
+                            not_before = gate.not_before;
+                        }
+                        run[r] = {true, compute, compute, not_before, costs.threads(rank)};
+                        t.start[r][pos] = now;
+                        break;
+                    }
+                    if (a.kind == ActionKind::send_forward || a.kind == ActionKind::send_backward) {
+                        if (a.peer < 0 || static_cast<size_t>(a.peer) >= n) break;
+                        double at =
+                            now + costs.transfer(rank, g.ranks[static_cast<size_t>(a.peer)], a);
+                        arrived[send_key(rank.rank, a)] = at;
+                        if (at > now) wakes.insert(at);
+                    } else if (a.kind == ActionKind::recv_forward ||
+                               a.kind == ActionKind::recv_backward) {
+                        auto it = arrived.find(recv_key(rank.rank, a));
+                        if (it == arrived.end() || it->second > now) break;
+                        arrived.erase(it);
+                    } else if (is_dp_collective(a.kind)) {
+                        double end = dp.enter(rank, a, now);
+                        if (end > now) wakes.insert(end);
+                    }
+                    t.start[r][pos] = t.end[r][pos] = now;
+                    ++pos;
+                    moved = true;
+                }
             }
         }
+        // The threads busy on each host, and the next event.
+        std::map<int32_t, double> busy;
+        for (size_t r = 0; r < n; ++r)
+            if (run[r].on && run[r].left > 0 && t.start[r][t.stopped_at[r]] <= now)
+                busy[g.ranks[r].host] += run[r].threads;
+        auto speed_of = [&](size_t r) {
+            double alone = costs.speed(run[r].threads);
+            return costs.speed(std::max(busy[g.ranks[r].host], run[r].threads)) / alone;
+        };
+        double next = std::numeric_limits<double>::infinity();
+        for (size_t r = 0; r < n; ++r) {
+            if (!run[r].on) continue;
+            double began = t.start[r][t.stopped_at[r]];
+            if (began > now) continue; // waiting for its gate (a wake)
+            double done = run[r].left > 0 ? now + run[r].left / speed_of(r) : now;
+            next = std::min(next, std::max(done, run[r].not_before));
+        }
+        auto wake = wakes.upper_bound(now);
+        if (wake != wakes.end()) next = std::min(next, *wake);
+        if (!std::isfinite(next)) break; // nothing runs and nothing will arrive
+        for (size_t r = 0; r < n; ++r) {
+            if (!run[r].on || t.start[r][t.stopped_at[r]] > now || run[r].left <= 0) continue;
+            run[r].left -= (next - now) * speed_of(r);
+            if (run[r].left <= 1e-9 * run[r].total) run[r].left = 0;
+        }
+        now = next;
+        wakes.erase(wakes.begin(), wakes.upper_bound(now));
+        for (size_t r = 0; r < n; ++r) {
+            if (!run[r].on || run[r].left > 0 || run[r].not_before > now ||
+                t.start[r][t.stopped_at[r]] > now)
+                continue;
+            t.end[r][t.stopped_at[r]++] = now;
+            run[r].on = false;
+        }
     }
+    conclude(g, dp, t);
     return t;
+}
+
+} // namespace
+
+ExecTimes execute(const Graph& g, const ExecCosts& costs) {
+    return costs.speed && costs.threads ? execute_shared(g, costs) : execute_devices(g, costs);
 }
 
 } // namespace dist::plan

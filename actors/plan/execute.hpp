@@ -24,6 +24,16 @@ struct ExecCosts {
         transfer;
     /// Seconds of a gradient reduction over the data-parallel group of `rank`.
     std::function<double(const PlanRank& rank, const PlanAction& reduce)> reduction;
+    /// Cores shared between the ranks of a host (a CPU): the threads a compute action of a rank
+    /// keeps busy, and each busy thread's speed (relative to one alone) when `threads` are busy
+    /// on the host at once. When set, `compute` gives an action's seconds alone on the host, and
+    /// actions that overlap there stretch (processor sharing); unset, each rank has a device.
+    std::function<double(const PlanRank& rank)> threads;
+    std::function<double(double threads)> speed;
+    /// STEP computes the global gradient norm first, as the runtime does: an all-reduce over
+    /// the ranks of a model replica (over every rank under ZeRO), so a rank's STEP starts when
+    /// the rank gets there and its update once all of them have. Off for the verifier.
+    bool step_barrier = false;
 };
 
 /// Zero for everything: the verifier's execution.

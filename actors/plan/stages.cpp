@@ -325,4 +325,82 @@ std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>
     return out;
 }
 
+namespace {
+
+void layer_kernels(const Program& p, const LayerSpec& l, std::vector<KernelCall>& out) {
+    using K = KernelCall::Kind;
+    const int64_t tp = p.mesh.tp, cp = p.mesh.cp;
+    const int64_t b = p.train.microbatch_size, T = p.model.context;
+    const int64_t N = b * T / cp;
+    const int64_t sp = p.mesh.sp ? tp : 1;
+    const int64_t C = l.width ? l.width : p.model.width;
+    const int64_t shard = l.shard == ShardDim::none ? 1 : tp;
+    auto matmul = [&](int64_t in, int64_t outf) {
+        KernelCall m{K::matmul, "", N, outf, in};
+        m.bias = l.bias;
+        out.push_back(m);
+    };
+    auto elementwise = [&](const char* op, int64_t elements) {
+        out.push_back({K::elementwise, op, elements});
+    };
+    switch (l.kind) {
+    case LayerKind::embedding:
+    case LayerKind::position_embedding: elementwise("embedding", N * C / sp); break;
+    case LayerKind::rotary_embedding: break; // applied inside attention, below
+    case LayerKind::layer_norm: elementwise("layernorm", N * C / sp); break;
+    case LayerKind::rms_norm: elementwise("rmsnorm", N * C / sp); break;
+    case LayerKind::attention: {
+        const int64_t h = std::max<int64_t>(1, l.heads / tp);
+        const int64_t kv = std::max<int64_t>(1, l.kv_heads / tp);
+        const int64_t hd = l.head_dim;
+        matmul(C, (h + 2 * kv) * hd);
+        elementwise("copy", N * (h + 2 * kv) * hd); // q, k, v split out of the fused product
+        bool rotary = false;
+        for (const ModelItemSpec& it : p.model.pre)
+            for (const LayerSpec& x : it.layers) rotary |= x.kind == LayerKind::rotary_embedding;
+        if (rotary) elementwise("rope", N * (h + kv) * hd);
+        KernelCall a{K::attention, "", b, T, hd};
+        a.heads = h;
+        a.share = 1.0 / static_cast<double>(cp);
+        out.push_back(a);
+        matmul(h * hd, C);
+        break;
+    }
+    case LayerKind::mlp: {
+        const int64_t hidden = l.hidden / tp;
+        const bool glu = l.activation == Activation::swiglu;
+        matmul(C, glu ? 2 * hidden : hidden);
+        elementwise(glu ? "swiglu" : "gelu", N * hidden);
+        matmul(hidden, C);
+        break;
+    }
+    case LayerKind::lm_head: matmul(C, l.vocab / shard); break;
+    case LayerKind::cross_entropy: elementwise("cross_entropy", N * l.vocab / shard); break;
+    }
+}
+
+void items_kernels(const Program& p, const std::vector<ModelItemSpec>& items,
+                   std::vector<KernelCall>& out) {
+    for (const ModelItemSpec& it : items) {
+        for (const LayerSpec& l : it.layers) layer_kernels(p, l, out);
+        // x + f(x): one pass over the residual stream each way.
+        if (it.residual) {
+            const int64_t N =
+                p.train.microbatch_size * p.model.context / p.mesh.cp / (p.mesh.sp ? p.mesh.tp : 1);
+            out.push_back({KernelCall::Kind::elementwise, "copy", N * p.model.width});
+        }
+    }
+}
+
+} // namespace
+
+std::vector<KernelCall> stage_kernels(const Program& p, const PlanStage& stage) {
+    std::vector<KernelCall> out;
+    if (stage.embedding) items_kernels(p, p.model.pre, out);
+    for (int32_t k = 0; k < stage.blocks; ++k)
+        items_kernels(p, p.model.blocks[static_cast<size_t>(stage.first_block + k)].items, out);
+    if (stage.head) items_kernels(p, p.model.post, out);
+    return out;
+}
+
 } // namespace dist::plan

@@ -6,6 +6,7 @@
 
 #include "actors/plan/graph.hpp"
 
+#include <string>
 #include <vector>
 
 namespace dist::plan {
@@ -40,6 +41,26 @@ std::vector<int64_t> balanced_partition(const Program& p, int32_t stages);
 /// then both ranks hold a copy and STEP all-reduces its gradient between them; and its bytes.
 bool tied_elsewhere(const Program& p, const std::vector<int32_t>& stage_rank);
 int64_t tied_gradient_bytes(const Program& p, const std::vector<int32_t>& stage_rank);
+
+/// One kernel call of a stage's forward on one rank for one microbatch, with the calls of its
+/// backward implied: what a calibrated cost model prices by shape (actors/sim/calibrated.hpp).
+struct KernelCall {
+    enum class Kind { matmul, attention, elementwise };
+    Kind kind = Kind::matmul;
+    /// elementwise: embedding, layernorm, rmsnorm, gelu, swiglu, rope, cross_entropy, copy
+    std::string op;
+    /// matmul: out (m, n) = in (m, k) x weight^T; its input gradient is an (m, k, n) product and
+    /// its weight gradient an (n, k, m) one. attention: m sequences of n tokens, k = head_dim.
+    /// elementwise: m elements.
+    int64_t m = 0, n = 0, k = 0;
+    int64_t heads = 0; // attention: query heads on the rank
+    bool bias = false; // matmul: adds a bias (a pass over its output, and a column sum back)
+    /// attention: the share of the T x T scores the rank computes (1 / cp).
+    double share = 1.0;
+};
+
+/// The kernels of one stage's forward, in order (embeddings, blocks, head).
+std::vector<KernelCall> stage_kernels(const Program& p, const PlanStage& stage);
 
 /// The stages of the plan with their costs, for the partition in `partition`.
 std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>& partition,

@@ -411,10 +411,12 @@ std::string RankExecutor::current_action() const {
 
 RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& data) {
     using clock = std::chrono::steady_clock;
-    auto start = clock::now();
-    auto since = [&](clock::time_point t) {
-        return std::chrono::duration<double>(t - start).count();
+    // Times on the host's monotonic clock, which every process of a host shares: the ranks'
+    // actions line up in one timeline (runtime/measured.cpp takes the earliest as zero).
+    auto since = [](clock::time_point t) {
+        return std::chrono::duration<double>(t.time_since_epoch()).count();
     };
+    auto start = clock::now();
     RankStepResult result;
     const int64_t T = program_.model.context;
     data.batch(static_cast<uint64_t>(program_.train.seed), step, program_.train.batch, T, me_.dp,
@@ -440,10 +442,14 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
         }
         auto t0 = clock::now();
         if (hook_) hook_(step, a);
-        if (a.kind == plan::ActionKind::step)
+        if (a.kind == plan::ActionKind::step) {
             finish_step(step, result);
-        else
+            // The update's time: what went before it (the reductions, the norm's all-reduce
+            // over the replica) is waiting for other ranks, as the simulator counts it.
+            t0 = update_began_;
+        } else {
             execute(a, step, result);
+        }
         // An action's time is the device's: its kernels have run when it is over (a GPU queues
         // them), so the trace and the measured bubble show the work, not its launch.
         device_->synchronize();
@@ -455,7 +461,7 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
         std::lock_guard lock(current_mutex_);
         current_.clear();
     }
-    result.step_time_s = since(clock::now());
+    result.step_time_s = std::chrono::duration<double>(clock::now() - start).count();
     return result;
 }
 
@@ -655,6 +661,7 @@ void RankExecutor::finish_step(int64_t step, RankStepResult& result) {
     sum_sequence_partial_gradients();
     bool loss_nonfinite = false;
     result.grad_norm = gradient_norm(loss_nonfinite, result.loss_sum);
+    update_began_ = std::chrono::steady_clock::now();
     // The guard before any weight moves. Every rank of a replica sees the same two values (one
     // reduction), and every replica the same norm: a non-finite loss comes from non-finite
     // logits, whose gradients reach every replica through the data-parallel sum. So all ranks

@@ -17,6 +17,7 @@
 #include "transport/p2p.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -127,6 +128,8 @@ class RankExecutor {
     int64_t microbatch_rows_ = 0;
     std::function<void(int64_t, const plan::PlanAction&)> hook_;
     std::atomic<uint64_t> progress_{0};
+    /// When the optimizer step began its update (after the gradient norm): STEP's timing.
+    std::chrono::steady_clock::time_point update_began_;
     mutable std::mutex current_mutex_;
     std::string current_;
 };

@@ -5,8 +5,22 @@
 
 namespace dist::runtime {
 
+using plan::ActionKind;
+
+std::vector<double> timing_origins(const std::vector<std::vector<ActionTiming>>& timings) {
+    std::vector<double> firsts;
+    for (const auto& rank : timings) firsts.push_back(rank.empty() ? 0.0 : rank.front().start_s);
+    if (firsts.empty()) return firsts;
+    double lo = *std::min_element(firsts.begin(), firsts.end());
+    double hi = *std::max_element(firsts.begin(), firsts.end());
+    // One step lasts less than a minute; clocks further apart are different hosts'.
+    if (hi - lo > 60.0) return firsts;
+    return std::vector<double>(firsts.size(), lo);
+}
+
 sim::Timeline measured_timeline(const plan::Graph& graph,
                                 const std::vector<std::vector<ActionTiming>>& timings) {
+    const std::vector<double> origin = timing_origins(timings);
     sim::Timeline t;
     t.graph = graph;
     t.cost = sim::CostModel::profile;
@@ -15,15 +29,21 @@ sim::Timeline measured_timeline(const plan::Graph& graph,
         rep.rank = static_cast<int32_t>(r);
         const auto& actions = graph.ranks[r].actions;
         bool first = true;
-        for (const ActionTiming& a : timings[r]) {
-            if (a.action >= actions.size() || !plan::is_compute(actions[a.action].kind)) continue;
+        for (ActionTiming a : timings[r]) {
+            a.start_s -= origin[r];
+            a.end_s -= origin[r];
+            if (a.action >= actions.size()) continue;
+            // Compute actions and the optimizer step: the spans the simulator reports.
+            ActionKind kind = actions[a.action].kind;
+            if (!plan::is_compute(kind) && kind != ActionKind::step) continue;
             rep.spans.push_back({a.action, a.start_s, a.end_s});
             rep.busy += a.end_s - a.start_s;
             if (first) rep.first_start = a.start_s;
             first = false;
             rep.last_end = a.end_s;
         }
-        if (!timings[r].empty()) t.makespan = std::max(t.makespan, timings[r].back().end_s);
+        if (!timings[r].empty())
+            t.makespan = std::max(t.makespan, timings[r].back().end_s - origin[r]);
         t.ranks.push_back(std::move(rep));
     }
     double idle = 0;

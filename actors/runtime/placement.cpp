@@ -19,7 +19,7 @@ std::vector<kernels::Device> place_ranks(const Program& program, const plan::Gra
                                          const std::vector<int32_t>& process_of, int32_t process,
                                          int32_t local_process) {
     std::vector<kernels::Device> out(graph.ranks.size());
-    if (program.mesh.profile.name == "cpu") return out;
+    if (program.mesh.profile.cpu()) return out;
     const int gpus = kernels::gpu_count();
     if (gpus == 0)
         throw std::runtime_error("the mesh is " + std::to_string(program.mesh.devices) + " " +

@@ -154,12 +154,20 @@ nlohmann::json to_json(const Timeline& t) {
 }
 
 std::string svg(const Timeline& t) {
-    const plan::Graph& g = t.graph;
-    const double left = 70, top = 40, row_h = 26, chart_w = 900;
-    const double rows = static_cast<double>(t.ranks.size());
-    const double legend_y = top + rows * row_h + 30;
+    return svg({{"", &t}});
+}
+
+std::string svg(const std::vector<std::pair<std::string, const Timeline*>>& panels) {
+    const double left = 70, top = 40, row_h = 26, chart_w = 900, gap = 40;
+    // One time scale for every panel, so that their lengths compare.
+    double longest = 0, rows = 0;
+    for (const auto& [label, t] : panels) {
+        longest = std::max(longest, t->makespan);
+        rows += static_cast<double>(t->ranks.size());
+    }
+    const double legend_y = top + rows * row_h + static_cast<double>(panels.size() - 1) * gap + 30;
     const double height = legend_y + 70;
-    const double scale = t.makespan > 0 ? chart_w / t.makespan : 1.0;
+    const double scale = longest > 0 ? chart_w / longest : 1.0;
     std::string out;
     char buf[512];
     std::snprintf(buf, sizeof buf,
@@ -171,17 +179,6 @@ std::string svg(const Timeline& t) {
            "patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#eeeeee\"/>"
            "<line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#bbbbbb\" stroke-width=\"2\"/>"
            "</pattern></defs>\n";
-    char ms[64];
-    if (t.cost == CostModel::unit)
-        std::snprintf(ms, sizeof ms, "%g units", t.makespan);
-    else
-        std::snprintf(ms, sizeof ms, "%.3f ms", t.makespan * 1e3);
-    std::snprintf(buf, sizeof buf,
-                  "<text x=\"%.0f\" y=\"20\" font-size=\"14\">%s: p=%d, m=%d, v=%d; bubble "
-                  "%.3f, makespan %s</text>\n",
-                  left, to_string(g.schedule), g.pp, g.microbatches, g.virtual_stages,
-                  t.bubble_fraction, ms);
-    out += buf;
     auto colour = [&](const PlanAction& a) {
         int hue = static_cast<int>(std::lround(a.microbatch * 137.508)) % 360;
         int light = a.kind == ActionKind::forward           ? 72
@@ -191,33 +188,52 @@ std::string svg(const Timeline& t) {
         std::snprintf(c, sizeof c, "hsl(%d,70%%,%d%%)", hue, light);
         return std::string(c);
     };
-    for (size_t i = 0; i < t.ranks.size(); ++i) {
-        const RankReport& r = t.ranks[i];
-        double y = top + static_cast<double>(i) * row_h;
+    double y0 = top;
+    for (const auto& [label, tp] : panels) {
+        const Timeline& t = *tp;
+        const plan::Graph& g = t.graph;
+        char ms[64];
+        if (t.cost == CostModel::unit)
+            std::snprintf(ms, sizeof ms, "%g units", t.makespan);
+        else
+            std::snprintf(ms, sizeof ms, "%.3f ms", t.makespan * 1e3);
+        std::string head = label.empty() ? "" : label + " ";
         std::snprintf(buf, sizeof buf,
-                      "<text x=\"5\" y=\"%.1f\">rank %d</text>\n"
-                      "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
-                      "fill=\"url(#idle)\"><title>idle %.4g</title></rect>\n",
-                      y + row_h * 0.65, r.rank, left, y + 2, chart_w, row_h - 4, r.idle);
+                      "<text x=\"%.0f\" y=\"%.0f\" font-size=\"14\">%s%s: p=%d, m=%d, v=%d; "
+                      "bubble %.3f, makespan %s</text>\n",
+                      left, y0 - 20, head.c_str(), to_string(g.schedule), g.pp, g.microbatches,
+                      g.virtual_stages, t.bubble_fraction, ms);
         out += buf;
-        const plan::PlanRank& rank = g.ranks[static_cast<size_t>(r.rank)];
-        for (const Span& s : r.spans) {
-            const PlanAction& a = rank.actions[s.action];
-            double x = left + s.start * scale, w = std::max(0.5, (s.end - s.start) * scale);
-            std::string name = plan::to_string(a);
+        for (size_t i = 0; i < t.ranks.size(); ++i) {
+            const RankReport& r = t.ranks[i];
+            double y = y0 + static_cast<double>(i) * row_h;
             std::snprintf(buf, sizeof buf,
-                          "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" "
-                          "fill=\"%s\" stroke=\"#333333\" stroke-width=\"0.5\"><title>%s</title>"
-                          "</rect>\n",
-                          x, y + 2, w, row_h - 4, colour(a).c_str(), name.c_str());
+                          "<text x=\"5\" y=\"%.1f\">rank %d</text>\n"
+                          "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
+                          "fill=\"url(#idle)\"><title>idle %.4g</title></rect>\n",
+                          y + row_h * 0.65, r.rank, left, y + 2, t.makespan * scale, row_h - 4,
+                          r.idle);
             out += buf;
-            if (w > 7.0 * static_cast<double>(name.size()) && a.kind != ActionKind::step) {
+            const plan::PlanRank& rank = g.ranks[static_cast<size_t>(r.rank)];
+            for (const Span& s : r.spans) {
+                const PlanAction& a = rank.actions[s.action];
+                double x = left + s.start * scale, w = std::max(0.5, (s.end - s.start) * scale);
+                std::string name = plan::to_string(a);
                 std::snprintf(buf, sizeof buf,
-                              "<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
-                              x + w / 2, y + row_h * 0.65, name.c_str());
+                              "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" "
+                              "fill=\"%s\" stroke=\"#333333\" stroke-width=\"0.5\"><title>%s"
+                              "</title></rect>\n",
+                              x, y + 2, w, row_h - 4, colour(a).c_str(), name.c_str());
                 out += buf;
+                if (w > 7.0 * static_cast<double>(name.size()) && a.kind != ActionKind::step) {
+                    std::snprintf(buf, sizeof buf,
+                                  "<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
+                                  x + w / 2, y + row_h * 0.65, name.c_str());
+                    out += buf;
+                }
             }
         }
+        y0 += static_cast<double>(t.ranks.size()) * row_h + gap;
     }
     // Legend: the phases (lightness) and the microbatches (hue).
     const char* phases[] = {"F forward", "B / I backward (input)", "W weight gradient", "idle"};
@@ -231,7 +247,8 @@ std::string svg(const Timeline& t) {
                       x, legend_y, fill.c_str(), x + 20, legend_y + 11, phases[k]);
         out += buf;
     }
-    for (int32_t m = 0; m < std::min(g.microbatches, 16); ++m) {
+    const int32_t microbatches = panels.empty() ? 0 : panels.front().second->graph.microbatches;
+    for (int32_t m = 0; m < std::min(microbatches, 16); ++m) {
         PlanAction a;
         a.microbatch = m;
         double x = left + m * 55;
@@ -246,34 +263,49 @@ std::string svg(const Timeline& t) {
 }
 
 std::string chrome_trace(const Timeline& t, const std::string& process_name) {
+    return chrome_trace(
+        {{process_name.empty() ? std::string("dist sim: ") + to_string(t.graph.schedule)
+                               : process_name,
+          &t}});
+}
+
+std::string chrome_trace(const std::vector<std::pair<std::string, const Timeline*>>& processes) {
     // Written as text, event by event: a plan of a thousand ranks has hundreds of thousands of
     // spans, too many to build as a JSON tree first. Trace time is in microseconds; a unit of
     // `--cost unit` is drawn as one millisecond.
-    const double us = t.cost == CostModel::unit ? 1000.0 : 1e6;
-    std::string name = process_name.empty()
-                           ? std::string("dist sim: ") + to_string(t.graph.schedule)
-                           : process_name;
-    std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-    out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":" +
-           nlohmann::json(name).dump() + "}}";
+    std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
     char buf[256];
-    for (const RankReport& r : t.ranks) {
-        const plan::PlanRank& rank = t.graph.ranks[static_cast<size_t>(r.rank)];
+    const char* sep = "\n";
+    for (size_t pid = 0; pid < processes.size(); ++pid) {
+        const Timeline& t = *processes[pid].second;
+        const double us = t.cost == CostModel::unit ? 1000.0 : 1e6;
+        out += sep;
+        sep = ",\n";
+        out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) +
+               ",\"args\":{\"name\":" + nlohmann::json(processes[pid].first).dump() + "}}";
         std::snprintf(buf, sizeof buf,
-                      ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,"
-                      "\"args\":{\"name\":\"rank %d (dp %d, pp %d, tp %d)\"}}",
-                      r.rank, r.rank, rank.dp, rank.pp, rank.tp);
+                      ",\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%zu,"
+                      "\"args\":{\"sort_index\":%zu}}",
+                      pid, pid);
         out += buf;
-        for (const Span& s : r.spans) {
-            const PlanAction& a = rank.actions[s.action];
-            // Action names are letters, digits, `<`, `>`, `+` and `_`: nothing to escape.
+        for (const RankReport& r : t.ranks) {
+            const plan::PlanRank& rank = t.graph.ranks[static_cast<size_t>(r.rank)];
             std::snprintf(buf, sizeof buf,
-                          ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":0,"
-                          "\"tid\":%d,\"ts\":%.17g,\"dur\":%.17g,\"args\":{\"stage\":%d,"
-                          "\"microbatch\":%d}}",
-                          plan::to_string(a).c_str(), plan::op_name(a.kind), r.rank, s.start * us,
-                          (s.end - s.start) * us, a.stage, a.microbatch);
+                          ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%zu,\"tid\":%d,"
+                          "\"args\":{\"name\":\"rank %d (dp %d, pp %d, tp %d)\"}}",
+                          pid, r.rank, r.rank, rank.dp, rank.pp, rank.tp);
             out += buf;
+            for (const Span& s : r.spans) {
+                const PlanAction& a = rank.actions[s.action];
+                // Action names are letters, digits, `<`, `>`, `+` and `_`: nothing to escape.
+                std::snprintf(buf, sizeof buf,
+                              ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%zu,"
+                              "\"tid\":%d,\"ts\":%.17g,\"dur\":%.17g,\"args\":{\"stage\":%d,"
+                              "\"microbatch\":%d}}",
+                              plan::to_string(a).c_str(), plan::op_name(a.kind), pid, r.rank,
+                              s.start * us, (s.end - s.start) * us, a.stage, a.microbatch);
+                out += buf;
+            }
         }
     }
     out += "\n]}\n";

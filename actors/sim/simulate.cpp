@@ -8,9 +8,12 @@
 
 #include "actors/plan/execute.hpp"
 #include "actors/plan/verify.hpp"
+#include "actors/sim/calibrated.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
+#include <memory>
 
 namespace dist::sim {
 
@@ -35,7 +38,19 @@ Profile profile_of(const Graph& g, const Program& p, const SimOptions& o) {
     if (h.memory_bandwidth > 0) pr.mem_bw = h.memory_bandwidth;
     if (h.intra_host.bandwidth > 0) pr.intra = h.intra_host;
     if (h.inter_host.bandwidth > 0) pr.inter = h.inter_host;
-    pr.efficiency = o.efficiency;
+    pr.efficiency = h.matmul_efficiency > 0 ? h.matmul_efficiency : o.efficiency;
+    const auto& curve = h.matmul_efficiency_by_width;
+    if (!curve.empty()) {
+        // Linear in log(width) between the profile's points, constant beyond them.
+        const double w = static_cast<double>(p.model.width);
+        pr.efficiency = w <= curve.front().first ? curve.front().second : curve.back().second;
+        for (size_t i = 1; i < curve.size(); ++i)
+            if (w > curve[i - 1].first && w <= curve[i].first) {
+                double t = std::log(w / curve[i - 1].first) /
+                           std::log(curve[i].first / curve[i - 1].first);
+                pr.efficiency = (1 - t) * curve[i - 1].second + t * curve[i].second;
+            }
+    }
     return pr;
 }
 
@@ -68,6 +83,7 @@ plan::ExecCosts unit_costs() {
 
 plan::ExecCosts profile_costs(const Graph& g, const Profile& pr) {
     plan::ExecCosts c;
+    c.step_barrier = true; // the gradient norm before the update
     auto stage = [&g](const PlanAction& a) -> const PlanStage& {
         return g.stages[static_cast<size_t>(a.stage)];
     };
@@ -166,6 +182,84 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr) {
     return c;
 }
 
+// A calibrated CPU (actors/sim/calibrated.hpp): kernels priced by shape at the rates measured
+// for the threads each rank gets, ranks of a host sharing its cores, transfers and collectives
+// at their measured times (in-process within a host; UCX over TCP and Gloo between hosts).
+plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile& pr) {
+    plan::ExecCosts c = profile_costs(g, pr);
+    const Calibration& cal = p.mesh.profile.calibration;
+    auto rates = std::make_shared<Rates>(cal);
+    const double threads = rank_threads(g, cal.cores);
+    auto seconds = std::make_shared<std::vector<StageSeconds>>();
+    for (const PlanStage& s : g.stages) seconds->push_back(stage_seconds(p, s, *rates, threads));
+    auto same_host = [&g](const std::vector<int32_t>& members) {
+        for (int32_t m : members)
+            if (g.ranks[static_cast<size_t>(m)].host !=
+                g.ranks[static_cast<size_t>(members[0])].host)
+                return false;
+        return true;
+    };
+    // A collective's measured time, else the link model's.
+    auto collective = [rates, same_host](const std::vector<int32_t>& members, const char* op,
+                                         double bytes, double modelled) {
+        double t = rates->collective(same_host(members) ? "inprocess" : "gloo", op,
+                                     static_cast<int32_t>(members.size()), bytes);
+        return t >= 0 ? t : modelled;
+    };
+    plan::ExecCosts fallback = c;
+    const double mem_bw = pr.mem_bw;
+    c.compute = [&g, fallback, seconds, rates, threads, collective, mem_bw](const PlanRank& r,
+                                                                            const PlanAction& a) {
+        if (a.kind == ActionKind::step) {
+            // The optimizer's kernels on the rank's share of its parameters, with the
+            // communication the link model prices.
+            double params = 0;
+            for (const PlanStage& s : g.stages)
+                if (s.pp == r.pp) params += static_cast<double>(s.parameters);
+            double share = g.zero >= 1 ? 1.0 / (g.dp * g.cp) : 1.0;
+            double modelled = fallback.compute(r, a);
+            return step_seconds(params * share, *rates, threads) +
+                   std::max(0.0, modelled - 2.0 * 16.0 * params * share / mem_bw);
+        }
+        const PlanStage& s = g.stages[static_cast<size_t>(a.stage)];
+        const StageSeconds& t = (*seconds)[static_cast<size_t>(a.stage)];
+        std::vector<int32_t> tp_group;
+        for (int32_t k = 0; k < g.tp; ++k) tp_group.push_back(g.rank_of(r.dp, r.pp, k, r.cp));
+        double tp = s.tp_reductions * collective(tp_group, "all_reduce",
+                                                 static_cast<double>(s.tp_reduction_bytes), -1.0);
+        if (tp < 0) tp = 0;
+        switch (a.kind) {
+        case ActionKind::forward: return t.forward + tp;
+        case ActionKind::backward_input: return t.input + tp;
+        case ActionKind::backward_weight: return t.weight;
+        case ActionKind::backward: return t.input + t.weight + tp;
+        default: return 0.0;
+        }
+    };
+    c.transfer = [&g, rates, fallback](const PlanRank& from, const PlanRank& to,
+                                       const PlanAction& a) {
+        double bytes = static_cast<double>(g.stages[static_cast<size_t>(a.stage)].boundary_bytes);
+        double t = rates->transfer(from.host == to.host ? "inprocess" : "ucx-tcp", bytes);
+        return t >= 0 ? t : fallback.transfer(from, to, a);
+    };
+    c.reduction = [&g, fallback, collective](const PlanRank& r, const PlanAction& a) {
+        const PlanStage& s = g.stages[static_cast<size_t>(a.stage)];
+        const char* op =
+            a.kind == ActionKind::reduce_scatter ? "reduce_scatter"
+            : a.kind == ActionKind::gather_forward || a.kind == ActionKind::gather_backward
+                ? "all_gather"
+                : "all_reduce";
+        double bytes = a.kind == ActionKind::gather_forward || a.kind == ActionKind::gather_backward
+                           ? static_cast<double>(s.parameters) * g.bytes_per_element
+                           : static_cast<double>(s.buckets[static_cast<size_t>(a.microbatch)]);
+        return collective(g.replica_group(r), op, bytes, fallback.reduction(r, a));
+    };
+    c.step_barrier = true;
+    c.threads = [threads](const PlanRank&) { return threads; };
+    c.speed = [rates](double busy) { return rates->sharing(busy); };
+    return c;
+}
+
 void account_memory(const Graph& g, const PlanRank& r, RankReport& rep) {
     const int64_t bpe = g.bytes_per_element;
     int64_t params = 0, boundary = 0, bucket = 0, tp_buf = 0;
@@ -225,7 +319,10 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
     res.errors = plan::verify(g);
     if (!res.errors.empty()) return res;
     Profile pr = profile_of(g, p, o);
-    plan::ExecCosts costs = o.cost == CostModel::unit ? unit_costs() : profile_costs(g, pr);
+    const bool calibrated = p.mesh.profile.calibration.cores > 0;
+    plan::ExecCosts costs = o.cost == CostModel::unit ? unit_costs()
+                            : calibrated              ? calibrated_costs(g, p, pr)
+                                                      : profile_costs(g, pr);
     plan::ExecTimes times = plan::execute(g, costs);
     if (!times.complete) {
         res.errors.push_back({{}, "the simulation stopped before the end of the step", ""});
@@ -267,7 +364,7 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
         double flops = 0;
         for (const PlanStage& s : g.stages)
             flops += (s.flops_forward + s.flops_input_grad + s.flops_weight_grad);
-        flops *= static_cast<double>(g.microbatches) * g.dp * g.tp;
+        flops *= static_cast<double>(g.microbatches) * g.dp * g.tp * g.cp;
         if (t.makespan > 0) {
             t.tokens_per_s = tokens / t.makespan;
             t.mfu = flops / (t.makespan * pr.flops * static_cast<double>(g.ranks.size()));

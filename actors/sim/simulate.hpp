@@ -14,6 +14,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dist::sim {
@@ -22,7 +23,9 @@ enum class CostModel { profile, unit };
 
 struct SimOptions {
     CostModel cost = CostModel::profile;
-    double efficiency = 0.5; // fraction of peak FLOPs that matmuls reach
+    /// Fraction of peak FLOPs that matmuls reach when the profile does not say (a datasheet
+    /// profile's `compute.matmul_efficiency`); a calibrated profile prices kernels by shape.
+    double efficiency = 0.5;
 };
 
 /// One action as it ran.
@@ -77,8 +80,21 @@ std::string text_report(const Timeline& t, int width = 80);
 nlohmann::json to_json(const Timeline& t);
 /// A Gantt chart: one row per rank, colours by microbatch, idle time shaded, a legend.
 std::string svg(const Timeline& t);
+/// Several timelines of one plan one above the other on one time scale (measured above
+/// predicted), each titled with its label.
+std::string svg(const std::vector<std::pair<std::string, const Timeline*>>& panels);
 /// Chrome's trace-event JSON: one process, one track (thread) per rank.
 /// `process_name` names the trace ("dist sim: KIND" when empty).
 std::string chrome_trace(const Timeline& t, const std::string& process_name = "");
+/// One process per timeline, named by its label (a run's "measured ..." and "predicted ...").
+std::string chrome_trace(const std::vector<std::pair<std::string, const Timeline*>>& processes);
+
+/// A run's measured step beside the prediction: "step time: measured 88.5 ms, predicted
+/// 87.9 ms (0.99x); bubble: measured 28.9%, predicted 27.6% (`dist sim` with the P profile)".
+std::string comparison_line(double measured_step_s, double measured_bubble,
+                            const Timeline& predicted, const std::string& profile);
+/// Where a measured step and the prediction of the same plan disagree: each kind of action's
+/// time summed over the ranks, the idle time, and the rank and kind with the largest gap.
+std::string disagreement_text(const Timeline& measured, const Timeline& predicted);
 
 } // namespace dist::sim

@@ -131,16 +131,22 @@ const bool registered = [] {
 
 TEST(Repl, RunTrainsRealStepsAndSetsThemBesideTheSimulator) {
     TempDir dir("run");
-    Result r = run_in(dir.path, "repl", "set model.layers 2\nrun 2\nquit\n");
+    Result r = run_in(dir.path, "repl", "set model.layers 2\nrun 2\nexplain\nquit\n");
     ASSERT_EQ(r.status, 0) << r.out;
     EXPECT_NE(r.out.find("training 2 steps on 2 cpu ranks (dp 1, tp 1, pp 2)"), std::string::npos)
         << r.out;
     for (const char* step : {"\nstep 1  loss ", "\nstep 2  loss "})
         EXPECT_NE(r.out.find(step), std::string::npos) << r.out;
-    size_t last = r.out.find("last step: measured ");
+    size_t last = r.out.find("step time: measured ");
     ASSERT_NE(last, std::string::npos) << r.out;
-    EXPECT_NE(r.out.find(" ms, simulated ", last), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("; bubble measured ", last), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(" ms, predicted ", last), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("; bubble: measured ", last), std::string::npos) << r.out;
+    // `explain` then sets the run beside the prediction: every kind of action, the idle time
+    // and the largest gap.
+    size_t beside = r.out.find("measured against predicted, summed over the ranks:", last);
+    ASSERT_NE(beside, std::string::npos) << r.out;
+    for (const char* kind : {"\n  F ", "\n  B ", "\n  STEP ", "\n  idle ", "the largest gap: "})
+        EXPECT_NE(r.out.find(kind, beside), std::string::npos) << kind << "\n" << r.out;
     // The loss of a byte model starts near ln(256).
     double loss = std::stod(r.out.substr(r.out.find("step 1  loss ") + 13));
     EXPECT_GT(loss, 4.0);

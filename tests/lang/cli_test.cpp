@@ -308,20 +308,46 @@ TEST(Cli, SequenceShardsAcrossTheTwoContextChunksKeepTheirPositions) {
     fs::remove_all(dir);
 }
 
-TEST(Cli, RunWritesTheTraceOfTheRealStepAndItsBubble) {
-    fs::path trace = fs::temp_directory_path() / ("dist_cli_trace_" + std::to_string(::getpid()));
+// The last step as it ran and as the simulator predicts it: one trace of two processes with the
+// same actions on every rank, both timelines in one picture, and the two step times and bubbles
+// on the run's last line.
+TEST(Cli, RunWritesTheMeasuredStepBesideThePredictedOne) {
+    fs::path dir = fs::temp_directory_path() / ("dist_cli_trace_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
     Result r = run("run examples/gpt_tiny.dist --quiet --set model.width=32 --set train.batch=4 "
-                   "--set 'train.data=synthetic()' --set train.stop_after=1 --set mesh.pp=2 "
+                   "--set 'train.data=synthetic()' --set train.stop_after=2 --set mesh.pp=2 "
                    "--set schedule.microbatches=4 --trace " +
-                   trace.string());
+                   (dir / "t.json").string() + " --svg " + (dir / "t.svg").string());
     ASSERT_EQ(r.status, 0) << r.err;
-    EXPECT_NE(r.out.find("pipeline bubble of the last step: measured"), std::string::npos) << r.out;
-    auto j = nlohmann::json::parse(slurp(trace));
-    int spans = 0;
-    for (const auto& e : j["traceEvents"])
-        if (e["ph"] == "X") ++spans;
-    EXPECT_EQ(spans, 2 * 4 * 2); // two ranks, four microbatches, a forward and a backward each
-    fs::remove(trace);
+    EXPECT_NE(r.out.find("step time: measured "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("bubble: measured "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("predicted "), std::string::npos) << r.out;
+    auto j = nlohmann::json::parse(slurp(dir / "t.json"));
+    std::map<int, std::string> processes;
+    std::map<int, std::map<int, std::vector<std::string>>> actions; // pid -> rank -> names
+    for (const auto& e : j["traceEvents"]) {
+        if (e["ph"] == "M" && e["name"] == "process_name")
+            processes[e["pid"].get<int>()] = e["args"]["name"].get<std::string>();
+        if (e["ph"] == "X")
+            actions[e["pid"].get<int>()][e["tid"].get<int>()].push_back(
+                e["name"].get<std::string>());
+    }
+    ASSERT_EQ(processes.size(), 2u) << slurp(dir / "t.json");
+    EXPECT_EQ(processes[0].rfind("measured", 0), 0u) << processes[0];
+    EXPECT_EQ(processes[1].rfind("predicted", 0), 0u) << processes[1];
+    ASSERT_EQ(actions[0].size(), 2u); // a track per rank in each
+    for (int rank = 0; rank < 2; ++rank) {
+        std::vector<std::string> measured = actions[0][rank], predicted = actions[1][rank];
+        // Four microbatches, a forward and a backward each, and the optimizer step.
+        EXPECT_EQ(measured.size(), 2u * 4 + 1) << "rank " << rank;
+        std::sort(measured.begin(), measured.end());
+        std::sort(predicted.begin(), predicted.end());
+        EXPECT_EQ(measured, predicted) << "rank " << rank;
+    }
+    std::string svg = slurp(dir / "t.svg");
+    EXPECT_NE(svg.find(">measured"), std::string::npos);
+    EXPECT_NE(svg.find(">predicted"), std::string::npos);
+    fs::remove_all(dir);
 }
 
 TEST(Cli, GenerateStreamsTheSameGreedyTextOnAnyMesh) {

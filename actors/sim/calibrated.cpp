@@ -1,0 +1,289 @@
+// calibrated.cpp: interpolating measured rates, and a stage's kernels priced with them.
+#include "actors/sim/calibrated.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+namespace dist::sim {
+
+namespace {
+
+// Position of x among the sorted values: the bracketing pair and the weight of the upper one,
+// linear in log space, clamped at the ends.
+struct Bracket {
+    size_t lo = 0, hi = 0;
+    double w = 0;
+};
+
+Bracket bracket(const std::vector<double>& values, double x) {
+    Bracket b;
+    if (values.empty()) return b;
+    if (x <= values.front()) return b;
+    if (x >= values.back()) {
+        b.lo = b.hi = values.size() - 1;
+        return b;
+    }
+    size_t hi =
+        static_cast<size_t>(std::upper_bound(values.begin(), values.end(), x) - values.begin());
+    b.lo = hi - 1;
+    b.hi = hi;
+    b.w = std::log(x / values[b.lo]) / std::log(values[b.hi] / values[b.lo]);
+    return b;
+}
+
+template <typename T, typename Get>
+std::vector<double> distinct(const std::vector<const T*>& rows, Get get) {
+    std::set<double> s;
+    for (const T* r : rows) s.insert(static_cast<double>(get(*r)));
+    return {s.begin(), s.end()};
+}
+
+// Interpolates over thread counts (linear in log space) a quantity that `at` gives for the rows
+// of one measured thread count.
+template <typename T, typename At>
+double over_threads(const std::vector<const T*>& rows, double threads, At at) {
+    std::vector<double> counts = distinct(rows, [](const T& r) { return r.threads; });
+    if (counts.empty()) return 0.0;
+    Bracket b = bracket(counts, threads);
+    auto with = [&](double count) {
+        std::vector<const T*> these;
+        for (const T* r : rows)
+            if (r->threads == count) these.push_back(r);
+        return at(these);
+    };
+    double lo = with(counts[b.lo]);
+    if (b.hi == b.lo || b.w == 0) return lo;
+    double hi = with(counts[b.hi]);
+    return std::exp((1 - b.w) * std::log(lo) + b.w * std::log(hi));
+}
+
+// Rows of `rows` keyed on one dimension: log-log interpolation of `value` at x.
+template <typename T, typename Key, typename Value>
+double along(const std::vector<const T*>& rows, double x, Key key, Value value) {
+    std::map<double, double> points;
+    for (const T* r : rows) points[static_cast<double>(key(*r))] = value(*r);
+    if (points.empty()) return 0.0;
+    std::vector<double> xs;
+    for (const auto& [k, v] : points) xs.push_back(k);
+    Bracket b = bracket(xs, x);
+    double lo = points[xs[b.lo]], hi = points[xs[b.hi]];
+    return std::exp((1 - b.w) * std::log(lo) + b.w * std::log(hi));
+}
+
+} // namespace
+
+double Rates::matmul(const std::string& kernel, double m, double n, double k,
+                     double threads) const {
+    std::vector<const MatmulRate*> rows;
+    for (const MatmulRate& r : c_->matmul)
+        if (r.kernel == kernel) rows.push_back(&r);
+    if (rows.empty())
+        for (const MatmulRate& r : c_->matmul) rows.push_back(&r);
+    return over_threads(rows, threads, [&](const std::vector<const MatmulRate*>& these) {
+        // Trilinear in log space over the grid of measured (m, n, k); a shape missing from the
+        // grid falls back to the nearest measured one.
+        std::vector<double> ms = distinct(these, [](const MatmulRate& r) { return r.m; });
+        std::vector<double> ns = distinct(these, [](const MatmulRate& r) { return r.n; });
+        std::vector<double> ks = distinct(these, [](const MatmulRate& r) { return r.k; });
+        std::map<std::tuple<double, double, double>, double> grid;
+        for (const MatmulRate* r : these)
+            grid[{static_cast<double>(r->m), static_cast<double>(r->n),
+                  static_cast<double>(r->k)}] = r->flops;
+        auto nearest = [&](double a, double b, double c) {
+            double best = 0, dist = 1e300;
+            for (const MatmulRate* r : these) {
+                double d = std::pow(std::log(a / static_cast<double>(r->m)), 2) +
+                           std::pow(std::log(b / static_cast<double>(r->n)), 2) +
+                           std::pow(std::log(c / static_cast<double>(r->k)), 2);
+                if (d < dist) {
+                    dist = d;
+                    best = r->flops;
+                }
+            }
+            return best;
+        };
+        Bracket bm = bracket(ms, m), bn = bracket(ns, n), bk = bracket(ks, k);
+        double log_rate = 0;
+        for (int i = 0; i < 8; ++i) {
+            double wm = (i & 1) ? bm.w : 1 - bm.w, wn = (i & 2) ? bn.w : 1 - bn.w,
+                   wk = (i & 4) ? bk.w : 1 - bk.w;
+            double w = wm * wn * wk;
+            if (w == 0) continue;
+            double x = ms[(i & 1) ? bm.hi : bm.lo], y = ns[(i & 2) ? bn.hi : bn.lo],
+                   z = ks[(i & 4) ? bk.hi : bk.lo];
+            auto it = grid.find({x, y, z});
+            log_rate += w * std::log(it != grid.end() ? it->second : nearest(x, y, z));
+        }
+        return std::exp(log_rate);
+    });
+}
+
+double Rates::attention(double seq, double head_dim, double threads, bool backward) const {
+    std::vector<const AttentionRate*> rows;
+    for (const AttentionRate& r : c_->attention) rows.push_back(&r);
+    if (rows.empty()) return matmul("nt", seq, seq, head_dim, threads);
+    return over_threads(rows, threads, [&](const std::vector<const AttentionRate*>& these) {
+        // The measured head size nearest in log space, then along the sequence length.
+        double best = 0, dist = 1e300;
+        for (const AttentionRate* r : these) {
+            double d = std::abs(std::log(head_dim / static_cast<double>(r->head_dim)));
+            if (d < dist) {
+                dist = d;
+                best = static_cast<double>(r->head_dim);
+            }
+        }
+        std::vector<const AttentionRate*> same;
+        for (const AttentionRate* r : these)
+            if (static_cast<double>(r->head_dim) == best) same.push_back(r);
+        return along(
+            same, seq, [](const AttentionRate& r) { return r.seq; },
+            [backward](const AttentionRate& r) { return backward ? r.backward : r.forward; });
+    });
+}
+
+double Rates::elementwise(const std::string& op, double elements, double threads,
+                          bool backward) const {
+    std::vector<const StreamRate*> rows;
+    for (const StreamRate& r : c_->elementwise)
+        if (r.op == op) rows.push_back(&r);
+    if (rows.empty())
+        for (const StreamRate& r : c_->elementwise)
+            if (r.op == "copy") rows.push_back(&r);
+    if (rows.empty()) return 1e9;
+    return over_threads(rows, threads, [&](const std::vector<const StreamRate*>& these) {
+        return along(
+            these, elements, [](const StreamRate& r) { return r.elements; },
+            [backward](const StreamRate& r) { return backward ? r.backward : r.forward; });
+    });
+}
+
+double Rates::sharing(double threads) const {
+    if (threads <= 1 || c_->sharing.empty()) return 1.0;
+    std::map<double, double> points{{1.0, 1.0}};
+    for (const SharingPoint& s : c_->sharing) points[s.threads] = s.speed;
+    auto last = std::prev(points.end());
+    // Beyond the measured counts the cores are divided further.
+    if (threads >= last->first) return last->second * last->first / threads;
+    auto hi = points.upper_bound(threads), lo = std::prev(hi);
+    double w = (threads - lo->first) / (hi->first - lo->first);
+    return (1 - w) * lo->second + w * hi->second;
+}
+
+namespace {
+
+// Piecewise linear in bytes through the measured sizes; beyond the largest, the last segment's
+// slope (the bandwidth); below the smallest, its time (the latency).
+double by_size(const std::map<double, double>& points, double bytes) {
+    if (points.empty()) return -1.0;
+    auto first = points.begin();
+    if (points.size() == 1 || bytes <= first->first) return first->second;
+    auto hi = points.lower_bound(bytes);
+    if (hi == points.end()) hi = std::prev(points.end());
+    auto lo = std::prev(hi);
+    double slope = (hi->second - lo->second) / (hi->first - lo->first);
+    return std::max(first->second, lo->second + slope * (bytes - lo->first));
+}
+
+} // namespace
+
+double Rates::transfer(const std::string& transport, double bytes) const {
+    std::map<double, double> points;
+    for (const TransferSample& t : c_->transfers)
+        if (t.transport == transport) points[static_cast<double>(t.bytes)] = t.seconds;
+    return by_size(points, bytes);
+}
+
+double Rates::collective(const std::string& backend, const std::string& op, int32_t ranks,
+                         double bytes) const {
+    if (ranks <= 1) return 0.0;
+    // The measured group size nearest to `ranks`; a ring's time grows as 2 (n - 1) / n.
+    int32_t best = 0;
+    for (const CollectiveSample& s : c_->collectives)
+        if (s.backend == backend && s.op == op &&
+            (best == 0 || std::abs(s.ranks - ranks) < std::abs(best - ranks)))
+            best = s.ranks;
+    if (best == 0) return -1.0;
+    std::map<double, double> points;
+    for (const CollectiveSample& s : c_->collectives)
+        if (s.backend == backend && s.op == op && s.ranks == best)
+            points[static_cast<double>(s.bytes)] = s.seconds;
+    double scale =
+        (static_cast<double>(ranks - 1) / ranks) / (static_cast<double>(best - 1) / best);
+    return by_size(points, bytes) * scale;
+}
+
+namespace {
+
+StageSeconds kernel_seconds(const Program& p, const plan::PlanStage& s, const Rates& r,
+                            double threads) {
+    StageSeconds out;
+    using K = plan::KernelCall::Kind;
+    for (const plan::KernelCall& k : plan::stage_kernels(p, s)) {
+        const double m = static_cast<double>(k.m), n = static_cast<double>(k.n),
+                     kk = static_cast<double>(k.k);
+        switch (k.kind) {
+        case K::matmul: {
+            const double flops = 2 * m * n * kk;
+            out.forward += flops / r.matmul("nt", m, n, kk, threads);
+            out.input += flops / r.matmul("nn", m, kk, n, threads);
+            out.weight += flops / r.matmul("tn", n, kk, m, threads);
+            // The input gradient is accumulated into a zeroed buffer; a bias is one more pass
+            // over the output forward and a column sum of its gradient backward.
+            out.input += m * kk / r.elementwise("zero", m * kk, threads, false);
+            if (k.bias) {
+                out.forward += m * n / r.elementwise("bias", m * n, threads, false);
+                out.weight += m * n / r.elementwise("bias", m * n, threads, true);
+            }
+            break;
+        }
+        case K::attention: {
+            const double flops = 4 * m * n * n * static_cast<double>(k.heads) * kk * k.share;
+            out.forward += flops / r.attention(n, kk, threads, false);
+            out.input += 2 * flops / r.attention(n, kk, threads, true);
+            break;
+        }
+        case K::elementwise:
+            out.forward += m / r.elementwise(k.op, m, threads, false);
+            out.input += m / r.elementwise(k.op, m, threads, true);
+            break;
+        }
+    }
+    return out;
+}
+
+} // namespace
+
+StageSeconds stage_seconds(const Program& p, const plan::PlanStage& s, const Rates& r,
+                           double threads, bool whole) {
+    if (!whole) return kernel_seconds(p, s, r, threads);
+    // What whole actions cost beyond their kernels, as measured on the machine: the blocks'
+    // kernels and the ends' apart.
+    plan::PlanStage blocks = s, ends = s;
+    blocks.embedding = blocks.head = false;
+    ends.blocks = 0;
+    StageSeconds kb = kernel_seconds(p, blocks, r, threads);
+    StageSeconds ke = kernel_seconds(p, ends, r, threads);
+    const std::array<double, 4>& c = r.calibration().scales;
+    StageSeconds out;
+    out.forward = c[0] * kb.forward + c[1] * ke.forward;
+    out.input = c[2] * kb.input + c[3] * ke.input;
+    out.weight = c[2] * kb.weight + c[3] * ke.weight;
+    if (p.schedule.recompute == Recompute::full) out.input += out.forward;
+    return out;
+}
+
+double step_seconds(double parameters, const Rates& r, double threads) {
+    return parameters / r.elementwise("adamw", parameters, threads, false);
+}
+
+int32_t rank_threads(const plan::Graph& g, int32_t cores) {
+    std::map<int32_t, int32_t> per_host;
+    for (const plan::PlanRank& r : g.ranks) ++per_host[r.host];
+    int32_t most = 1;
+    for (const auto& [host, count] : per_host) most = std::max(most, count);
+    return std::max(1, cores / most);
+}
+
+} // namespace dist::sim

@@ -1,0 +1,59 @@
+// calibrated.hpp: the cost of a stage's kernels from what `dist calibrate` measured.
+//
+// A calibrated profile holds the rates of Dist's own kernels at a grid of shapes, alone on an
+// idle machine, for each thread count a rank may get; how fast each busy thread runs when
+// several share the cores; and the times of transfers and collectives by size. Rates between
+// measured shapes are interpolated in log space (a matmul's rate on its three dimensions, the
+// rest on one), and clamped outside the grid.
+#pragma once
+
+#include "actors/plan/graph.hpp"
+#include "actors/plan/stages.hpp"
+#include "lang/program.hpp"
+
+#include <string>
+
+namespace dist::sim {
+
+class Rates {
+  public:
+    explicit Rates(const Calibration& c) : c_(&c) {}
+
+    /// FLOP/s of one matmul kernel ("nt", "nn", "tn") of shape (m, n, k) on `threads` threads.
+    double matmul(const std::string& kernel, double m, double n, double k, double threads) const;
+    /// FLOP/s of causal attention over sequences of `seq` tokens (4 seq^2 heads head_dim FLOPs
+    /// per sequence forward, twice that backward: the plan's count).
+    double attention(double seq, double head_dim, double threads, bool backward) const;
+    /// Elements per second of an element-wise kernel over `elements` elements.
+    double elementwise(const std::string& op, double elements, double threads, bool backward) const;
+    /// Each busy thread's speed, relative to one thread alone, when `threads` are busy at once
+    /// on the host's cores.
+    double sharing(double threads) const;
+    /// Seconds of one message of `bytes` through `transport`; negative when not measured.
+    double transfer(const std::string& transport, double bytes) const;
+    /// Seconds of a collective; negative when not measured for that backend and op.
+    double collective(const std::string& backend, const std::string& op, int32_t ranks,
+                      double bytes) const;
+
+    const Calibration& calibration() const { return *c_; }
+
+  private:
+    const Calibration* c_;
+};
+
+/// Seconds of one stage's forward, input gradient and weight gradient for one microbatch on a
+/// rank with `threads` threads (backward = input + weight), and of its AdamW step.
+struct StageSeconds {
+    double forward = 0, input = 0, weight = 0;
+};
+/// `whole`: as whole actions cost, the kernels' time scaled as the calibration measured; else
+/// the kernels' time alone.
+StageSeconds stage_seconds(const Program& p, const plan::PlanStage& s, const Rates& r,
+                           double threads, bool whole = true);
+double step_seconds(double parameters, const Rates& r, double threads);
+
+/// The threads each rank of `g` computes on: the host's cores divided between its ranks, at
+/// least one (the runtime's rule, actors/runtime/job.cpp).
+int32_t rank_threads(const plan::Graph& g, int32_t cores);
+
+} // namespace dist::sim

@@ -1,0 +1,103 @@
+// compare.cpp: a measured step beside its prediction: the summary line after a run, and where
+// the two disagree (by action kind over all ranks, and the worst rank and kind).
+#include "actors/sim/simulate.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+namespace dist::sim {
+
+namespace {
+
+std::string ms(double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
+    return buf;
+}
+
+std::string relative(double measured, double predicted) {
+    if (!(measured > 0)) return "";
+    char buf[32];
+    std::snprintf(buf, sizeof buf, " (%+.0f%%)", 100.0 * (predicted - measured) / measured);
+    return buf;
+}
+
+// Seconds of each kind of compute action on each rank.
+std::vector<std::map<std::string, double>> busy_by_kind(const Timeline& t) {
+    std::vector<std::map<std::string, double>> out(t.ranks.size());
+    for (size_t i = 0; i < t.ranks.size(); ++i) {
+        const RankReport& r = t.ranks[i];
+        const plan::PlanRank& rank = t.graph.ranks[static_cast<size_t>(r.rank)];
+        for (const Span& s : r.spans)
+            out[i][plan::op_name(rank.actions[s.action].kind)] += s.end - s.start;
+    }
+    return out;
+}
+
+} // namespace
+
+std::string comparison_line(double measured_step_s, double measured_bubble,
+                            const Timeline& predicted, const std::string& profile) {
+    char buf[320];
+    std::snprintf(buf, sizeof buf,
+                  "step time: measured %s, predicted %s (%.2fx); bubble: measured %.1f%%, "
+                  "predicted %.1f%% (`dist sim` with the %s profile)",
+                  ms(measured_step_s).c_str(), ms(predicted.step_time_s).c_str(),
+                  measured_step_s > 0 ? predicted.step_time_s / measured_step_s : 0.0,
+                  100.0 * measured_bubble, 100.0 * predicted.bubble_fraction, profile.c_str());
+    return buf;
+}
+
+std::string disagreement_text(const Timeline& measured, const Timeline& predicted) {
+    auto m = busy_by_kind(measured), p = busy_by_kind(predicted);
+    std::map<std::string, std::pair<double, double>> total; // kind -> (measured, predicted)
+    for (size_t r = 0; r < m.size(); ++r)
+        for (const auto& [k, s] : m[r]) total[k].first += s;
+    for (size_t r = 0; r < p.size(); ++r)
+        for (const auto& [k, s] : p[r]) total[k].second += s;
+    std::string out = "measured against predicted, summed over the ranks:\n";
+    char buf[256];
+    for (const auto& [kind, mp] : total) {
+        std::snprintf(buf, sizeof buf, "  %-14s measured %10s, predicted %10s%s\n", kind.c_str(),
+                      ms(mp.first).c_str(), ms(mp.second).c_str(),
+                      relative(mp.first, mp.second).c_str());
+        out += buf;
+    }
+    double mi = 0, pi = 0;
+    for (const RankReport& r : measured.ranks) mi += r.idle;
+    for (const RankReport& r : predicted.ranks) pi += r.idle;
+    std::snprintf(buf, sizeof buf, "  %-14s measured %10s, predicted %10s%s\n", "idle",
+                  ms(mi).c_str(), ms(pi).c_str(), relative(mi, pi).c_str());
+    out += buf;
+    // The rank and kind with the largest absolute gap.
+    double worst = -1;
+    size_t worst_rank = 0;
+    std::string worst_kind;
+    for (size_t r = 0; r < m.size() && r < p.size(); ++r) {
+        std::map<std::string, bool> kinds;
+        for (const auto& [k, s] : m[r]) kinds[k] = true;
+        for (const auto& [k, s] : p[r]) kinds[k] = true;
+        for (const auto& [k, unused] : kinds) {
+            double gap = std::abs(m[r][k] - p[r][k]);
+            if (gap > worst) {
+                worst = gap;
+                worst_rank = r;
+                worst_kind = k;
+            }
+        }
+    }
+    if (worst > 0) {
+        const plan::PlanRank& rank = predicted.graph.ranks[worst_rank];
+        std::snprintf(buf, sizeof buf,
+                      "the largest gap: %s on rank %zu (dp %d, pp %d, tp %d): measured %s, "
+                      "predicted %s%s\n",
+                      worst_kind.c_str(), worst_rank, rank.dp, rank.pp, rank.tp,
+                      ms(m[worst_rank][worst_kind]).c_str(), ms(p[worst_rank][worst_kind]).c_str(),
+                      relative(m[worst_rank][worst_kind], p[worst_rank][worst_kind]).c_str());
+        out += buf;
+    }
+    return out;
+}
+
+} // namespace dist::sim

@@ -1,0 +1,901 @@
+// calibrate.cpp: `dist calibrate`: this machine measured, and written as a hardware profile.
+//
+// Everything measured is Dist's own code on this machine: the CPU kernels (kernels/cpu) at a
+// grid of shapes for each thread count a rank may get, several single-threaded workers at once
+// (how the cores are shared), the in-process and UCX transfers of activations, and the
+// in-process and Gloo collectives. Each rate is the median of three timed batches after a
+// warm-up call. The profile (TOML, the schema of stdlib/hardware/) carries the command and the
+// date; the simulator prices kernels by shape from it (actors/sim/calibrated.hpp).
+#include "cli/commands.hpp"
+
+#include "actors/plan/lower.hpp"
+#include "actors/runtime/session.hpp"
+#include "actors/sim/calibrated.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "kernels/tensor.hpp"
+#include "lang/check.hpp"
+#include "lang/program.hpp"
+#include "models/atomic_file.hpp"
+#include "transport/gloo.hpp"
+#include "transport/inprocess.hpp"
+#include "transport/p2p.hpp"
+#include "transport/store.hpp"
+#include "transport/ucx.hpp"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <optional>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+namespace dist::cli {
+
+namespace {
+
+namespace cpu = kernels::cpu;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Seconds per call: one warm-up call, then three batches of at least `min_s` each; the median.
+double per_call(const std::function<void()>& call, double min_s) {
+    call();
+    std::vector<double> batches;
+    for (int b = 0; b < 3; ++b) {
+        auto t0 = Clock::now();
+        int calls = 0;
+        do {
+            call();
+            ++calls;
+        } while (since(t0) < min_s);
+        batches.push_back(since(t0) / calls);
+    }
+    std::sort(batches.begin(), batches.end());
+    return batches[1];
+}
+
+std::vector<float> filled(int64_t n, float scale = 0.01f) {
+    std::vector<float> v(static_cast<size_t>(std::max<int64_t>(n, 1)));
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-scale, scale);
+    for (float& x : v) x = u(rng);
+    return v;
+}
+
+std::string number(double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.4g", x);
+    std::string s = buf;
+    // TOML needs a float to look like one when it is written in exponent form.
+    if (s.find_first_of(".e") == std::string::npos) s += ".0";
+    return s;
+}
+
+class Progress {
+  public:
+    Progress(std::ostream& err, int total) : err_(err), total_(total), tty_(::isatty(2)) {}
+    void tick(const std::string& what) {
+        ++done_;
+        if (tty_)
+            err_ << "\rcalibrate: " << what << " (" << done_ * 100 / total_ << "%)\x1b[K"
+                 << std::flush;
+        else if (what != last_)
+            err_ << "calibrate: " << what << "\n" << std::flush;
+        last_ = what;
+    }
+    void end() {
+        if (tty_) err_ << "\n";
+    }
+
+  private:
+    std::ostream& err_;
+    int total_, done_ = 0;
+    bool tty_;
+    std::string last_;
+};
+
+struct Plan {
+    std::vector<int32_t> threads;
+    std::vector<int64_t> grid;      // matmul dimensions
+    std::vector<int64_t> seqs;      // attention
+    std::vector<int64_t> head_dims; // attention
+    std::vector<int64_t> elements;  // element-wise sizes
+    std::vector<int64_t> message;   // transfer and collective sizes, bytes
+    double min_s = 0.01;
+};
+
+Plan plan_for(int32_t cores, bool quick) {
+    Plan p;
+    for (int32_t t = 1; t < cores; t *= 2) p.threads.push_back(t);
+    p.threads.push_back(cores);
+    if (quick) {
+        p.threads = {1};
+        p.grid = {32, 256};
+        p.seqs = {64, 256};
+        p.head_dims = {32};
+        p.elements = {1 << 14, 1 << 18};
+        p.message = {4096, 1 << 20};
+        p.min_s = 0.002;
+    } else {
+        p.grid = {32, 128, 512, 2048};
+        p.seqs = {64, 256, 1024};
+        p.head_dims = {32, 64, 128};
+        p.elements = {1 << 14, 1 << 17, 1 << 20, 1 << 23};
+        p.message = {256, 1 << 16, 1 << 20, 1 << 24};
+    }
+    return p;
+}
+
+// ----- compute ------------------------------------------------------------------------------
+
+std::vector<MatmulRate> measure_matmuls(const Plan& plan, Progress& progress) {
+    std::vector<MatmulRate> out;
+    const int64_t big = plan.grid.back();
+    std::vector<float> a = filled(big * big), b = filled(big * big),
+                       c(static_cast<size_t>(big * big));
+    for (int32_t t : plan.threads) {
+        omp_set_num_threads(t);
+        for (const char* kernel : {"nt", "nn", "tn"}) {
+            for (int64_t m : plan.grid)
+                for (int64_t n : plan.grid)
+                    for (int64_t k : plan.grid) {
+                        std::function<void()> call;
+                        std::string kn = kernel;
+                        if (kn == "nt") // out (m, n) = in (m, k) weight (n, k)^T
+                            call = [&, m, n, k] {
+                                cpu::matmul_forward<float>(a.data(), b.data(), nullptr, m, k, n,
+                                                           c.data());
+                            };
+                        else if (kn == "nn") // dinp (m, n) += dout (m, k) weight (k, n)
+                            call = [&, m, n, k] {
+                                cpu::matmul_backward_input<float>(a.data(), b.data(), m, n, k,
+                                                                  c.data());
+                            };
+                        else // dweight (m, n) += dout^T (m, k) in (k, n)
+                            call = [&, m, n, k] {
+                                cpu::matmul_backward_weight<float>(a.data(), b.data(), k, n, m,
+                                                                   c.data(), nullptr);
+                            };
+                        double s = per_call(call, plan.min_s);
+                        out.push_back({kn, m, n, k, t, 2.0 * static_cast<double>(m * n * k) / s});
+                        progress.tick("matmuls (" + kn + ", " + std::to_string(t) + " threads)");
+                    }
+        }
+    }
+    return out;
+}
+
+std::vector<AttentionRate> measure_attention(const Plan& plan, Progress& progress) {
+    std::vector<AttentionRate> out;
+    const int64_t H = 4;
+    for (int32_t t : plan.threads) {
+        omp_set_num_threads(t);
+        for (int64_t D : plan.head_dims)
+            for (int64_t T : plan.seqs) {
+                const int64_t n = T * H * D;
+                std::vector<float> q = filled(n), k = filled(n), v = filled(n), o(n), lse(T * H),
+                                   dq(n), dk(n), dv(n), dout = filled(n);
+                double f = per_call(
+                    [&] {
+                        cpu::attention_forward<float>(q.data(), k.data(), v.data(), 1, T, H, H, D,
+                                                      o.data(), lse.data());
+                    },
+                    plan.min_s);
+                double bw = per_call(
+                    [&] {
+                        cpu::attention_backward<float>(dout.data(), q.data(), k.data(), v.data(),
+                                                       o.data(), lse.data(), 1, T, H, H, D,
+                                                       dq.data(), dk.data(), dv.data());
+                    },
+                    plan.min_s);
+                // The plan's count: 4 T^2 H D forward (scores and values, no causal halving).
+                const double flops = 4.0 * static_cast<double>(T * T * H * D);
+                out.push_back({T, D, t, flops / f, 2 * flops / bw});
+                progress.tick("attention (" + std::to_string(t) + " threads)");
+            }
+    }
+    return out;
+}
+
+// One element-wise kernel: its forward and its whole backward over `n` elements.
+struct Elementwise {
+    const char* op;
+    std::function<void(int64_t n, bool backward)> run;
+};
+
+std::vector<StreamRate> measure_elementwise(const Plan& plan, Progress& progress) {
+    const int64_t most = plan.elements.back();
+    const int64_t C = 256, V = 256;
+    std::vector<float> x = filled(most * 2), y(static_cast<size_t>(most * 2)), z = filled(most * 2),
+                       w = filled(C * 4, 1.0f), dw(C * 4), stats(static_cast<size_t>(most)),
+                       stats2(static_cast<size_t>(most)), m(static_cast<size_t>(most)),
+                       v2(static_cast<size_t>(most));
+    std::vector<int32_t> tokens(static_cast<size_t>(most / C + 1));
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % V);
+    cpu::AdamWConfig adam;
+    std::vector<Elementwise> ops = {
+        {"embedding",
+         [&](int64_t n, bool bw) {
+             if (bw)
+                 cpu::embedding_backward<float>(tokens.data(), x.data(), n / C, C, y.data());
+             else
+                 cpu::embedding_forward<float>(tokens.data(), x.data(), n / C, C, y.data());
+         }},
+        {"layernorm",
+         [&](int64_t n, bool bw) {
+             if (!bw)
+                 return cpu::layernorm_forward<float>(x.data(), w.data(), w.data() + C, n / C, C,
+                                                      1e-5, y.data(), stats.data(), stats2.data());
+             cpu::layernorm_backward_input<float>(z.data(), x.data(), w.data(), stats.data(),
+                                                  stats2.data(), n / C, C, y.data());
+             cpu::layernorm_backward_weight<float>(z.data(), x.data(), stats.data(), stats2.data(),
+                                                   n / C, C, dw.data(), dw.data() + C);
+         }},
+        {"rmsnorm",
+         [&](int64_t n, bool bw) {
+             if (!bw)
+                 return cpu::rmsnorm_forward<float>(x.data(), w.data(), n / C, C, 1e-5, y.data(),
+                                                    stats.data());
+             cpu::rmsnorm_backward_input<float>(z.data(), x.data(), w.data(), stats.data(), n / C,
+                                                C, y.data());
+             cpu::rmsnorm_backward_weight<float>(z.data(), x.data(), stats.data(), n / C, C,
+                                                 dw.data());
+         }},
+        {"gelu",
+         [&](int64_t n, bool bw) {
+             if (bw)
+                 cpu::gelu_backward_kept<float>(x.data(), stats.data(), z.data(), n, y.data());
+             else
+                 cpu::gelu_forward_keeping<float>(x.data(), n, y.data(), stats.data());
+         }},
+        {"swiglu",
+         [&](int64_t n, bool bw) {
+             if (bw)
+                 cpu::swiglu_backward<float>(x.data(), z.data(), n / C, C, y.data());
+             else
+                 cpu::swiglu_forward<float>(x.data(), n / C, C, y.data());
+         }},
+        {"rope",
+         [&](int64_t n, bool bw) {
+             const int64_t D = 64, T = 256, H = std::max<int64_t>(1, n / (T * D));
+             if (bw)
+                 cpu::rope_backward<float>(x.data(), 1, T, H, D, 10000.0, 0, y.data());
+             else
+                 cpu::rope_forward<float>(x.data(), 1, T, H, D, 10000.0, 0, y.data());
+         }},
+        {"cross_entropy",
+         [&](int64_t n, bool bw) {
+             if (bw)
+                 cpu::cross_entropy_backward<float>(x.data(), tokens.data(), stats.data(),
+                                                    stats2.data(), n / V, V, y.data());
+             else
+                 cpu::cross_entropy_forward<float>(x.data(), tokens.data(), n / V, V, stats2.data(),
+                                                   stats.data());
+         }},
+        {"copy",
+         [&](int64_t n, bool) {
+             std::memcpy(y.data(), x.data(), static_cast<size_t>(n) * sizeof(float));
+         }},
+        // A fresh gradient buffer, zeroed (the kernels accumulate into it).
+        {"zero", [&](int64_t n, bool) { kernels::Tensor::zeros({n}); }},
+        // A linear layer's bias: added to each output row (forward), its gradient the column
+        // sums (backward); the loops of kernels/cpu's matmul_forward and _backward_weight.
+        {"bias",
+         [&](int64_t n, bool bw) {
+             const int64_t rows = n / C;
+             float* out = y.data();
+             const float* b = w.data();
+             if (!bw) {
+#pragma omp parallel for schedule(static)
+                 for (int64_t r = 0; r < rows; ++r)
+                     for (int64_t o = 0; o < C; ++o) out[r * C + o] += b[o];
+                 return;
+             }
+             float* db = dw.data();
+             const float* dout = z.data();
+#pragma omp parallel for schedule(static)
+             for (int64_t o0 = 0; o0 < C; o0 += 256) {
+                 int64_t o1 = std::min(C, o0 + 256);
+                 for (int64_t r = 0; r < rows; ++r)
+                     for (int64_t o = o0; o < o1; ++o) db[o] += dout[r * C + o];
+             }
+         }},
+        // The optimizer's pass per parameter: the gradient norm, the clip, the AdamW update
+        // and the zeroing of the gradient.
+        {"adamw",
+         [&](int64_t n, bool) {
+             double norm = std::sqrt(cpu::sum_squares<float>(z.data(), n));
+             cpu::scale<float>(z.data(), n, norm > 1e30 ? 1e-30 : 1.0);
+             cpu::adamw_step<float>(z.data(), n, adam, 1, x.data(), m.data(), v2.data());
+             std::memset(y.data(), 0, static_cast<size_t>(n) * sizeof(float));
+         }},
+    };
+    std::vector<StreamRate> out;
+    for (int32_t t : plan.threads) {
+        omp_set_num_threads(t);
+        for (const Elementwise& e : ops)
+            for (int64_t n : plan.elements) {
+                double f = per_call([&] { e.run(n, false); }, plan.min_s);
+                double b = per_call([&] { e.run(n, true); }, plan.min_s);
+                out.push_back({e.op, n, t, static_cast<double>(n) / f, static_cast<double>(n) / b});
+                progress.tick("element-wise kernels (" + std::to_string(t) + " threads)");
+            }
+    }
+    return out;
+}
+
+// Workers on one thread each, all at once: each one's matmul rate against one alone.
+std::vector<SharingPoint> measure_sharing(int32_t cores, const Plan& plan, Progress& progress) {
+    const int64_t S = 256;
+    auto rate_with = [&](int32_t workers) {
+        std::vector<std::vector<float>> a(static_cast<size_t>(workers), filled(S * S)),
+            c(static_cast<size_t>(workers), std::vector<float>(S * S));
+        std::atomic<int32_t> ready{0};
+        std::atomic<bool> go{false};
+        std::vector<double> rates(static_cast<size_t>(workers));
+        const double span = plan.min_s * 20;
+        std::vector<std::thread> threads;
+        for (int32_t i = 0; i < workers; ++i)
+            threads.emplace_back([&, i] {
+                omp_set_num_threads(1);
+                auto& ai = a[static_cast<size_t>(i)];
+                auto& ci = c[static_cast<size_t>(i)];
+                cpu::matmul_forward<float>(ai.data(), ai.data(), nullptr, S, S, S, ci.data());
+                ++ready;
+                while (!go) std::this_thread::yield();
+                auto t0 = Clock::now();
+                int calls = 0;
+                while (since(t0) < span) {
+                    cpu::matmul_forward<float>(ai.data(), ai.data(), nullptr, S, S, S, ci.data());
+                    ++calls;
+                }
+                rates[static_cast<size_t>(i)] = calls / since(t0);
+            });
+        while (ready < workers) std::this_thread::yield();
+        go = true;
+        for (auto& t : threads) t.join();
+        double sum = 0;
+        for (double r : rates) sum += r;
+        return sum / workers;
+    };
+    std::vector<SharingPoint> out;
+    double alone = rate_with(1);
+    for (int32_t w = 2; w <= 2 * cores; ++w) {
+        out.push_back({w, rate_with(w) / alone});
+        progress.tick("cores shared by ranks");
+    }
+    return out;
+}
+
+// ----- communication ------------------------------------------------------------------------
+
+// One-way seconds of a message of `bytes`: half the round trip of a tensor sent as an
+// activation and returned as its gradient, between two threads.
+double ping_pong(transport::PointToPoint& a, transport::PointToPoint& b, int64_t bytes, int iters) {
+    kernels::Tensor t({std::max<int64_t>(1, bytes / 4)});
+    std::memset(t.data<float>(), 0, static_cast<size_t>(t.numel()) * sizeof(float));
+    auto echo = std::async(std::launch::async, [&] {
+        for (int i = 0; i < iters + 1; ++i) {
+            transport::P2PTag tag{i, 0, 0, transport::Direction::activation};
+            kernels::Tensor got = b.recv(0, tag);
+            b.send(0, {i, 1, 0, transport::Direction::gradient}, got);
+        }
+        b.flush();
+    });
+    Clock::time_point t0;
+    for (int i = 0; i < iters + 1; ++i) {
+        if (i == 1) t0 = Clock::now(); // the first exchange connects and warms up
+        a.send(1, {i, 0, 0, transport::Direction::activation}, t);
+        a.recv(1, {i, 1, 0, transport::Direction::gradient});
+    }
+    double s = since(t0) / iters / 2;
+    a.flush();
+    echo.get();
+    return s;
+}
+
+std::vector<TransferSample> measure_transfers(int32_t cores, const Plan& plan, Progress& progress,
+                                              std::vector<std::string>& skipped) {
+    std::vector<TransferSample> out;
+    auto iters = [](int64_t bytes) { return bytes >= (1 << 22) ? 5 : 30; };
+    {
+        transport::InProcessFabric fabric;
+        auto a = fabric.endpoint(0), b = fabric.endpoint(1);
+        for (int64_t bytes : plan.message) {
+            out.push_back({"inprocess", bytes, ping_pong(*a, *b, bytes, iters(bytes))});
+            progress.tick("transfers");
+        }
+    }
+    {
+        // The same hand-over while every core computes (ranks outnumbering the cores): the
+        // woken receiver waits for a core. One-way seconds of a small message.
+        transport::InProcessFabric fabric;
+        auto a = fabric.endpoint(0), b = fabric.endpoint(1);
+        std::atomic<bool> stop{false};
+        std::vector<std::thread> load;
+        for (int32_t i = 0; i < cores; ++i)
+            load.emplace_back([&] {
+                omp_set_num_threads(1);
+                std::vector<float> x = filled(128 * 128), y(128 * 128);
+                while (!stop)
+                    cpu::matmul_forward<float>(x.data(), x.data(), nullptr, 128, 128, 128,
+                                               y.data());
+            });
+        out.push_back(
+            {"inprocess-busy", plan.message.front(), ping_pong(*a, *b, plan.message.front(), 200)});
+        stop = true;
+        for (auto& t : load) t.join();
+        progress.tick("transfers");
+    }
+    for (auto [name, tls, devices] :
+         {std::tuple{"ucx-sm", "sm,self", ""}, std::tuple{"ucx-tcp", "tcp,self", "lo"}}) {
+        try {
+            transport::MemoryStore store;
+            transport::UcxOptions o;
+            o.timeout = std::chrono::seconds(20);
+            o.transports = tls;
+            o.net_devices = devices;
+            auto fa = std::async(std::launch::async, [&] {
+                return transport::make_ucx_endpoint(store, name, 0, 2, o);
+            });
+            auto b = transport::make_ucx_endpoint(store, name, 1, 2, o);
+            auto a = fa.get();
+            for (int64_t bytes : plan.message) {
+                out.push_back({name, bytes, ping_pong(*a, *b, bytes, iters(bytes))});
+                progress.tick("transfers");
+            }
+            // Both close at once, as two processes do.
+            auto closing = std::async(std::launch::async, [&] { a.reset(); });
+            b.reset();
+            closing.get();
+        } catch (const std::exception& e) {
+            skipped.push_back(std::string(name) + ": " + e.what());
+        }
+    }
+    return out;
+}
+
+std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& plan,
+                                                  Progress& progress,
+                                                  std::vector<std::string>& skipped) {
+    using Members = std::vector<std::unique_ptr<transport::Collectives>>;
+    std::vector<CollectiveSample> out;
+    auto time_op = [&](Members& members, const std::string& op, int64_t bytes) {
+        const int64_t n = std::max<int64_t>(members.size(), bytes / 4) / members.size() *
+                          static_cast<int64_t>(members.size());
+        const int64_t chunk = n / static_cast<int64_t>(members.size());
+        std::vector<std::vector<float>> in(members.size(), filled(n)),
+            res(members.size(), std::vector<float>(static_cast<size_t>(n)));
+        // Seconds per call of `count` calls in a row on every member's thread.
+        auto calls = [&](int count) {
+            auto t0 = Clock::now();
+            std::vector<std::thread> threads;
+            for (size_t i = 0; i < members.size(); ++i)
+                threads.emplace_back([&, i] {
+                    transport::Collectives& c = *members[i];
+                    for (int k = 0; k < count; ++k) {
+                        if (op == "all_reduce")
+                            c.all_reduce(in[i].data(), n, transport::ReduceOp::sum);
+                        else if (op == "reduce_scatter")
+                            c.reduce_scatter(in[i].data(), chunk, res[i].data());
+                        else
+                            c.all_gather(in[i].data(), chunk, res[i].data());
+                    }
+                });
+            for (auto& t : threads) t.join();
+            return since(t0) / count;
+        };
+        double guess = calls(3);
+        const int count = static_cast<int>(std::clamp(plan.min_s / guess, 3.0, 200.0));
+        std::vector<double> batches = {calls(count), calls(count), calls(count)};
+        std::sort(batches.begin(), batches.end());
+        return batches[1];
+    };
+    std::vector<int32_t> sizes = {2};
+    if (cores >= 4) sizes.push_back(4);
+    for (int32_t size : sizes) {
+        transport::InProcessGroup group(size, "calibrate");
+        Members inprocess;
+        for (int i = 0; i < size; ++i) inprocess.push_back(group.member(i));
+        Members gloo;
+        try {
+            transport::MemoryStore store;
+            std::vector<std::future<std::unique_ptr<transport::Collectives>>> joining;
+            for (int i = 0; i < size; ++i)
+                joining.push_back(std::async(std::launch::async, [&, i] {
+                    return transport::make_gloo_collectives(store, "calibrate", i, size);
+                }));
+            for (auto& j : joining) gloo.push_back(j.get());
+        } catch (const std::exception& e) {
+            skipped.push_back(std::string("gloo: ") + e.what());
+            gloo.clear();
+        }
+        for (const char* op : {"all_reduce", "reduce_scatter", "all_gather"})
+            for (int64_t bytes : plan.message) {
+                out.push_back({"inprocess", op, size, bytes, time_op(inprocess, op, bytes)});
+                if (!gloo.empty())
+                    out.push_back({"gloo", op, size, bytes, time_op(gloo, op, bytes)});
+                progress.tick("collectives");
+            }
+    }
+    return out;
+}
+
+// ----- whole actions ------------------------------------------------------------------------
+
+// A real step's actions cost more than their kernels: buffers allocated and freed, data that
+// has left the caches since it was written, the units' bookkeeping. Small GPTs train a few steps
+// on one rank with all the cores (synthetic tokens), and each forward and backward is set beside
+// the kernels' prediction from the rates just measured. Probes of one block and of four tell the
+// blocks from the ends (embeddings, head and loss): measured = scale_blocks x blocks' kernels +
+// scale_ends x ends' kernels, fitted by least squares, for forwards and backwards apart.
+struct ActionFit {
+    std::array<double, 4> scale{1, 1, 1, 1}; // forward blocks, forward ends, backward ...
+    std::vector<std::string> probes; // "width 128, 64 tokens: F 1.2 ms (kernels 1.1 ms) ..."
+};
+
+struct Probe {
+    int width, rows, layers;
+    std::optional<Program> program;
+    std::optional<plan::Graph> graph;
+    double forward = 0, backward = 0; // measured seconds per microbatch
+};
+
+// Trains the probes; run first, on a quiet process (before the transports' threads exist).
+std::vector<Probe> run_probes(bool quick, Progress& progress, std::vector<std::string>& skipped) {
+    std::vector<Probe> probes = quick ? std::vector<Probe>{{64, 1, 1, {}, {}}}
+                                      : std::vector<Probe>{{128, 8, 1, {}, {}},
+                                                           {128, 8, 4, {}, {}},
+                                                           {256, 2, 1, {}, {}},
+                                                           {256, 2, 4, {}, {}},
+                                                           {512, 1, 2, {}, {}}};
+    for (Probe& pr : probes) {
+        const std::string text =
+            "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: " +
+            std::to_string(pr.layers) + ", heads: 4, width: " + std::to_string(pr.width) +
+            ")\nmesh {\n    devices: cpu\n}\nschedule {\n    kind: 1f1b\n    microbatches: 2\n}\n"
+            "train {\n    data: synthetic()\n    batch: " +
+            std::to_string(2 * pr.rows) + "\n    steps: " + std::to_string(quick ? 3 : 8) +
+            "\n    seed: 1\n}\n";
+        lang::FrontendOptions fo;
+        fo.search_roots = lang::default_search_roots();
+        lang::CheckResult checked = lang::check_text("<calibration probe>", text, fo);
+        if (!checked.ok()) {
+            skipped.push_back("whole actions: " + checked.report());
+            return {};
+        }
+        const Program& p = *checked.program;
+        plan::PlanResult planned = plan::lower(p);
+        if (!planned.ok()) return {};
+        const plan::Graph& g = *planned.graph;
+        std::vector<double> f_times, b_times;
+        runtime::SessionOptions so;
+        so.join_launch = false;
+        so.on_step = [&](const runtime::SessionStep& step) {
+            if (step.metrics.step <= 1 || step.timings.empty()) return true; // warming up
+            double f = 0, b = 0;
+            for (const runtime::ActionTiming& t : step.timings[0]) {
+                plan::ActionKind k = g.ranks[0].actions[t.action].kind;
+                if (k == plan::ActionKind::forward) f += t.end_s - t.start_s;
+                if (k == plan::ActionKind::backward) b += t.end_s - t.start_s;
+            }
+            f_times.push_back(f / g.microbatches);
+            b_times.push_back(b / g.microbatches);
+            return true;
+        };
+        try {
+            runtime::Session session(p, g, so);
+            runtime::SessionError e = session.open();
+            if (e.message.empty()) e = session.run();
+            if (!e.message.empty()) {
+                skipped.push_back("whole actions: " + e.message);
+                return {};
+            }
+        } catch (const std::exception& e) {
+            skipped.push_back(std::string("whole actions: ") + e.what());
+            return {};
+        }
+        auto median = [](std::vector<double> v) {
+            std::sort(v.begin(), v.end());
+            return v.empty() ? 0.0 : v[v.size() / 2];
+        };
+        pr.forward = median(f_times);
+        pr.backward = median(b_times);
+        pr.program = p;
+        pr.graph = g;
+        progress.tick("whole actions");
+    }
+    return probes;
+}
+
+ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, int32_t cores) {
+    struct Point {
+        double blocks, ends, measured; // kernels' seconds, and the action's
+    };
+    std::vector<Point> fwd, bwd;
+    ActionFit fit;
+    sim::Rates rates(cal);
+    for (const Probe& pr : probes) {
+        const Program& p = *pr.program;
+        const plan::Graph& g = *pr.graph;
+        // The stage's kernels, its blocks apart from its ends.
+        plan::PlanStage blocks = g.stages[0], ends = g.stages[0];
+        blocks.embedding = blocks.head = false;
+        ends.blocks = 0;
+        sim::StageSeconds kb = sim::stage_seconds(p, blocks, rates, cores, false);
+        sim::StageSeconds ke = sim::stage_seconds(p, ends, rates, cores, false);
+        fwd.push_back({kb.forward, ke.forward, pr.forward});
+        bwd.push_back({kb.input + kb.weight, ke.input + ke.weight, pr.backward});
+        char line[200];
+        std::snprintf(line, sizeof line,
+                      "width %d, %d tokens, %d blocks: F %.3f ms (kernels %.3f), B %.3f ms "
+                      "(kernels %.3f)",
+                      pr.width, pr.rows * 64, pr.layers, 1e3 * fwd.back().measured,
+                      1e3 * (kb.forward + ke.forward), 1e3 * bwd.back().measured,
+                      1e3 * (kb.input + kb.weight + ke.input + ke.weight));
+        fit.probes.push_back(line);
+    }
+    // Least squares of measured = a x blocks + b x ends; one probe (or a degenerate fit): one
+    // scale for both.
+    auto solve = [](const std::vector<Point>& pts, double& a, double& b) {
+        double sbb = 0, sbe = 0, see = 0, sbm = 0, sem = 0, stt = 0, stm = 0;
+        for (const Point& q : pts) {
+            sbb += q.blocks * q.blocks;
+            sbe += q.blocks * q.ends;
+            see += q.ends * q.ends;
+            sbm += q.blocks * q.measured;
+            sem += q.ends * q.measured;
+            stt += (q.blocks + q.ends) * (q.blocks + q.ends);
+            stm += (q.blocks + q.ends) * q.measured;
+        }
+        double det = sbb * see - sbe * sbe;
+        if (pts.size() >= 2 && det > 1e-12 * sbb * see) {
+            a = (sbm * see - sem * sbe) / det;
+            b = (sbb * sem - sbe * sbm) / det;
+        }
+        if (pts.size() < 2 || !(a > 0) || !(b > 0)) a = b = stt > 0 ? stm / stt : 1.0;
+    };
+    solve(fwd, fit.scale[0], fit.scale[1]);
+    solve(bwd, fit.scale[2], fit.scale[3]);
+    return fit;
+}
+
+// ----- the profile --------------------------------------------------------------------------
+
+std::string cpu_model() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("model name", 0) == 0) {
+            auto colon = line.find(':');
+            if (colon != std::string::npos) {
+                std::string s = line.substr(colon + 1);
+                s.erase(0, s.find_first_not_of(' '));
+                return s;
+            }
+        }
+    return "an unknown CPU";
+}
+
+std::string utc_now() {
+    std::time_t now = std::time(nullptr);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    return buf;
+}
+
+std::string escaped(const std::string& s) {
+    std::string out;
+    for (char c : s) {
+        if (c == '"' || c == '\\') out += '\\';
+        if (static_cast<unsigned char>(c) >= 32) out += c;
+    }
+    return out;
+}
+
+// Latency and bandwidth of a transport from its smallest message and its two largest.
+LinkSpec link_of(const std::vector<TransferSample>& samples, const std::string& transport) {
+    std::vector<const TransferSample*> these;
+    for (const TransferSample& s : samples)
+        if (s.transport == transport) these.push_back(&s);
+    LinkSpec l{1e9, 1e-5};
+    if (these.size() < 2) return l;
+    const TransferSample &a = *these[these.size() - 2], &b = *these.back();
+    l.latency = std::max(1e-9, these.front()->seconds);
+    double dt = b.seconds - a.seconds;
+    l.bandwidth = dt > 0 ? static_cast<double>(b.bytes - a.bytes) / dt
+                         : static_cast<double>(b.bytes) / b.seconds;
+    return l;
+}
+
+std::string profile_text(const std::string& name, const std::string& command, int32_t cores,
+                         double took, const ActionFit& fit, const std::vector<MatmulRate>& mm,
+                         const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt,
+                         const std::vector<SharingPoint>& sharing,
+                         const std::vector<TransferSample>& transfers,
+                         const std::vector<CollectiveSample>& collectives,
+                         const std::vector<std::string>& skipped) {
+    const std::string date = utc_now();
+    double best_one = 0, best_copy = 0;
+    for (const MatmulRate& r : mm)
+        if (r.threads == 1) best_one = std::max(best_one, r.flops);
+    int64_t largest = 0;
+    for (const StreamRate& r : elt)
+        if (r.op == "copy" && r.elements >= largest) {
+            best_copy =
+                r.elements > largest ? r.forward * 8.0 : std::max(best_copy, r.forward * 8.0);
+            largest = r.elements;
+        }
+    const int64_t memory = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                           static_cast<int64_t>(::sysconf(_SC_PAGE_SIZE));
+    LinkSpec intra = link_of(transfers, "inprocess"), inter = link_of(transfers, "ucx-tcp");
+    std::ostringstream o;
+    o << "# " << name << ".toml: this machine as `dist calibrate` measured it.\n"
+      << "# Every number below was measured by `" << command << "` on " << date << ",\n"
+      << "# on " << cores << " cores of " << cpu_model() << ", from Dist's own kernels\n"
+      << "# (kernels/cpu) and transports; rates are the median of three timed batches.\n"
+      << "name = \"" << escaped(name) << "\"\n"
+      << "description = \"" << escaped(cpu_model()) << ", " << cores << " cores, calibrated on "
+      << date.substr(0, 10) << "\"\n\n"
+      << "[compute]\n"
+      << "# One core: the best single-threaded matmul rate measured below (the kernels compute\n"
+      << "# in f32 whatever the precision).\n"
+      << "peak_flops_f32 = " << number(best_one) << "\n"
+      << "peak_flops_bf16 = " << number(best_one) << "\n\n"
+      << "[memory]\n"
+      << "# The machine's memory, which every rank of a CPU mesh shares; the bandwidth of the\n"
+      << "# largest copy measured below, on all cores (bytes read and written).\n"
+      << "bytes = " << memory << "\n"
+      << "bandwidth = " << number(best_copy) << "\n\n"
+      << "[links.intra_host]\n"
+      << "# Ranks of one process: the in-process transfers below (latency: the smallest message;\n"
+      << "# bandwidth: between the two largest).\n"
+      << "bandwidth = " << number(intra.bandwidth) << "\n"
+      << "latency = " << number(intra.latency) << "\n\n"
+      << "[links.inter_host]\n"
+      << "# UCX over TCP on this machine's loopback: what another host's link can at best be.\n"
+      << "bandwidth = " << number(inter.bandwidth) << "\n"
+      << "latency = " << number(inter.latency) << "\n\n"
+      << "[calibration]\n"
+      << "command = \"" << escaped(command) << "\"\n"
+      << "date = \"" << date << "\"\n"
+      << "cores = " << cores << "\n"
+      << "seconds = " << number(took) << "\n"
+      << "# Whole actions of small GPTs trained on one rank, beside their kernels' prediction\n"
+      << "# from the rates below; measured = scale x kernels, the blocks' and the ends' (the\n"
+      << "# embeddings, head and loss) apart, fitted by least squares:\n";
+    for (const std::string& line : fit.probes) o << "#   " << line << "\n";
+    o << "scales = [" << number(fit.scale[0]) << ", " << number(fit.scale[1]) << ", "
+      << number(fit.scale[2]) << ", " << number(fit.scale[3])
+      << "] # forward: blocks, ends; backward: blocks, ends\n";
+    for (const std::string& s : skipped) o << "# not measured: " << s << "\n";
+    o << "# FLOP/s of out (m, n) = op(A) (m, k) op(B) (k, n): nt a forward, nn an input\n"
+      << "# gradient, tn a weight gradient, on `threads` OpenMP threads.\n"
+      << "matmul = [\n";
+    for (const MatmulRate& r : mm)
+        o << "  { kernel = \"" << r.kernel << "\", m = " << r.m << ", n = " << r.n
+          << ", k = " << r.k << ", threads = " << r.threads << ", flops = " << number(r.flops)
+          << " },\n";
+    o << "]\n"
+      << "# FLOP/s of causal attention (4 seq^2 heads head_dim forward, twice that backward).\n"
+      << "attention = [\n";
+    for (const AttentionRate& r : att)
+        o << "  { seq = " << r.seq << ", head_dim = " << r.head_dim << ", threads = " << r.threads
+          << ", forward = " << number(r.forward) << ", backward = " << number(r.backward)
+          << " },\n";
+    o << "]\n"
+      << "# Elements per second of each element-wise kernel, forward and whole backward.\n"
+      << "elementwise = [\n";
+    for (const StreamRate& r : elt)
+        o << "  { op = \"" << r.op << "\", elements = " << r.elements << ", threads = " << r.threads
+          << ", forward = " << number(r.forward) << ", backward = " << number(r.backward)
+          << " },\n";
+    o << "]\n"
+      << "# `threads` single-threaded matmul workers at once: each one's speed against one alone.\n"
+      << "sharing = [\n";
+    for (const SharingPoint& s : sharing)
+        o << "  { threads = " << s.threads << ", speed = " << number(s.speed) << " },\n";
+    o << "]\n"
+      << "# One-way seconds of a message (half an activation's round trip with its gradient).\n"
+      << "transfer = [\n";
+    for (const TransferSample& t : transfers)
+        o << "  { transport = \"" << t.transport << "\", bytes = " << t.bytes
+          << ", seconds = " << number(t.seconds) << " },\n";
+    o << "]\n"
+      << "# Seconds of one collective over `ranks` threads of this process (Gloo: TCP loopback).\n"
+      << "collective = [\n";
+    for (const CollectiveSample& c : collectives)
+        o << "  { backend = \"" << c.backend << "\", op = \"" << c.op << "\", ranks = " << c.ranks
+          << ", bytes = " << c.bytes << ", seconds = " << number(c.seconds) << " },\n";
+    o << "]\n";
+    return o.str();
+}
+
+} // namespace
+
+int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& err) {
+    std::filesystem::path path(c.out);
+    if (path.extension() != ".toml") {
+        err << "error: --out " << c.out
+            << ": a hardware profile is a .toml file (DIR/hardware/NAME.toml, found by "
+               "`devices: NAME` when DIR is on DIST_PATH)\n";
+        return 2;
+    }
+    const std::string name = path.stem().string();
+    if (!std::regex_match(name, std::regex("[A-Za-z][A-Za-z0-9_-]*"))) {
+        err << "error: --out " << c.out << ": the profile's name `" << name
+            << "` must be a letter followed by letters, digits, `-` or `_`\n";
+        return 2;
+    }
+    std::error_code ec;
+    std::filesystem::path dir = path.parent_path().empty() ? "." : path.parent_path();
+    if (!std::filesystem::is_directory(dir, ec)) {
+        err << "error: --out " << c.out << ": no folder " << dir.string() << "\n";
+        return 1;
+    }
+    const int32_t cores = c.cores > 0 ? c.cores : omp_get_num_procs();
+    Plan plan = plan_for(cores, c.quick);
+    const int total =
+        static_cast<int>(plan.threads.size() *
+                         (3 * plan.grid.size() * plan.grid.size() * plan.grid.size() +
+                          plan.seqs.size() * plan.head_dims.size() + 11 * plan.elements.size())) +
+        2 * cores - 1 + 3 * static_cast<int>(plan.message.size()) * 4 + 4;
+    Progress progress(err, total);
+    auto t0 = Clock::now();
+    std::vector<std::string> skipped;
+    std::vector<Probe> probes = run_probes(c.quick, progress, skipped);
+    auto mm = measure_matmuls(plan, progress);
+    auto att = measure_attention(plan, progress);
+    auto elt = measure_elementwise(plan, progress);
+    omp_set_num_threads(cores);
+    auto sharing = measure_sharing(cores, plan, progress);
+    auto transfers = measure_transfers(cores, plan, progress, skipped);
+    auto collectives = measure_collectives(cores, plan, progress, skipped);
+    Calibration measured;
+    measured.cores = cores;
+    measured.matmul = mm;
+    measured.attention = att;
+    measured.elementwise = elt;
+    measured.sharing = sharing;
+    ActionFit fit = fit_actions(probes, measured, cores);
+    progress.end();
+    std::string command = "dist calibrate --out " + c.out + (c.quick ? " --quick" : "") +
+                          (c.cores > 0 ? " --cores " + std::to_string(c.cores) : "");
+    std::string text = profile_text(name, command, cores, since(t0), fit, mm, att, elt, sharing,
+                                    transfers, collectives, skipped);
+    std::string e = models::write_file_atomically(c.out, {text});
+    if (!e.empty()) {
+        err << "error: " << e << "\n";
+        return 1;
+    }
+    char took[32];
+    std::snprintf(took, sizeof took, "%.0f", since(t0));
+    out << "wrote " << c.out << " (measured in " << took << " s)";
+    if (std::filesystem::absolute(dir).filename() == "hardware")
+        out << ": `devices: " << name << "` finds it when "
+            << std::filesystem::absolute(dir).parent_path().string() << " is on DIST_PATH\n";
+    else
+        out << "; a script finds it as `devices: " << name
+            << "` when it lies in a `hardware` folder under a DIST_PATH folder\n";
+    return 0;
+}
+
+} // namespace dist::cli

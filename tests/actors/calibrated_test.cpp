@@ -1,0 +1,319 @@
+// calibrated_test.cpp: the simulator on a calibrated machine. The event-driven execution of
+// ranks that share cores (it must agree with the fixpoint when nothing is shared, and stretch
+// overlapping work by the measured sharing), the interpolation of measured rates, and
+// `dist calibrate` end to end: the profile it writes loads, is complete, and prices plans.
+#include "actors/plan/execute.hpp"
+#include "actors/plan/lower.hpp"
+#include "actors/sim/calibrated.hpp"
+#include "actors/sim/simulate.hpp"
+#include "lang/check.hpp"
+#include "lang/hardware.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <unistd.h>
+
+using namespace dist;
+using namespace dist::plan;
+namespace fs = std::filesystem;
+
+namespace {
+
+Program checked(const std::string& example, std::vector<std::string> overrides = {}) {
+    lang::FrontendOptions o;
+    o.search_roots = {fs::path(DIST_SOURCE_DIR) / "stdlib"};
+    o.overrides = std::move(overrides);
+    o.check_files = false;
+    lang::CheckResult r = lang::check_file(fs::path(DIST_SOURCE_DIR) / "examples" / example, o);
+    EXPECT_TRUE(r.ok()) << r.report();
+    return r.ok() ? *r.program : Program{};
+}
+
+Graph planned(const Program& p) {
+    PlanResult r = lower(p);
+    EXPECT_TRUE(r.ok()) << render_errors(p.file, r.errors);
+    return r.ok() ? *r.graph : Graph{};
+}
+
+// Distinct durations for every action, so that an engine that orders anything wrongly shows.
+ExecCosts distinct_costs() {
+    ExecCosts c;
+    c.compute = [](const PlanRank& r, const PlanAction& a) {
+        double base = 1.0 + 0.1 * a.stage + 0.013 * a.microbatch + 0.007 * r.rank;
+        switch (a.kind) {
+        case ActionKind::forward: return base;
+        case ActionKind::backward: return 2 * base;
+        case ActionKind::backward_input: return 1.1 * base;
+        case ActionKind::backward_weight: return 0.9 * base;
+        case ActionKind::step: return 0.3;
+        default: return 0.0;
+        }
+    };
+    c.transfer = [](const PlanRank& from, const PlanRank& to, const PlanAction&) {
+        return 0.05 + 0.01 * std::abs(from.rank - to.rank);
+    };
+    c.reduction = [](const PlanRank&, const PlanAction& a) { return 0.2 + 0.01 * a.stage; };
+    return c;
+}
+
+struct TempDir {
+    fs::path path;
+    explicit TempDir(const std::string& tag)
+        : path(fs::temp_directory_path() /
+               ("dist_calibrated_" + tag + "_" + std::to_string(::getpid()))) {
+        fs::remove_all(path);
+        fs::create_directories(path);
+    }
+    ~TempDir() { fs::remove_all(path); }
+};
+
+struct Result {
+    int status = 0;
+    std::string out;
+};
+
+Result run(const std::string& command) {
+    Result r;
+    FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+    if (!pipe) return {-1, "popen failed"};
+    std::array<char, 4096> buf{};
+    size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+    int status = ::pclose(pipe);
+    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+}
+
+} // namespace
+
+// With every thread at full speed, sharing nothing, the time-ordered engine must reproduce the
+// fixpoint's times exactly: every schedule, with data parallelism, split backward passes and
+// ZeRO 3's gathers.
+TEST(SharedCores, AtFullSpeedTheEventEngineMatchesTheFixpoint) {
+    const std::vector<std::vector<std::string>> meshes = {
+        {"mesh.pp=1"},
+        {"mesh.pp=2", "schedule.microbatches=4"},
+        {"mesh.pp=4", "schedule.microbatches=8"},
+        {"mesh.pp=2", "mesh.dp=2", "schedule.microbatches=4"},
+        {"mesh.pp=2", "mesh.dp=2", "mesh.zero=3", "schedule.microbatches=4"},
+        {"mesh.pp=2", "schedule.kind=gpipe", "schedule.microbatches=4"},
+        {"mesh.pp=2", "schedule.kind=zb_h1", "schedule.microbatches=4"},
+        {"mesh.pp=2", "schedule.kind=interleaved_1f1b", "schedule.virtual_stages=2",
+         "schedule.microbatches=4"},
+        {"mesh.pp=2", "schedule.kind=dualpipev", "schedule.virtual_stages=2",
+         "schedule.microbatches=4"},
+    };
+    for (const auto& mesh : meshes) {
+        std::vector<std::string> o = mesh;
+        o.push_back("model.layers=8");
+        Graph g = planned(checked("gpt_tiny.dist", o));
+        ExecCosts fixed = distinct_costs(), shared = distinct_costs();
+        shared.threads = [](const PlanRank&) { return 1.0; };
+        shared.speed = [](double) { return 1.0; };
+        ExecTimes a = execute(g, fixed), b = execute(g, shared);
+        ASSERT_TRUE(a.complete);
+        ASSERT_TRUE(b.complete) << mesh.front();
+        for (size_t r = 0; r < g.ranks.size(); ++r)
+            for (size_t i = 0; i < g.ranks[r].actions.size(); ++i) {
+                ASSERT_NEAR(a.start[r][i], b.start[r][i], 1e-9)
+                    << mesh.back() << " rank " << r << " " << to_string(g.ranks[r].actions[i]);
+                ASSERT_NEAR(a.end[r][i], b.end[r][i], 1e-9)
+                    << mesh.back() << " rank " << r << " " << to_string(g.ranks[r].actions[i]);
+            }
+    }
+}
+
+// Two data-parallel ranks on one core: their forwards and backwards overlap throughout, so each
+// takes twice as long as alone, and so does the step.
+TEST(SharedCores, TwoRanksOnOneCoreTakeTwiceAsLong) {
+    Graph g = planned(checked("gpt_tiny.dist", {"mesh.dp=2", "schedule.microbatches=2"}));
+    ExecCosts alone = distinct_costs();
+    alone.compute = [](const PlanRank&, const PlanAction& a) {
+        return a.kind == ActionKind::forward ? 1.0 : a.kind == ActionKind::backward ? 2.0 : 0.0;
+    };
+    alone.reduction = [](const PlanRank&, const PlanAction&) { return 0.0; };
+    ExecCosts one_core = alone;
+    one_core.threads = [](const PlanRank&) { return 1.0; };
+    one_core.speed = [](double threads) { return 1.0 / std::max(1.0, threads); };
+    ExecTimes a = execute(g, alone), b = execute(g, one_core);
+    ASSERT_TRUE(a.complete && b.complete);
+    double ea = 0, eb = 0;
+    for (size_t r = 0; r < g.ranks.size(); ++r) {
+        ea = std::max(ea, a.end[r].back());
+        eb = std::max(eb, b.end[r].back());
+    }
+    EXPECT_NEAR(ea, 6.0, 1e-9); // two microbatches of F (1) and B (2)
+    EXPECT_NEAR(eb, 2 * ea, 1e-9);
+}
+
+// A stage whose neighbour idles runs alone at full speed: with pp 2 on one core, the first
+// forward (only rank 0 busy) takes its time alone, the overlapped middle is stretched.
+TEST(SharedCores, OnlyOverlappingWorkIsStretched) {
+    Graph g = planned(checked("gpt_tiny.dist", {"mesh.pp=2", "schedule.microbatches=2"}));
+    ExecCosts c = distinct_costs();
+    c.compute = [](const PlanRank&, const PlanAction& a) {
+        return a.kind == ActionKind::forward ? 1.0 : a.kind == ActionKind::backward ? 2.0 : 0.0;
+    };
+    c.transfer = [](const PlanRank&, const PlanRank&, const PlanAction&) { return 0.0; };
+    c.threads = [](const PlanRank&) { return 1.0; };
+    c.speed = [](double threads) { return 1.0 / std::max(1.0, threads); };
+    ExecTimes t = execute(g, c);
+    ASSERT_TRUE(t.complete);
+    const auto& r0 = g.ranks[0].actions;
+    size_t first_forward = 0;
+    while (r0[first_forward].kind != ActionKind::forward) ++first_forward;
+    EXPECT_NEAR(t.end[0][first_forward] - t.start[0][first_forward], 1.0, 1e-9);
+    // Total work is 2 ranks x 2 microbatches x 3 = 12 on one core: the step takes at least 12.
+    double end = std::max(t.end[0].back(), t.end[1].back());
+    EXPECT_GE(end, 12.0 - 1e-9);
+}
+
+TEST(Rates, InterpolateBetweenMeasuredShapesAndClampOutside) {
+    Calibration c;
+    c.cores = 2;
+    for (int64_t m : {64, 256})
+        for (int64_t n : {64, 256})
+            for (int64_t k : {64, 256})
+                c.matmul.push_back(
+                    {"nt", m, n, k, 1, m == 256 && n == 256 && k == 256 ? 8e10 : 4e10});
+    c.sharing = {{2, 0.9}, {4, 0.45}};
+    sim::Rates r(c);
+    EXPECT_NEAR(r.matmul("nt", 256, 256, 256, 1), 8e10, 1e-3);
+    EXPECT_NEAR(r.matmul("nt", 64, 64, 64, 1), 4e10, 1e-3);
+    double mid = r.matmul("nt", 128, 128, 128, 1);
+    EXPECT_GT(mid, 4e10);
+    EXPECT_LT(mid, 8e10);
+    EXPECT_NEAR(r.matmul("nt", 4096, 4096, 4096, 1), 8e10, 1e-3); // clamped
+    EXPECT_NEAR(r.matmul("nt", 8, 8, 8, 1), 4e10, 1e-3);
+    EXPECT_DOUBLE_EQ(r.sharing(1), 1.0);
+    EXPECT_DOUBLE_EQ(r.sharing(2), 0.9);
+    EXPECT_NEAR(r.sharing(3), 0.675, 1e-12);
+    EXPECT_NEAR(r.sharing(8), 0.45 * 4 / 8, 1e-12); // beyond the measured: the cores divided
+}
+
+TEST(Rates, AProfileWithABadCalibrationRowIsRefusedWhereItIs) {
+    TempDir dir("bad");
+    fs::path file = dir.path / "bad.toml";
+    std::ofstream(file)
+        << "name = \"bad\"\n"
+           "[compute]\npeak_flops_f32 = 1e11\npeak_flops_bf16 = 1e11\n"
+           "[memory]\nbytes = 1000000000\nbandwidth = 1e10\n"
+           "[links.intra_host]\nbandwidth = 1e10\nlatency = 1e-6\n"
+           "[links.inter_host]\nbandwidth = 1e9\nlatency = 1e-5\n"
+           "[calibration]\ncommand = \"x\"\ndate = \"y\"\ncores = 2\n"
+           "matmul = [\n"
+           "  { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, flops = -1.0 },\n"
+           "]\n"
+           "sharing = [ { threads = 2, speed = 0.9 } ]\n";
+    lang::SourceManager sources;
+    lang::Diagnostics diags;
+    EXPECT_FALSE(lang::load_profile(file, sources, diags).has_value());
+    std::string report = diags.render(sources);
+    EXPECT_NE(report.find("bad.toml:19:65:"), std::string::npos) << report;
+    EXPECT_NE(report.find("`flops` must be a positive number"), std::string::npos) << report;
+}
+
+// `dist calibrate --quick` measures this machine, writes a profile that loads with every number
+// positive and every grid complete, and `devices: NAME` then finds it and prices plans by it.
+TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
+    TempDir dir("quick");
+    fs::create_directories(dir.path / "hardware");
+    fs::path file = dir.path / "hardware" / "quick.toml";
+    Result r = run(std::string(DIST_BINARY) + " calibrate --quick --out " + file.string());
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("calibrate: matmuls"), std::string::npos) << r.out; // progress
+    EXPECT_NE(r.out.find("`devices: quick` finds it"), std::string::npos) << r.out;
+    lang::SourceManager sources;
+    lang::Diagnostics diags;
+    auto p = lang::load_profile(file, sources, diags);
+    ASSERT_TRUE(p.has_value()) << diags.render(sources);
+    const Calibration& c = p->calibration;
+    EXPECT_GE(c.cores, 1);
+    EXPECT_NE(c.command.find("dist calibrate --out "), std::string::npos);
+    EXPECT_FALSE(c.date.empty());
+    // Every kernel at every point of the grid for every thread count.
+    std::map<std::pair<std::string, int32_t>, std::set<std::array<int64_t, 3>>> grid;
+    for (const MatmulRate& m : c.matmul) grid[{m.kernel, m.threads}].insert({m.m, m.n, m.k});
+    ASSERT_EQ(grid.size() % 3, 0u);
+    for (const auto& [key, shapes] : grid) EXPECT_EQ(shapes.size(), 8u) << key.first;
+    std::set<std::string> ops;
+    for (const StreamRate& e : c.elementwise) ops.insert(e.op);
+    for (const char* op : {"layernorm", "gelu", "cross_entropy", "copy", "adamw", "embedding"})
+        EXPECT_TRUE(ops.count(op)) << op;
+    EXPECT_FALSE(c.attention.empty());
+    EXPECT_EQ(c.sharing.size(), static_cast<size_t>(2 * c.cores - 1));
+    std::set<std::string> transports;
+    for (const TransferSample& t : c.transfers) transports.insert(t.transport);
+    EXPECT_TRUE(transports.count("inprocess"));
+    std::set<std::string> backends;
+    for (const CollectiveSample& s : c.collectives) backends.insert(s.backend);
+    EXPECT_TRUE(backends.count("inprocess"));
+    // The datasheet fields come from the measurements.
+    EXPECT_GT(p->peak_flops_f32, 0);
+    EXPECT_GT(p->memory_bandwidth, 0);
+
+    // Found by name through DIST_PATH; a deeper model takes longer, on the same rates.
+    std::string sim = "DIST_PATH=" + dir.path.string() + " " + DIST_BINARY + " sim " +
+                      DIST_SOURCE_DIR + "/examples/gpt_tiny.dist --json --set mesh.devices=quick";
+    Result four = run(sim), eight = run(sim + " --set model.layers=8");
+    ASSERT_EQ(four.status, 0) << four.out;
+    ASSERT_EQ(eight.status, 0) << eight.out;
+    double t4 = nlohmann::json::parse(four.out)["step_time_s"].get<double>();
+    double t8 = nlohmann::json::parse(eight.out)["step_time_s"].get<double>();
+    EXPECT_GT(t4, 0);
+    EXPECT_GT(t8, 1.5 * t4);
+}
+
+TEST(Calibrate, RefusesAnOutputThatIsNotAProfile) {
+    Result r = run(std::string(DIST_BINARY) + " calibrate --quick --out /tmp/profile.txt");
+    EXPECT_EQ(r.status, 2);
+    EXPECT_NE(r.out.find("a hardware profile is a .toml file"), std::string::npos) << r.out;
+    r = run(std::string(DIST_BINARY) + " calibrate --quick --out /nonexistent/dir/x.toml");
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.out.find("no folder"), std::string::npos) << r.out;
+}
+
+// A datasheet profile may give its matmul efficiency by model width; the points must be
+// [width, efficiency] pairs with widths ascending, and a wider model then runs nearer peak.
+TEST(Rates, ADatasheetEfficiencyByWidthLoadsAndIsChecked) {
+    TempDir dir("curve");
+    fs::create_directories(dir.path / "hardware");
+    const std::string head = "name = \"curve\"\n"
+                             "[compute]\npeak_flops_f32 = 1e12\npeak_flops_bf16 = 1e12\n";
+    const std::string rest = "[memory]\nbytes = 80000000000\nbandwidth = 1e12\n"
+                             "[host]\ndevices = 8\n"
+                             "[links.intra_host]\nbandwidth = 1e11\nlatency = 1e-6\n"
+                             "[links.inter_host]\nbandwidth = 1e10\nlatency = 1e-5\n";
+    fs::path good = dir.path / "hardware" / "curve.toml";
+    std::ofstream(good) << head << "matmul_efficiency = [[256, 0.3], [1024, 0.6]]\n" << rest;
+    lang::SourceManager sources;
+    lang::Diagnostics diags;
+    auto p = lang::load_profile(good, sources, diags);
+    ASSERT_TRUE(p.has_value()) << diags.render(sources);
+    ASSERT_EQ(p->matmul_efficiency_by_width.size(), 2u);
+    std::string sim = "DIST_PATH=" + dir.path.string() + " " + DIST_BINARY + " sim " +
+                      DIST_SOURCE_DIR +
+                      "/examples/gpt_tiny.dist --json --set mesh.devices=curve --set mesh.dp=1";
+    Result narrow = run(sim + " --set model.width=256"),
+           wide = run(sim + " --set model.width=1024");
+    ASSERT_EQ(narrow.status, 0) << narrow.out;
+    ASSERT_EQ(wide.status, 0) << wide.out;
+    double mfu_narrow = nlohmann::json::parse(narrow.out)["mfu"].get<double>();
+    double mfu_wide = nlohmann::json::parse(wide.out)["mfu"].get<double>();
+    EXPECT_LE(mfu_narrow, 0.3 + 1e-9);
+    EXPECT_GT(mfu_wide, 1.5 * mfu_narrow);
+    fs::path bad = dir.path / "bad.toml";
+    std::ofstream(bad) << head << "matmul_efficiency = [[1024, 0.6], [256, 0.3]]\n" << rest;
+    lang::Diagnostics bad_diags;
+    EXPECT_FALSE(lang::load_profile(bad, sources, bad_diags).has_value());
+    std::string report = bad_diags.render(sources);
+    EXPECT_NE(report.find("bad.toml:5:35:"), std::string::npos) << report;
+    EXPECT_NE(report.find("widths ascending"), std::string::npos) << report;
+}
