@@ -549,6 +549,7 @@ std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& pla
 // scale_ends x ends' kernels, fitted by least squares, for forwards and backwards apart.
 struct ActionFit {
     std::array<double, 4> scale{1, 1, 1, 1}; // forward blocks, forward ends, backward ...
+    std::array<double, 2> overhead{0, 0};    // seconds per block: forward, backward
     std::vector<std::string> probes; // "width 128, 64 tokens: F 1.2 ms (kernels 1.1 ms) ..."
 };
 
@@ -561,12 +562,10 @@ struct Probe {
 
 // Trains the probes; run first, on a quiet process (before the transports' threads exist).
 std::vector<Probe> run_probes(bool quick, Progress& progress, std::vector<std::string>& skipped) {
-    std::vector<Probe> probes = quick ? std::vector<Probe>{{64, 1, 1, {}, {}}}
-                                      : std::vector<Probe>{{128, 8, 1, {}, {}},
-                                                           {128, 8, 4, {}, {}},
-                                                           {256, 2, 1, {}, {}},
-                                                           {256, 2, 4, {}, {}},
-                                                           {512, 1, 2, {}, {}}};
+    std::vector<Probe> probes =
+        quick ? std::vector<Probe>{{64, 1, 1, {}, {}}}
+              : std::vector<Probe>{{128, 8, 1, {}, {}}, {128, 8, 4, {}, {}}, {256, 2, 1, {}, {}},
+                                   {256, 2, 4, {}, {}}, {512, 1, 2, {}, {}}, {512, 8, 1, {}, {}}};
     for (Probe& pr : probes) {
         const std::string text =
             "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: " +
@@ -628,7 +627,7 @@ std::vector<Probe> run_probes(bool quick, Progress& progress, std::vector<std::s
 
 ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, int32_t cores) {
     struct Point {
-        double blocks, ends, measured; // kernels' seconds, and the action's
+        double blocks, ends, count, measured; // kernels' seconds, blocks, the action's seconds
     };
     std::vector<Point> fwd, bwd;
     ActionFit fit;
@@ -642,8 +641,9 @@ ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, 
         ends.blocks = 0;
         sim::StageSeconds kb = sim::stage_seconds(p, blocks, rates, cores, false);
         sim::StageSeconds ke = sim::stage_seconds(p, ends, rates, cores, false);
-        fwd.push_back({kb.forward, ke.forward, pr.forward});
-        bwd.push_back({kb.input + kb.weight, ke.input + ke.weight, pr.backward});
+        const double count = g.stages[0].blocks;
+        fwd.push_back({kb.forward, ke.forward, count, pr.forward});
+        bwd.push_back({kb.input + kb.weight, ke.input + ke.weight, count, pr.backward});
         char line[200];
         std::snprintf(line, sizeof line,
                       "width %d, %d tokens, %d blocks: F %.3f ms (kernels %.3f), B %.3f ms "
@@ -653,28 +653,34 @@ ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, 
                       1e3 * (kb.input + kb.weight + ke.input + ke.weight));
         fit.probes.push_back(line);
     }
-    // Least squares of measured = a x blocks + b x ends; one probe (or a degenerate fit): one
-    // scale for both.
-    auto solve = [](const std::vector<Point>& pts, double& a, double& b) {
-        double sbb = 0, sbe = 0, see = 0, sbm = 0, sem = 0, stt = 0, stm = 0;
+    // A block costs its kernels and a fixed amount more (buffers, bookkeeping); the ends
+    // (embeddings, head, loss) their kernels scaled: least squares of measured - blocks'
+    // kernels = b x ends' kernels + c x blocks. Where that gives a negative coefficient (or
+    // too few probes), one scale for everything.
+    auto solve = [](const std::vector<Point>& pts, double& a, double& b, double& c) {
+        double ee = 0, en = 0, nn = 0, ey = 0, ny = 0, stt = 0, stm = 0;
         for (const Point& q : pts) {
-            sbb += q.blocks * q.blocks;
-            sbe += q.blocks * q.ends;
-            see += q.ends * q.ends;
-            sbm += q.blocks * q.measured;
-            sem += q.ends * q.measured;
+            const double y = q.measured - q.blocks;
+            ee += q.ends * q.ends;
+            en += q.ends * q.count;
+            nn += q.count * q.count;
+            ey += q.ends * y;
+            ny += q.count * y;
             stt += (q.blocks + q.ends) * (q.blocks + q.ends);
             stm += (q.blocks + q.ends) * q.measured;
         }
-        double det = sbb * see - sbe * sbe;
-        if (pts.size() >= 2 && det > 1e-12 * sbb * see) {
-            a = (sbm * see - sem * sbe) / det;
-            b = (sbb * sem - sbe * sbm) / det;
+        const double det = ee * nn - en * en;
+        a = 1;
+        if (pts.size() >= 3 && det > 1e-12 * ee * nn) {
+            b = (ey * nn - ny * en) / det;
+            c = (ee * ny - en * ey) / det;
+            if (b > 0 && c >= 0) return;
         }
-        if (pts.size() < 2 || !(a > 0) || !(b > 0)) a = b = stt > 0 ? stm / stt : 1.0;
+        c = 0;
+        a = b = stt > 0 ? stm / stt : 1.0;
     };
-    solve(fwd, fit.scale[0], fit.scale[1]);
-    solve(bwd, fit.scale[2], fit.scale[3]);
+    solve(fwd, fit.scale[0], fit.scale[1], fit.overhead[0]);
+    solve(bwd, fit.scale[2], fit.scale[3], fit.overhead[1]);
     return fit;
 }
 
@@ -780,12 +786,14 @@ std::string profile_text(const std::string& name, const std::string& command, in
       << "cores = " << cores << "\n"
       << "seconds = " << number(took) << "\n"
       << "# Whole actions of small GPTs trained on one rank, beside their kernels' prediction\n"
-      << "# from the rates below; measured = scale x kernels, the blocks' and the ends' (the\n"
-      << "# embeddings, head and loss) apart, fitted by least squares:\n";
+      << "# from the rates below: a block costs its kernels and a fixed time more, the ends\n"
+      << "# (embeddings, head and loss) their kernels scaled, fitted by least squares:\n";
     for (const std::string& line : fit.probes) o << "#   " << line << "\n";
     o << "scales = [" << number(fit.scale[0]) << ", " << number(fit.scale[1]) << ", "
       << number(fit.scale[2]) << ", " << number(fit.scale[3])
-      << "] # forward: blocks, ends; backward: blocks, ends\n";
+      << "] # forward: blocks, ends; backward: blocks, ends\n"
+      << "block_overhead = [" << number(fit.overhead[0]) << ", " << number(fit.overhead[1])
+      << "] # seconds per block: forward, backward\n";
     for (const std::string& s : skipped) o << "# not measured: " << s << "\n";
     o << "# FLOP/s of out (m, n) = op(A) (m, k) op(B) (k, n): nt a forward, nn an input\n"
       << "# gradient, tn a weight gradient, on `threads` OpenMP threads.\n"
@@ -857,7 +865,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
         static_cast<int>(plan.threads.size() *
                          (3 * plan.grid.size() * plan.grid.size() * plan.grid.size() +
                           plan.seqs.size() * plan.head_dims.size() + 11 * plan.elements.size())) +
-        2 * cores - 1 + 3 * static_cast<int>(plan.message.size()) * 4 + 4;
+        2 * cores - 1 + 3 * static_cast<int>(plan.message.size()) * 4 + 7;
     Progress progress(err, total);
     auto t0 = Clock::now();
     std::vector<std::string> skipped;

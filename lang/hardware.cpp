@@ -106,6 +106,17 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
             diags.error(node_loc(file, root.at_path("calibration.scales").node(), root),
                         "`scales` must be four positive numbers");
     }
+    if (const toml::array* o = root.at_path("calibration.block_overhead").as_array()) {
+        bool good = o->size() == 2;
+        for (size_t i = 0; good && i < 2; ++i) {
+            double v = (*o)[i].value<double>().value_or(-1.0);
+            good = v >= 0 && std::isfinite(v);
+            if (good) c.block_overhead_s[i] = v;
+        }
+        if (!good)
+            diags.error(node_loc(file, root.at_path("calibration.block_overhead").node(), root),
+                        "`block_overhead` must be two numbers of seconds, at least 0");
+    }
     r.rows("calibration.matmul", [&](Reader& t) {
         c.matmul.push_back({t.string("kernel"), static_cast<int64_t>(t.number("m")),
                             static_cast<int64_t>(t.number("n")),

@@ -156,6 +156,8 @@ struct Calibration {
     /// blocks, its ends (embeddings, head, loss), a backward's blocks and ends cost per second
     /// of their kernels.
     std::array<double, 4> scales{1, 1, 1, 1};
+    /// And a fixed cost per block of a forward and of a backward (seconds), beyond the scales.
+    std::array<double, 2> block_overhead_s{0, 0};
     std::vector<MatmulRate> matmul;
     std::vector<AttentionRate> attention;
     std::vector<StreamRate> elementwise;

@@ -266,10 +266,15 @@ StageSeconds stage_seconds(const Program& p, const plan::PlanStage& s, const Rat
     StageSeconds kb = kernel_seconds(p, blocks, r, threads);
     StageSeconds ke = kernel_seconds(p, ends, r, threads);
     const std::array<double, 4>& c = r.calibration().scales;
+    const std::array<double, 2>& o = r.calibration().block_overhead_s;
+    const double blocks_n = s.blocks;
     StageSeconds out;
-    out.forward = c[0] * kb.forward + c[1] * ke.forward;
-    out.input = c[2] * kb.input + c[3] * ke.input;
-    out.weight = c[2] * kb.weight + c[3] * ke.weight;
+    out.forward = c[0] * kb.forward + c[1] * ke.forward + o[0] * blocks_n;
+    const double kb_back = kb.input + kb.weight;
+    out.input = c[2] * kb.input + c[3] * ke.input +
+                (kb_back > 0 ? o[1] * blocks_n * kb.input / kb_back : 0.0);
+    out.weight = c[2] * kb.weight + c[3] * ke.weight +
+                 (kb_back > 0 ? o[1] * blocks_n * kb.weight / kb_back : 0.0);
     if (p.schedule.recompute == Recompute::full) out.input += out.forward;
     return out;
 }
