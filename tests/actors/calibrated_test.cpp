@@ -7,6 +7,7 @@
 #include "actors/sim/calibrated.hpp"
 #include "actors/sim/simulate.hpp"
 #include "lang/check.hpp"
+#include "tests/common/checked_script.hpp"
 #include "lang/hardware.hpp"
 
 #include <gtest/gtest.h>
@@ -27,13 +28,7 @@ namespace fs = std::filesystem;
 namespace {
 
 Program checked(const std::string& example, std::vector<std::string> overrides = {}) {
-    lang::FrontendOptions o;
-    o.search_roots = {fs::path(DIST_SOURCE_DIR) / "stdlib"};
-    o.overrides = std::move(overrides);
-    o.check_files = false;
-    lang::CheckResult r = lang::check_file(fs::path(DIST_SOURCE_DIR) / "examples" / example, o);
-    EXPECT_TRUE(r.ok()) << r.report();
-    return r.ok() ? *r.program : Program{};
+    return tests::checked_example(example, std::move(overrides));
 }
 
 Graph planned(const Program& p) {

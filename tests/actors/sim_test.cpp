@@ -5,6 +5,7 @@
 #include "actors/plan/verify.hpp"
 #include "actors/sim/simulate.hpp"
 #include "lang/check.hpp"
+#include "tests/common/checked_script.hpp"
 
 #include <gtest/gtest.h>
 
@@ -17,14 +18,7 @@ using namespace dist::plan;
 namespace {
 
 Program checked(const std::string& example, std::vector<std::string> overrides = {}) {
-    lang::FrontendOptions o;
-    o.search_roots = {std::filesystem::path(DIST_SOURCE_DIR) / "stdlib"};
-    o.overrides = std::move(overrides);
-    o.check_files = false;
-    lang::CheckResult r =
-        lang::check_file(std::filesystem::path(DIST_SOURCE_DIR) / "examples" / example, o);
-    EXPECT_TRUE(r.ok()) << r.report();
-    return r.ok() ? *r.program : Program{};
+    return tests::checked_example(example, std::move(overrides));
 }
 
 Graph planned(const Program& p) {

@@ -25,6 +25,19 @@ inline Program checked_script(const std::string& text, const std::vector<std::st
     return r.ok() ? *r.program : Program{};
 }
 
+/// The program of `examples/NAME` with `overrides` (the checks of its data files skipped); a
+/// failed check fails the test.
+inline Program checked_example(const std::string& name, std::vector<std::string> overrides = {}) {
+    lang::FrontendOptions o;
+    o.search_roots = {std::filesystem::path(DIST_SOURCE_DIR) / "stdlib"};
+    o.overrides = std::move(overrides);
+    o.check_files = false;
+    lang::CheckResult r =
+        lang::check_file(std::filesystem::path(DIST_SOURCE_DIR) / "examples" / name, o);
+    EXPECT_TRUE(r.ok()) << r.report();
+    return r.ok() ? *r.program : Program{};
+}
+
 /// `--set` overrides for a dp x tp x pp mesh and a schedule (`v` > 0: virtual stages).
 inline std::vector<std::string> mesh_overrides(int dp, int tp, int pp, const std::string& kind,
                                                int microbatches, int v = 0) {
