@@ -860,6 +860,11 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
         return 1;
     }
     const int32_t cores = c.cores > 0 ? c.cores : omp_get_num_procs();
+    // Rates measured beside other work are low: say so before spending the minute.
+    double load = 0;
+    if (std::ifstream("/proc/loadavg") >> load; load > 0.5 * cores)
+        err << "calibrate: warning: this machine is busy (load average " << load << " on " << cores
+            << " cores); what is measured now will be slower than an idle machine\n";
     Plan plan = plan_for(cores, c.quick);
     const int total =
         static_cast<int>(plan.threads.size() *
