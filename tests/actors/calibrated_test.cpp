@@ -7,8 +7,8 @@
 #include "actors/sim/calibrated.hpp"
 #include "actors/sim/simulate.hpp"
 #include "lang/check.hpp"
-#include "tests/common/checked_script.hpp"
 #include "lang/hardware.hpp"
+#include "tests/common/checked_script.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
