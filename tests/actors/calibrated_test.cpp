@@ -27,14 +27,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using tests::planned_graph;
+
 Program checked(const std::string& example, std::vector<std::string> overrides = {}) {
     return tests::checked_example(example, std::move(overrides));
 }
 
 Graph planned(const Program& p) {
-    PlanResult r = lower(p);
-    EXPECT_TRUE(r.ok()) << render_errors(p.file, r.errors);
-    return r.ok() ? *r.graph : Graph{};
+    return planned_graph(p);
 }
 
 // Distinct durations for every action, so that an engine that orders anything wrongly shows.

@@ -17,14 +17,14 @@ using namespace dist::plan;
 
 namespace {
 
+using tests::planned_graph;
+
 Program checked(const std::string& example, std::vector<std::string> overrides = {}) {
     return tests::checked_example(example, std::move(overrides));
 }
 
 Graph planned(const Program& p) {
-    PlanResult r = lower(p);
-    EXPECT_TRUE(r.ok()) << render_errors(p.file, r.errors);
-    return r.ok() ? *r.graph : Graph{};
+    return planned_graph(p);
 }
 
 // A small XML well-formedness check: every tag closes in order, attributes are quoted.

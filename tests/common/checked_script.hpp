@@ -2,6 +2,7 @@
 // mesh and schedule, for the runtime's tests. Needs DIST_SOURCE_DIR (the tree) defined.
 #pragma once
 
+#include "actors/plan/lower.hpp"
 #include "lang/check.hpp"
 
 #include <gtest/gtest.h>
@@ -36,6 +37,13 @@ inline Program checked_example(const std::string& name, std::vector<std::string>
         lang::check_file(std::filesystem::path(DIST_SOURCE_DIR) / "examples" / name, o);
     EXPECT_TRUE(r.ok()) << r.report();
     return r.ok() ? *r.program : Program{};
+}
+
+/// The plan of `p`; a plan that fails fails the test.
+inline plan::Graph planned_graph(const Program& p) {
+    plan::PlanResult r = plan::lower(p);
+    EXPECT_TRUE(r.ok()) << plan::render_errors(p.file, r.errors);
+    return r.ok() ? *r.graph : plan::Graph{};
 }
 
 /// `--set` overrides for a dp x tp x pp mesh and a schedule (`v` > 0: virtual stages).
