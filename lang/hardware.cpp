@@ -212,12 +212,10 @@ std::optional<HardwareProfile> load_profile(const std::filesystem::path& path,
         }
     } else {
         p.matmul_efficiency = r.number("compute.matmul_efficiency", false);
+        if (p.matmul_efficiency > 1.0)
+            diags.error(node_loc(file, root.at_path("compute.matmul_efficiency").node(), root),
+                        "`matmul_efficiency` is a fraction of peak, at most 1");
     }
-    p.attention_efficiency = r.number("compute.attention_efficiency", false);
-    for (double e : {p.matmul_efficiency, p.attention_efficiency})
-        if (e > 1.0)
-            diags.error(node_loc(file, root.at_path("compute").node(), root),
-                        "an efficiency is a fraction of peak, at most 1");
     read_calibration(r, root, file, diags, p.calibration);
     if (diags.error_count() > before) return std::nullopt;
     return p;

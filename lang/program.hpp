@@ -179,11 +179,10 @@ struct HardwareProfile {
     int64_t devices_per_host = 0;  // 0: no limit (CPU cores shared by ranks)
     LinkSpec intra_host;
     LinkSpec inter_host;
-    /// Fractions of peak that matmuls and attention reach (published measurements for a
-    /// datasheet profile; 0: the simulator's default). `matmul_efficiency_by_width`, when
-    /// given, is (model width, efficiency) points: wider models' matmuls run closer to peak.
+    /// The fraction of peak that matmuls reach (a published measurement for a datasheet
+    /// profile; 0: the simulator's default). `matmul_efficiency_by_width`, when given, is
+    /// (model width, efficiency) points: wider models' matmuls run closer to peak.
     double matmul_efficiency = 0.0;
-    double attention_efficiency = 0.0;
     std::vector<std::pair<double, double>> matmul_efficiency_by_width;
     Calibration calibration;
 
