@@ -34,6 +34,15 @@ struct CalibrateOptions {
 /// Measures this machine and writes it as a hardware profile.
 int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& err);
 
+struct SearchCommandOptions {
+    std::string devices; // "NAME x COUNT[,NAME x COUNT...]" ("" for the script's own mesh)
+    int32_t top = 10;
+    bool json = false;
+};
+/// The fastest layouts of the script's model on its devices, or on each device kind given.
+int run_search(const CommonOptions& o, const SearchCommandOptions& s, std::ostream& out,
+               std::ostream& err);
+
 /// Simulates one training step of the script's plan.
 int run_sim(const CommonOptions& o, const SimOptions& s, std::ostream& out, std::ostream& err);
 

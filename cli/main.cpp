@@ -46,6 +46,18 @@ int main(int argc, char** argv) {
     sim->add_option("--trace", sim_options.trace,
                     "write a Chrome trace (chrome://tracing, Perfetto) to this file");
 
+    dist::cli::SearchCommandOptions search_options;
+    CLI::App* search = app.add_subcommand(
+        "search", "the fastest layouts (dp, tp, pp, cp, zero, schedule, microbatches, "
+                  "recomputation) of the script's model on its devices");
+    add_common(search);
+    search->add_option("--devices", search_options.devices,
+                       "search on these devices instead: NAME x COUNT[,NAME x COUNT...]");
+    search->add_option("--top", search_options.top, "rows to print (default 10)")
+        ->check(CLI::Range(1, 1000));
+    search->add_flag("--json", search_options.json,
+                     "print JSON: each row with the --set overrides that give it");
+
     dist::cli::CalibrateOptions calibrate_options;
     CLI::App* calibrate = app.add_subcommand(
         "calibrate", "measure this machine's kernels, transports and collectives into a "
@@ -131,6 +143,7 @@ int main(int argc, char** argv) {
     if (*plan) return dist::cli::run_plan(common, json, std::cout, std::cerr);
     if (*calibrate) return dist::cli::run_calibrate(calibrate_options, std::cout, std::cerr);
     if (*sim) return dist::cli::run_sim(common, sim_options, std::cout, std::cerr);
+    if (*search) return dist::cli::run_search(common, search_options, std::cout, std::cerr);
     if (*generate)
         return dist::cli::run_generate(common, generate_load, tokenizer, prompts, std::cin,
                                        std::cout, std::cerr);

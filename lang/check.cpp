@@ -100,7 +100,9 @@ CheckResult check_loaded(CheckResult result, const fs::path& path, std::string t
         return result;
     }
     Script& main = *loaded.files.back().script;
-    std::vector<Override> model_overrides = apply_overrides(std::move(overrides), main, diags);
+    std::vector<Override> hardware_overrides;
+    std::vector<Override> model_overrides =
+        apply_overrides(std::move(overrides), main, diags, hardware_overrides);
 
     Definitions defs;
     collect(loaded, sources, defs, diags);
@@ -108,6 +110,7 @@ CheckResult check_loaded(CheckResult result, const fs::path& path, std::string t
     const Statement* model_stmt = nullptr;
     BlockSet blocks;
     blocks.file = main.file;
+    blocks.hardware = &hardware_overrides;
     for (const auto& st : main.statements) {
         if (st.kind == Statement::Kind::model) {
             if (model_stmt) {

@@ -222,6 +222,7 @@ bool check_blocks(const BlockSet& blocks, const Definitions& defs, const fs::pat
     BlockChecker c(defs, script_dir, options, sources, diags, program, blocks.file,
                    blocks.model_ok);
     c.unknown_block = blocks.unknown_block;
+    c.hardware = blocks.hardware;
     c.mesh(blocks.mesh);
     if (!c.ok) {
         // Later rules need a valid mesh; still read the other blocks for their own errors.

@@ -35,6 +35,7 @@ struct BlockChecker {
     bool model_ok;
     bool unknown_block = false;
     bool ok = true;
+    const std::vector<Override>* hardware = nullptr; // `--set hardware.KEY=VALUE`
 
     BlockChecker(const Definitions& d, const std::filesystem::path& dir_, const FrontendOptions& o,
                  SourceManager& s, Diagnostics& dg, Program& prog, uint32_t f, bool model)
@@ -47,6 +48,8 @@ struct BlockChecker {
 
     bool read_data(BlockReader& r, const std::string& name, DataSpec& out);
     void mesh(const Block* block);
+    /// Applies `--set hardware.KEY=VALUE` to the profile just found.
+    void edit_profile(HardwareProfile& profile);
     void schedule(const Block* block);
     void custom(const Block* actions);
     void train(const Block* block);

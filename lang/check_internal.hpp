@@ -33,9 +33,10 @@ std::vector<Override> parse_overrides(const std::vector<std::string>& texts, Sou
                                       Diagnostics& diags);
 
 /// Applies the block overrides to the main script's tree (adding blocks and fields as needed);
-/// returns the `model.ARG` ones, which apply when the model template is called.
+/// returns the `model.ARG` ones, which apply when the model template is called. The
+/// `hardware.KEY` ones go to `hardware`: they edit the mesh's profile once it is found.
 std::vector<Override> apply_overrides(std::vector<Override> overrides, Script& script,
-                                      Diagnostics& diags);
+                                      Diagnostics& diags, std::vector<Override>& hardware);
 
 /// Reads the fields of one block, each at most once, and reports the fields it never asked for.
 class BlockReader {
@@ -116,6 +117,7 @@ struct BlockSet {
     uint32_t file = 0;          // the main script, for errors about missing blocks
     bool model_ok = false;      // rules that need the model run only when it checked
     bool unknown_block = false; // a misspelt block: "no such block" errors would only echo it
+    const std::vector<Override>* hardware = nullptr; // `--set hardware.KEY=VALUE`
 };
 bool check_blocks(const BlockSet& blocks, const Definitions& defs,
                   const std::filesystem::path& script_dir, const FrontendOptions& options,

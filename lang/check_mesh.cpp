@@ -2,6 +2,8 @@
 #include "lang/check_blocks.hpp"
 #include "lang/hardware.hpp"
 
+#include <cmath>
+
 namespace dist::lang {
 
 void BlockChecker::mesh(const Block* block) {
@@ -101,6 +103,7 @@ void BlockChecker::mesh(const Block* block) {
         ok = false;
         return;
     }
+    edit_profile(m.profile);
     if (dev->count) {
         auto c = evaluate(*dev->count, defs.globals, diags);
         if (!c) {
@@ -185,6 +188,101 @@ void BlockChecker::mesh(const Block* block) {
     m.hosts = h;
     m.devices_per_host = d;
     m.memory_bytes = memory.value_or(m.profile.memory_bytes);
+}
+
+namespace {
+
+/// A profile field that `--set hardware.KEY=VALUE` may edit: where it lives, its bounds.
+struct EditableField {
+    const char* key;
+    double min;
+    bool min_exclusive;
+    double max;
+    bool integer;
+    void (*set)(HardwareProfile&, double);
+};
+
+const EditableField editable_fields[] = {
+    {"compute.peak_flops_f32", 0, true, 1e300, false,
+     [](HardwareProfile& h, double v) { h.peak_flops_f32 = v; }},
+    {"compute.peak_flops_bf16", 0, true, 1e300, false,
+     [](HardwareProfile& h, double v) { h.peak_flops_bf16 = v; }},
+    {"compute.matmul_efficiency", 0, true, 1, false,
+     [](HardwareProfile& h, double v) {
+         h.matmul_efficiency = v;
+         h.matmul_efficiency_by_width.clear();
+     }},
+    {"memory.bytes", 0, true, 9.2e18, true,
+     [](HardwareProfile& h, double v) { h.memory_bytes = static_cast<int64_t>(v); }},
+    {"memory.bandwidth", 0, true, 1e300, false,
+     [](HardwareProfile& h, double v) { h.memory_bandwidth = v; }},
+    {"host.devices", 0, true, 1 << 20, true,
+     [](HardwareProfile& h, double v) { h.devices_per_host = static_cast<int64_t>(v); }},
+    {"links.intra_host.bandwidth", 0, true, 1e300, false,
+     [](HardwareProfile& h, double v) { h.intra_host.bandwidth = v; }},
+    {"links.intra_host.latency", 0, false, 1e300, false,
+     [](HardwareProfile& h, double v) { h.intra_host.latency = v; }},
+    {"links.inter_host.bandwidth", 0, true, 1e300, false,
+     [](HardwareProfile& h, double v) { h.inter_host.bandwidth = v; }},
+    {"links.inter_host.latency", 0, false, 1e300, false,
+     [](HardwareProfile& h, double v) { h.inter_host.latency = v; }},
+};
+
+} // namespace
+
+void BlockChecker::edit_profile(HardwareProfile& profile) {
+    if (!hardware) return;
+    std::vector<std::string> keys;
+    for (const EditableField& f : editable_fields) keys.push_back(f.key);
+    for (const Override& o : *hardware) {
+        std::string key;
+        for (size_t i = 1; i < o.path.size(); ++i) key += (i > 1 ? "." : "") + o.path[i];
+        const EditableField* field = nullptr;
+        for (const EditableField& f : editable_fields)
+            if (key == f.key) field = &f;
+        if (!field) {
+            std::string best = closest_name(key, keys);
+            diags.error(o.key_loc, "`hardware." + key + "` is not a profile field that can be set",
+                        best.empty() ? "the fields are " + join_names(keys)
+                                     : "did you mean `hardware." + best + "`?");
+            ok = false;
+            continue;
+        }
+        if (profile.calibration.cores > 0 && key != "memory.bytes") {
+            diags.error(o.key_loc,
+                        "`" + profile.name +
+                            "` is a calibrated profile: its measured rates price the work, not `" +
+                            key + "`",
+                        "only `hardware.memory.bytes` applies to a calibrated profile; edit a "
+                        "datasheet profile (`h100`, `cpu`) to ask what-if questions");
+            ok = false;
+            continue;
+        }
+        std::optional<Value> v = evaluate(*o.value, defs.globals, diags);
+        if (!v) {
+            ok = false;
+            continue;
+        }
+        double x = v->as_real();
+        bool in_range = v->is_number() && std::isfinite(x) &&
+                        (field->min_exclusive ? x > field->min : x >= field->min) &&
+                        x <= field->max && (!field->integer || x == std::floor(x));
+        if (!in_range) {
+            std::string what = field->integer         ? "a positive whole number"
+                               : field->max == 1      ? "a fraction in (0, 1]"
+                               : field->min_exclusive ? "a positive number"
+                                                      : "a number of 0 or more";
+            diags.error(o.value_loc, "`hardware." + key + "` is " + what,
+                        "for example `--set hardware." + key + "=" +
+                            (field->max == 1  ? "0.6"
+                             : field->integer ? "8"
+                                              : "2e12") +
+                            "`");
+            ok = false;
+            continue;
+        }
+        field->set(profile, x);
+    }
 }
 
 } // namespace dist::lang

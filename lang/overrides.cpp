@@ -10,7 +10,8 @@ namespace dist::lang {
 
 namespace {
 
-const std::vector<std::string> top_keys = {"model", "mesh", "schedule", "train", "generate"};
+const std::vector<std::string> top_keys = {"model", "mesh",     "schedule",
+                                           "train", "generate", "hardware"};
 
 bool ident_char(char c, bool first) {
     return c == '_' || std::isalpha(static_cast<unsigned char>(c)) ||
@@ -49,7 +50,8 @@ std::vector<Override> parse_overrides(const std::vector<std::string>& texts, Sou
         if (!ok || o.path.size() < 2) {
             diags.error(o.key_loc, "`" + text.substr(0, eq) + "` is not a key",
                         "keys are `block.field` (mesh.dp, schedule.kind, train.steps, "
-                        "train.optimizer.lr) or `model.ARG` (model.layers)");
+                        "train.optimizer.lr), `model.ARG` (model.layers) or `hardware.KEY` "
+                        "(hardware.memory.bytes)");
             continue;
         }
         if (std::find(top_keys.begin(), top_keys.end(), o.path[0]) == top_keys.end()) {
@@ -74,11 +76,15 @@ std::vector<Override> parse_overrides(const std::vector<std::string>& texts, Sou
 }
 
 std::vector<Override> apply_overrides(std::vector<Override> overrides, Script& script,
-                                      Diagnostics& diags) {
+                                      Diagnostics& diags, std::vector<Override>& hardware) {
     std::vector<Override> model;
     for (auto& o : overrides) {
         if (o.path[0] == "model") {
             model.push_back(std::move(o));
+            continue;
+        }
+        if (o.path[0] == "hardware") {
+            hardware.push_back(std::move(o));
             continue;
         }
         // Find or add the top-level block.

@@ -30,7 +30,9 @@ struct PlanResult {
 };
 
 /// Lowers and verifies. Errors come back as values; the graph is absent when there are any.
-PlanResult lower(const Program& p);
+/// `verify` false skips the verifier (a search lowering thousands of layouts whose rows are
+/// then reproduced, verified, by `dist sim`).
+PlanResult lower(const Program& p, bool verify = true);
 
 /// Places a compute order on a mesh: one list per rank with the sends, receives, gradient
 /// reductions and the optimizer step inserted. `stages` must have p * v entries. With `zero`

@@ -7,11 +7,16 @@
 #include "actors/sim/simulate.hpp"
 
 #include "actors/plan/execute.hpp"
+#include "actors/plan/lower.hpp"
+#include "actors/plan/schedules.hpp"
+#include "actors/plan/stages.hpp"
 #include "actors/plan/verify.hpp"
 #include "actors/sim/calibrated.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 
@@ -81,35 +86,66 @@ plan::ExecCosts unit_costs() {
     return c;
 }
 
-plan::ExecCosts profile_costs(const Graph& g, const Profile& pr) {
+/// The mesh as the costs see it. A bound's graph holds two replicas' pipeline ranks only
+/// (below); it keeps the real sizes here, and each of its ranks (d, pp) is priced as the real
+/// rank (d, pp, tp 0, cp 0), links and all, so that it never costs more than the mesh.
+struct Axes {
+    int32_t dp = 1, tp = 1, pp = 1, cp = 1;
+    int64_t per_host = 0; // > 0: hosts from these sizes (a bound), else the graph's ranks
+};
+
+Axes axes_of(const Graph& g) {
+    return {g.dp, g.tp, g.pp, g.cp, 0};
+}
+
+plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax) {
     plan::ExecCosts c;
     c.step_barrier = true; // the gradient norm before the update
     auto stage = [&g](const PlanAction& a) -> const PlanStage& {
         return g.stages[static_cast<size_t>(a.stage)];
     };
-    // A group of consecutive ranks, from `first` to `last`, talks over the host's links when
-    // both ends share a host. The tensor- and context-parallel groups are such runs (the
-    // fastest axes of the layout), and share a host when they can.
-    auto span_link = [&g, &pr](int32_t first, int32_t last) {
-        return g.ranks[static_cast<size_t>(first)].host == g.ranks[static_cast<size_t>(last)].host
-                   ? pr.intra
-                   : pr.inter;
+    const bool bound = ax.per_host > 0;
+    // The host of mesh coordinates (ranks are ((dp * PP + pp) * CP + cp) * TP + tp).
+    auto host = [&g, ax, bound](int32_t d, int32_t p, int32_t t, int32_t k) -> int64_t {
+        if (bound)
+            return (((static_cast<int64_t>(d) * ax.pp + p) * ax.cp + k) * ax.tp + t) / ax.per_host;
+        return g.ranks[static_cast<size_t>(g.rank_of(d, p, t, k))].host;
     };
-    auto tp_link = [&g, span_link](const PlanRank& r) {
-        return span_link(g.rank_of(r.dp, r.pp, 0, r.cp), g.rank_of(r.dp, r.pp, g.tp - 1, r.cp));
+    // A rank's mesh coordinates (dp, pp, tp, cp). In a bound's graph, its replica d is the
+    // mesh's replica d, or its context-parallel rank d when the mesh has one replica.
+    auto coords = [ax, bound](const PlanRank& r) -> std::array<int32_t, 4> {
+        if (!bound) return {r.dp, r.pp, r.tp, r.cp};
+        if (ax.dp > 1) return {r.dp, r.pp, 0, 0};
+        return {0, r.pp, 0, r.dp};
     };
-    auto cp_link = [&g, span_link](const PlanRank& r) {
-        return span_link(g.rank_of(r.dp, r.pp, r.tp, 0), g.rank_of(r.dp, r.pp, r.tp, g.cp - 1));
+    auto host_of = [host, coords](const PlanRank& r) {
+        auto [d, p, t, k] = coords(r);
+        return host(d, p, t, k);
+    };
+    auto link = [&pr](bool same) { return same ? pr.intra : pr.inter; };
+    // A group talks over the host's links when all its members share a host. The tensor- and
+    // context-parallel groups are runs of consecutive ranks (the fastest axes of the layout):
+    // their two ends tell.
+    auto tp_link = [host, coords, link, ax](const PlanRank& r) {
+        auto [d, p, t, k] = coords(r);
+        return link(host(d, p, 0, k) == host(d, p, ax.tp - 1, k));
+    };
+    auto cp_link = [host, coords, link, ax](const PlanRank& r) {
+        auto [d, p, t, k] = coords(r);
+        return link(host(d, p, t, 0) == host(d, p, t, ax.cp - 1));
     };
     // The link of the replica group (dp x cp): the host's when every member shares it.
-    auto replica_link = [&g, &pr](const PlanRank& r) {
-        for (int32_t m : g.replica_group(r))
-            if (g.ranks[static_cast<size_t>(m)].host != r.host) return pr.inter;
-        return pr.intra;
+    auto replica_link = [host, coords, host_of, link, ax](const PlanRank& r) {
+        auto [d, p, t, k] = coords(r);
+        int64_t mine = host_of(r);
+        for (int32_t e = 0; e < ax.dp; ++e)
+            for (int32_t c = 0; c < ax.cp; ++c)
+                if (host(e, p, t, c) != mine) return link(false);
+        return link(true);
     };
-    const int32_t replicas = g.dp * g.cp;
-    c.compute = [&g, pr, stage, tp_link, cp_link, replica_link, replicas](const PlanRank& r,
-                                                                          const PlanAction& a) {
+    const int32_t replicas = ax.dp * ax.cp;
+    c.compute = [&g, pr, ax, host, coords, stage, tp_link, cp_link, replica_link,
+                 replicas](const PlanRank& r, const PlanAction& a) {
         double rate = pr.flops * pr.efficiency;
         if (a.kind == ActionKind::step) {
             // AdamW reads and writes its 16 bytes of state per parameter about twice; under ZeRO
@@ -125,26 +161,24 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr) {
             bool first = r.pp == g.stages.front().pp, last = r.pp == g.stages.back().pp;
             if (g.tied_bytes > 0 && (first || last)) {
                 // The tied embedding's two copies are summed between the two ranks.
-                const PlanRank& a =
-                    g.ranks[static_cast<size_t>(g.rank_of(r.dp, g.stages.front().pp, r.tp, r.cp))];
-                const PlanRank& b =
-                    g.ranks[static_cast<size_t>(g.rank_of(r.dp, g.stages.back().pp, r.tp, r.cp))];
+                auto [d, p, t, k] = coords(r);
+                bool same = host(d, g.stages.front().pp, t, k) == host(d, g.stages.back().pp, t, k);
                 step += ring_allreduce(static_cast<double>(g.tied_bytes), 2,
-                                       a.host == b.host ? pr.intra : pr.inter);
+                                       same ? pr.intra : pr.inter);
             }
             return step;
         }
         const PlanStage& s = stage(a);
         double tp = s.tp_reductions *
-                    ring_allreduce(static_cast<double>(s.tp_reduction_bytes), g.tp, tp_link(r));
+                    ring_allreduce(static_cast<double>(s.tp_reduction_bytes), ax.tp, tp_link(r));
         // Context parallelism: the ring's transfers run behind the attention's blocks; only
         // what exceeds the attention's time shows. The backward passes twice the bytes
         // (key/value blocks and their gradients) behind twice the FLOPs.
         double ring = 0;
-        if (g.cp > 1 && s.cp_ring_bytes > 0) {
+        if (ax.cp > 1 && s.cp_ring_bytes > 0) {
             LinkSpec l = cp_link(r);
             double send =
-                (g.cp - 1) * l.latency + static_cast<double>(s.cp_ring_bytes) / l.bandwidth;
+                (ax.cp - 1) * l.latency + static_cast<double>(s.cp_ring_bytes) / l.bandwidth;
             ring = std::max(0.0, send - s.attention_flops / rate);
         }
         switch (a.kind) {
@@ -159,8 +193,9 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr) {
         default: return 0.0;
         }
     };
-    c.transfer = [&g, pr, stage](const PlanRank& from, const PlanRank& to, const PlanAction& a) {
-        const LinkSpec& l = from.host == to.host ? pr.intra : pr.inter;
+    c.transfer = [pr, host_of, stage](const PlanRank& from, const PlanRank& to,
+                                      const PlanAction& a) {
+        const LinkSpec& l = host_of(from) == host_of(to) ? pr.intra : pr.inter;
         return l.latency + static_cast<double>(stage(a).boundary_bytes) / l.bandwidth;
     };
     c.reduction = [&g, stage, replica_link, replicas](const PlanRank& r, const PlanAction& a) {
@@ -186,7 +221,7 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr) {
 // for the threads each rank gets, ranks of a host sharing its cores, transfers and collectives
 // at their measured times (in-process within a host; UCX over TCP and Gloo between hosts).
 plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile& pr) {
-    plan::ExecCosts c = profile_costs(g, pr);
+    plan::ExecCosts c = profile_costs(g, pr, axes_of(g));
     const Calibration& cal = p.mesh.profile.calibration;
     auto rates = std::make_shared<Rates>(cal);
     const double threads = rank_threads(g, cal.cores);
@@ -260,7 +295,9 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     return c;
 }
 
-void account_memory(const Graph& g, const PlanRank& r, RankReport& rep) {
+/// `replicas`: the dp x cp ranks that share a replica's state under ZeRO (the graph's own,
+/// except for a bound's graph of one replica).
+void account_memory(const Graph& g, const PlanRank& r, RankReport& rep, int64_t replicas) {
     const int64_t bpe = g.bytes_per_element;
     int64_t params = 0, boundary = 0, bucket = 0, tp_buf = 0;
     for (const PlanStage& s : g.stages) {
@@ -274,7 +311,7 @@ void account_memory(const Graph& g, const PlanRank& r, RankReport& rep) {
     // optimizer's K bytes per parameter over the N_d replica ranks, 2 also the gradients, 3
     // also the weights, which then are whole only for the units being gathered: the one
     // computing and the one prefetched.
-    const int64_t nd = static_cast<int64_t>(g.dp) * g.cp;
+    const int64_t nd = replicas;
     int64_t unit = 0;
     for (const PlanStage& s : g.stages)
         if (s.pp == r.pp) unit = std::max(unit, s.largest_unit_parameters);
@@ -316,13 +353,13 @@ void account_memory(const Graph& g, const PlanRank& r, RankReport& rep) {
 
 SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
     SimResult res;
-    res.errors = plan::verify(g);
+    if (!o.verified) res.errors = plan::verify(g);
     if (!res.errors.empty()) return res;
     Profile pr = profile_of(g, p, o);
     const bool calibrated = p.mesh.profile.calibration.cores > 0;
     plan::ExecCosts costs = o.cost == CostModel::unit ? unit_costs()
                             : calibrated              ? calibrated_costs(g, p, pr)
-                                                      : profile_costs(g, pr);
+                                                      : profile_costs(g, pr, axes_of(g));
     plan::ExecTimes times = plan::execute(g, costs);
     if (!times.complete) {
         res.errors.push_back({{}, "the simulation stopped before the end of the step", ""});
@@ -352,7 +389,7 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
         }
         rep.idle = t.makespan - rep.busy;
         idle_total += rep.idle;
-        account_memory(g, rank, rep);
+        account_memory(g, rank, rep, static_cast<int64_t>(g.dp) * g.cp);
         t.ranks.push_back(std::move(rep));
     }
     t.bubble_fraction =
@@ -383,6 +420,168 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
     }
     res.timeline = std::move(t);
     return res;
+}
+
+namespace {
+
+/// The layout's stages on one replica's pipeline ranks (dp = tp = cp = 1), with the costs the
+/// whole mesh's ranks would have.
+struct PipelineGraph {
+    Graph g;
+    bool split = false; // the schedule splits backwards into I and W
+    std::string error;
+};
+
+/// `actions`: with the schedule's actions (else the stages and empty ranks, for pricing:
+/// where stages sit and whether backwards split do not depend on the microbatch count, so a
+/// short schedule tells them).
+PipelineGraph pipeline_graph(const Program& p, bool actions) {
+    PipelineGraph out;
+    const ScheduleSpec& s = p.schedule;
+    const int32_t pp = static_cast<int32_t>(p.mesh.pp);
+    const int32_t v = static_cast<int32_t>(s.virtual_stages);
+    const int32_t m = static_cast<int32_t>(s.microbatches);
+    const int32_t short_m = s.kind == ScheduleKind::custom ? m : std::min(m, 2 * pp);
+    plan::ScheduleOrder order = plan::compile_schedule(s.kind, pp, actions ? m : short_m, v, s);
+    if (!order.error.empty()) {
+        out.error = order.error;
+        return out;
+    }
+    std::vector<int64_t> partition =
+        s.partition_given ? s.partition : plan::balanced_partition(p, pp * v);
+    if (partition.size() != order.stage_rank.size()) {
+        out.error = "the partition does not match the schedule's stages";
+        return out;
+    }
+    for (const auto& list : order.ranks)
+        for (const PlanAction& a : list)
+            out.split = out.split || a.kind == ActionKind::backward_input;
+    std::vector<PlanStage> stages = plan::build_stages(p, partition, order.stage_rank);
+    if (actions) {
+        // Two replicas when the mesh has several, so that the gradient reductions (and ZeRO's
+        // gathers) are there, priced for the real group.
+        const int32_t replicas = p.mesh.dp * p.mesh.cp > 1 ? 2 : 1;
+        out.g = plan::assemble(order, std::move(stages), s.kind, replicas, 1, m, 1, 1,
+                               static_cast<int32_t>(p.mesh.zero));
+    } else {
+        out.g.pp = pp;
+        out.g.zero = static_cast<int32_t>(p.mesh.zero);
+        out.g.microbatches = m;
+        out.g.virtual_stages = v;
+        out.g.stages = std::move(stages);
+        for (int32_t r = 0; r < pp; ++r) {
+            PlanRank rank;
+            rank.rank = rank.pp = rank.host = r;
+            out.g.ranks.push_back(rank);
+        }
+    }
+    out.g.microbatch_tokens = p.train.microbatch_size * p.model.context;
+    out.g.bytes_per_element = p.train.precision == Precision::bf16 ? 2 : 4;
+    out.g.tied_bytes = plan::tied_gradient_bytes(p, order.stage_rank);
+    return out;
+}
+
+Axes bound_axes(const Program& p) {
+    return {static_cast<int32_t>(p.mesh.dp), static_cast<int32_t>(p.mesh.tp),
+            static_cast<int32_t>(p.mesh.pp), static_cast<int32_t>(p.mesh.cp),
+            std::max<int64_t>(p.mesh.devices_per_host, 1)};
+}
+
+} // namespace
+
+StepBounds busy_bound(const Program& p) {
+    StepBounds b;
+    if (p.mesh.profile.calibration.cores > 0) return b; // shared cores: no cheap bound
+    PipelineGraph pg = pipeline_graph(p, false);
+    if (!pg.error.empty()) {
+        b.error = pg.error;
+        return b;
+    }
+    const Graph& g = pg.g;
+    Profile pr = profile_of(g, p, SimOptions{});
+    plan::ExecCosts c = profile_costs(g, pr, bound_axes(p));
+    // Each rank runs F and B (= I + W) of its stages once per microbatch, then STEP after
+    // every rank's last backward (the gradient norm). Its first action waits for the forwards
+    // of the stages before its earliest one; after its last backward (on some stage s), the
+    // backwards of the stages before s still run, one after another; I only, when split.
+    const size_t S = g.stages.size();
+    std::vector<double> f(S), back(S), input(S);
+    for (size_t i = 0; i < S; ++i) {
+        const PlanRank& r = g.ranks[static_cast<size_t>(g.stages[i].pp)];
+        PlanAction a;
+        a.stage = static_cast<int32_t>(i);
+        a.kind = ActionKind::forward;
+        f[i] = c.compute(r, a);
+        a.kind = ActionKind::backward;
+        back[i] = c.compute(r, a);
+        a.kind = ActionKind::backward_input;
+        input[i] = c.compute(r, a);
+    }
+    PlanAction step;
+    step.kind = ActionKind::step;
+    double min_step = std::numeric_limits<double>::infinity(), compute_end = 0;
+    for (const PlanRank& r : g.ranks) {
+        min_step = std::min(min_step, c.compute(r, step));
+        double busy = 0, forwards_inputs = 0;
+        double lag = std::numeric_limits<double>::infinity(), tail = lag;
+        double before_f = 0, before_b = 0;
+        for (size_t i = 0; i < S; ++i) {
+            if (g.stages[i].pp == r.pp) {
+                busy += g.microbatches * (f[i] + back[i]);
+                forwards_inputs += g.microbatches * (f[i] + input[i]);
+                lag = std::min(lag, before_f);
+                tail = std::min(tail, before_b);
+            }
+            before_f += f[i];
+            before_b += pg.split ? input[i] : back[i];
+        }
+        if (lag == std::numeric_limits<double>::infinity()) continue; // no stage here
+        compute_end = std::max(
+            compute_end, lag + (pg.split ? std::max(busy, forwards_inputs + tail) : busy + tail));
+    }
+    b.busy = compute_end + (min_step == std::numeric_limits<double>::infinity() ? 0 : min_step);
+    // The memory floor: weights, gradients, optimizer state and buffers, no activations.
+    if (p.mesh.profile.devices_per_host > 0) {
+        for (const PlanRank& r : g.ranks) {
+            RankReport rep;
+            account_memory(g, r, rep, p.mesh.dp * p.mesh.cp);
+            b.floor_bytes = std::max(b.floor_bytes, rep.peak_memory_bytes);
+        }
+    }
+    return b;
+}
+
+void pipeline_bound(const Program& p, StepBounds& b) {
+    if (p.mesh.profile.calibration.cores > 0 || !b.error.empty()) return;
+    PipelineGraph pg = pipeline_graph(p, true);
+    if (!pg.error.empty()) {
+        b.error = pg.error;
+        return;
+    }
+    Profile pr = profile_of(pg.g, p, SimOptions{});
+    plan::ExecTimes times = plan::execute(pg.g, profile_costs(pg.g, pr, bound_axes(p)));
+    if (!times.complete) {
+        b.error = "the schedule does not complete";
+        return;
+    }
+    b.pipeline = 0;
+    for (const auto& ends : times.end)
+        for (double e : ends) b.pipeline = std::max(b.pipeline, e);
+    // Memory: each pipeline rank runs the same actions in the same order as in the whole mesh,
+    // so its peak is the mesh's (ZeRO shares state over the real replica group). A CPU mesh's
+    // ranks share one memory: that sum needs every rank, so it waits for the simulation.
+    if (p.mesh.profile.devices_per_host == 0) return;
+    const int64_t replicas = p.mesh.dp * p.mesh.cp;
+    for (size_t r = 0; r < pg.g.ranks.size(); ++r) {
+        RankReport rep;
+        const PlanRank& rank = pg.g.ranks[r];
+        for (size_t i = 0; i < rank.actions.size(); ++i)
+            if (plan::is_compute(rank.actions[i].kind))
+                rep.spans.push_back({i, times.start[r][i], times.end[r][i]});
+        account_memory(pg.g, rank, rep, replicas);
+        b.peak_bytes = std::max(b.peak_bytes, rep.peak_memory_bytes);
+    }
+    b.memory_known = true;
 }
 
 } // namespace dist::sim

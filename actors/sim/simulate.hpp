@@ -26,6 +26,8 @@ struct SimOptions {
     /// Fraction of peak FLOPs that matmuls reach when the profile does not say (a datasheet
     /// profile's `compute.matmul_efficiency`); a calibrated profile prices kernels by shape.
     double efficiency = 0.5;
+    /// The graph comes from plan::lower, which verified it: not verified again.
+    bool verified = false;
 };
 
 /// One action as it ran.
@@ -70,6 +72,24 @@ struct SimResult {
 /// Verifies, then simulates one training step. `p` gives the hardware profile and memory
 /// figures; with unit costs it may be a default Program.
 SimResult simulate(const plan::Graph& g, const Program& p, const SimOptions& o = {});
+
+/// Bounds on the step of a program's plan that cost far less than simulating it, for searching
+/// layouts. Both never exceed the simulated step: `busy` is the ranks' average compute (and
+/// optimizer) time; `pipeline` is one replica's pipeline ranks executed alone, with every
+/// link as fast as the mesh's fastest and no data-parallel traffic. Computing the pipeline
+/// bound also gives the fullest rank's memory, exactly as the simulation counts it (except on
+/// CPU meshes, whose ranks share one memory). A calibrated profile has no cheap bound (0).
+struct StepBounds {
+    double busy = 0, pipeline = 0;
+    /// The fullest rank's weights, gradients, optimizer state and buffers (`busy_bound`), and
+    /// with its activations (`pipeline_bound`); 0 on a CPU mesh.
+    int64_t floor_bytes = 0, peak_bytes = 0;
+    bool memory_known = false;
+    std::string error; // the plan cannot be made (the schedule refuses these sizes)
+};
+StepBounds busy_bound(const Program& p);
+/// Adds the pipeline bound and the memory to `b`.
+void pipeline_bound(const Program& p, StepBounds& b);
 
 /// Which published formulas the memory figures follow, when the mesh shards state or
 /// activations (ZeRO, sp, cp): one line in parentheses; "" otherwise.

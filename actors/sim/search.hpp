@@ -1,0 +1,88 @@
+// search.hpp: the fastest layouts of a script's model on its devices (`dist search`).
+//
+// A layout is the mesh's axes (dp, tp, pp, cp, zero, sp) and the schedule (kind, virtual
+// stages, microbatches, recomputation) for a fixed model, global batch and device count. Every
+// layout is written as the `--set` overrides that make it, and a layout's figures are those of
+// `dist sim` on the script with those overrides: the same checker, plan and simulator.
+//
+// The search is exact for its top rows: layouts are visited in order of a lower bound on their
+// step (sim::busy_bound, then sim::pipeline_bound), memory first, and a layout is simulated
+// only while its bound is below the K-th best step found; what is left can only be slower.
+#pragma once
+
+#include "actors/sim/simulate.hpp"
+#include "lang/program.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dist::sim {
+
+struct Layout {
+    int64_t dp = 1, tp = 1, pp = 1, cp = 1, zero = 0;
+    bool sp = false;
+    ScheduleKind kind = ScheduleKind::one_f_one_b;
+    int64_t virtual_stages = 1, microbatches = 1;
+    Recompute recompute = Recompute::none;
+    /// Blocks per stage, only when the script gives a partition (`--set` cannot remove it, so
+    /// each layout states the balanced one for its stages).
+    std::vector<int64_t> partition;
+
+    bool operator==(const Layout&) const = default;
+};
+
+/// The layout a checked program has.
+Layout layout_of(const Program& p);
+/// The `--set` overrides that give a script this layout.
+std::vector<std::string> overrides_of(const Layout& l);
+/// "dp 16 tp 8 pp 8, zbv v2, m 64, recompute selective, zero 1, sp".
+std::string describe(const Layout& l);
+
+struct SearchRow {
+    Layout layout;
+    double step_time_s = 0, tokens_per_s = 0, mfu = 0, bubble = 0;
+    int64_t peak_memory_bytes = 0, memory_limit_bytes = 0;
+    bool fits = true;
+    std::string limit; // what holds it back, in one phrase
+};
+
+struct SearchOptions {
+    std::filesystem::path file;
+    std::vector<std::filesystem::path> search_roots;
+    std::vector<std::string> overrides; // the user's `--set`, under every layout
+    int32_t top = 10;
+    int32_t threads = 2;
+    bool exhaustive = false; // simulate every layout that fits in memory (tests compare)
+};
+
+struct SearchReport {
+    std::string error; // why nothing was searched (rendered diagnostics), or ""
+    std::string model, device;
+    int64_t devices = 0, hosts = 0, batch = 0, context = 0;
+    int64_t memory_bytes = 0;
+    bool shared_memory = false;
+    std::vector<SearchRow> rows;     // the fastest that fit, fastest first
+    std::optional<SearchRow> script; // the script's own layout, when it plans
+    /// The script's place among the layouts that fit (1 = fastest) when it is among the rows;
+    /// 0 when it is slower than every row shown.
+    int64_t script_rank = 0;
+    std::string script_error; // why the script's own layout could not be simulated
+    int64_t considered = 0, refused = 0, pruned_memory = 0, pruned_bound = 0, simulated = 0,
+            not_fitting = 0;
+    double seconds = 0;
+};
+
+SearchReport search(const SearchOptions& o);
+
+std::string search_text(const SearchReport& r);
+nlohmann::json to_json(const SearchReport& r);
+/// How the best layout moves between searches of the same model on different hardware, and
+/// why, as a few lines.
+std::string changes_text(const std::vector<SearchReport>& reports);
+
+} // namespace dist::sim

@@ -1,0 +1,148 @@
+// search_command.cpp: `dist search`: the fastest layouts of a script's model, on its own
+// devices or on each of a list of device kinds (actors/sim/search.hpp).
+#include "actors/sim/search.hpp"
+#include "cli/commands.hpp"
+#include "lang/check.hpp"
+#include "lang/hardware.hpp"
+
+#include <algorithm>
+#include <ostream>
+#include <thread>
+
+namespace dist::cli {
+
+namespace {
+
+struct DeviceChoice {
+    std::string name;
+    int64_t count = 0;
+};
+
+std::string trim(const std::string& s) {
+    size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+    return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+/// "a100-80g x 64,h100-sxm x 64": NAME x COUNT, comma-separated.
+bool parse_devices(const std::string& text, std::vector<DeviceChoice>& out, std::string& error) {
+    size_t start = 0;
+    while (start <= text.size()) {
+        size_t comma = text.find(',', start);
+        std::string item = trim(
+            text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+        size_t x = item.rfind('x');
+        std::string name = x == std::string::npos ? "" : trim(item.substr(0, x));
+        std::string count = x == std::string::npos ? "" : trim(item.substr(x + 1));
+        bool digits =
+            !count.empty() && count.size() < 8 &&
+            std::all_of(count.begin(), count.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (name.empty() || !digits || std::stoll(count) < 1) {
+            error = "`" + item + "` is not NAME x COUNT (for example `h100 x 64`)";
+            return false;
+        }
+        out.push_back({name, std::stoll(count)});
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
+    return true;
+}
+
+/// Devices per host of the profile called `name` (file stem or alias); 0 when it has no host
+/// limit or is not found (the checker then says what is wrong, located at the `--set`).
+int64_t host_size(const std::string& name) {
+    for (const auto& path : lang::profile_files(lang::default_search_roots())) {
+        lang::SourceManager sources;
+        lang::Diagnostics quiet;
+        auto prof = lang::load_profile(path, sources, quiet);
+        if (!prof) continue;
+        if (path.stem() == name ||
+            std::find(prof->aliases.begin(), prof->aliases.end(), name) != prof->aliases.end())
+            return prof->devices_per_host;
+    }
+    return 0;
+}
+
+} // namespace
+
+int run_search(const CommonOptions& o, const SearchCommandOptions& s, std::ostream& out,
+               std::ostream& err) {
+    std::vector<DeviceChoice> choices;
+    if (!s.devices.empty()) {
+        std::string error;
+        if (!parse_devices(s.devices, choices, error)) {
+            err << "error: --devices: " << error << "\n";
+            return 2;
+        }
+    }
+    if (s.top < 1) {
+        err << "error: --top is at least 1\n";
+        return 2;
+    }
+    sim::SearchOptions so;
+    so.file = o.file;
+    so.search_roots = lang::default_search_roots();
+    so.top = s.top;
+    so.threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+    // On other devices the script's own layout keeps its tp, pp and cp where the count allows,
+    // with dp making up the rest; else it becomes pure data parallelism.
+    int64_t model_parallel = 1;
+    if (!choices.empty()) {
+        lang::FrontendOptions fo;
+        fo.search_roots = so.search_roots;
+        fo.overrides = o.overrides;
+        lang::CheckResult r = lang::check_file(o.file, fo);
+        if (!r.ok()) {
+            err << r.report();
+            return 1;
+        }
+        model_parallel = r.program->mesh.tp * r.program->mesh.pp * r.program->mesh.cp;
+    }
+    std::vector<sim::SearchReport> reports;
+    if (choices.empty()) choices.push_back({"", 0});
+    for (const DeviceChoice& c : choices) {
+        so.overrides = o.overrides;
+        if (c.count > 0) {
+            so.overrides.push_back("mesh.devices=" + c.name + " x " + std::to_string(c.count));
+            if (c.count % model_parallel == 0) {
+                so.overrides.push_back("mesh.dp=" + std::to_string(c.count / model_parallel));
+            } else {
+                for (const char* axis : {"mesh.tp=1", "mesh.pp=1", "mesh.cp=1", "mesh.sp=false"})
+                    so.overrides.push_back(axis);
+                so.overrides.push_back("mesh.dp=" + std::to_string(c.count));
+            }
+            int64_t per_host = host_size(c.name);
+            if (per_host > 0) {
+                int64_t hosts = c.count <= per_host ? 1 : c.count / per_host;
+                if (c.count > per_host && c.count % per_host != 0) {
+                    err << "error: --devices: " << c.count << " " << c.name
+                        << " do not fill hosts of " << per_host << "\nhint: use a multiple of "
+                        << per_host << "\n";
+                    return 2;
+                }
+                so.overrides.push_back("mesh.hosts=" + std::to_string(hosts));
+            }
+        }
+        reports.push_back(sim::search(so));
+        if (!reports.back().error.empty()) {
+            err << reports.back().error;
+            return 1;
+        }
+    }
+    if (s.json) {
+        if (reports.size() == 1) {
+            out << sim::to_json(reports[0]).dump(2) << "\n";
+        } else {
+            nlohmann::json j;
+            for (const auto& r : reports) j["searches"].push_back(sim::to_json(r));
+            j["changes"] = sim::changes_text(reports);
+            out << j.dump(2) << "\n";
+        }
+        return 0;
+    }
+    for (size_t i = 0; i < reports.size(); ++i)
+        out << (i ? "\n" : "") << sim::search_text(reports[i]);
+    if (reports.size() > 1) out << "\nthe best layout on each:\n" << sim::changes_text(reports);
+    return 0;
+}
+
+} // namespace dist::cli

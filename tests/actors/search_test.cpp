@@ -1,0 +1,289 @@
+// search_test.cpp: `dist search` loses nothing to its pruning, and every row it prints is what
+// `dist sim` gives for that row's `--set` overrides.
+#include "actors/plan/lower.hpp"
+#include "actors/sim/search.hpp"
+#include "actors/sim/simulate.hpp"
+#include "cli/commands.hpp"
+#include "lang/check.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using namespace dist;
+
+namespace {
+
+fs::path stdlib() {
+    return fs::path(DIST_SOURCE_DIR) / "stdlib";
+}
+
+/// A script written to a temporary folder (search reads a file, as the command does).
+fs::path script(const std::string& name, const std::string& text) {
+    fs::path dir = fs::temp_directory_path() / ("dist-search-" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    fs::path f = dir / name;
+    std::ofstream(f) << text;
+    return f;
+}
+
+// Eight blocks on 8 A100s in two hosts of 4 (a profile edited as `--set hardware.host.devices=4`
+// would): meshes with tensor groups inside and across hosts, pipelines of up to 8 stages, ZeRO,
+// context and sequence parallelism.
+const char* small_gpu = R"(import "std/gpt.dist"
+model = gpt(vocab: 512, context: 256, layers: 8, heads: 8, width: 256)
+mesh {
+    devices: a100 x 8
+    hosts: 2
+    dp: 2
+    tp: 2
+    pp: 2
+}
+schedule {
+    kind: 1f1b
+    microbatches: 4
+}
+train {
+    data: synthetic()
+    batch: 32
+    steps: 1
+    precision: bf16
+}
+)";
+
+// Four CPU ranks sharing one memory.
+const char* small_cpu = R"(import "std/gpt.dist"
+model = gpt(vocab: 256, context: 64, layers: 4, heads: 4, width: 64)
+mesh {
+    devices: cpu x 4
+    dp: 2
+    pp: 2
+}
+schedule {
+    kind: gpipe
+    microbatches: 2
+}
+train {
+    data: synthetic()
+    batch: 8
+    steps: 1
+}
+)";
+
+sim::SearchOptions options(const fs::path& file, std::vector<std::string> overrides = {}) {
+    sim::SearchOptions o;
+    o.file = file;
+    o.search_roots = {stdlib()};
+    o.overrides = std::move(overrides);
+    o.top = 5;
+    return o;
+}
+
+/// `dist sim` of the script with the overrides, as a user would run it.
+sim::Timeline simulated(const fs::path& file, const std::vector<std::string>& overrides) {
+    lang::FrontendOptions fo;
+    fo.search_roots = {stdlib()};
+    fo.overrides = overrides;
+    lang::CheckResult r = lang::check_file(file, fo);
+    EXPECT_TRUE(r.ok()) << r.report();
+    if (!r.ok()) return {};
+    plan::PlanResult p = plan::lower(*r.program);
+    EXPECT_TRUE(p.ok());
+    if (!p.ok()) return {};
+    sim::SimResult s = sim::simulate(*p.graph, *r.program);
+    EXPECT_TRUE(s.ok());
+    return s.ok() ? *s.timeline : sim::Timeline{};
+}
+
+int64_t peak_memory(const sim::Timeline& t) {
+    int64_t peak = 0;
+    for (const auto& r : t.ranks)
+        peak = t.shared_memory ? peak + r.peak_memory_bytes : std::max(peak, r.peak_memory_bytes);
+    return peak;
+}
+
+void expect_same_best(const sim::SearchOptions& o) {
+    sim::SearchReport pruned = sim::search(o);
+    ASSERT_TRUE(pruned.error.empty()) << pruned.error;
+    sim::SearchOptions all = o;
+    all.exhaustive = true;
+    sim::SearchReport full = sim::search(all);
+    ASSERT_TRUE(full.error.empty()) << full.error;
+    // The pruned search simulated far fewer layouts and found the same steps, in order.
+    EXPECT_LT(pruned.simulated, full.simulated);
+    EXPECT_GT(pruned.pruned_bound + pruned.pruned_memory, 0);
+    ASSERT_EQ(pruned.rows.size(), full.rows.size());
+    for (size_t i = 0; i < full.rows.size(); ++i)
+        EXPECT_NEAR(pruned.rows[i].step_time_s, full.rows[i].step_time_s,
+                    1e-9 * full.rows[i].step_time_s)
+            << "row " << i + 1 << ": " << sim::describe(pruned.rows[i].layout) << " vs "
+            << sim::describe(full.rows[i].layout);
+}
+
+void expect_rows_reproduce(const sim::SearchOptions& o) {
+    sim::SearchReport rep = sim::search(o);
+    ASSERT_TRUE(rep.error.empty()) << rep.error;
+    ASSERT_FALSE(rep.rows.empty());
+    for (const sim::SearchRow& row : rep.rows) {
+        std::vector<std::string> set = o.overrides;
+        for (const std::string& s : sim::overrides_of(row.layout)) set.push_back(s);
+        sim::Timeline t = simulated(o.file, set);
+        SCOPED_TRACE(sim::describe(row.layout));
+        EXPECT_DOUBLE_EQ(t.step_time_s, row.step_time_s);
+        EXPECT_DOUBLE_EQ(t.tokens_per_s, row.tokens_per_s);
+        EXPECT_DOUBLE_EQ(t.mfu, row.mfu);
+        EXPECT_DOUBLE_EQ(t.bubble_fraction, row.bubble);
+        EXPECT_EQ(peak_memory(t), row.peak_memory_bytes);
+        // Never printed as fitting when it does not.
+        EXPECT_TRUE(t.fits);
+        EXPECT_LE(row.peak_memory_bytes, t.memory_limit_bytes);
+        // And each row is what the re-applied overrides say it is.
+        EXPECT_EQ(t.graph.dp, row.layout.dp);
+        EXPECT_EQ(t.graph.tp, row.layout.tp);
+        EXPECT_EQ(t.graph.pp, row.layout.pp);
+        EXPECT_EQ(t.graph.microbatches, row.layout.microbatches);
+    }
+}
+
+} // namespace
+
+TEST(Search, PruningLosesNothingOnGpus) {
+    expect_same_best(options(script("g.dist", small_gpu)));
+}
+
+TEST(Search, PruningLosesNothingWhenMemoryIsTight) {
+    // 1 GB per device: many layouts do not fit (the state alone, or with their activations).
+    sim::SearchOptions o = options(script("g.dist", small_gpu), {"hardware.memory.bytes=1e8"});
+    expect_same_best(o);
+    sim::SearchReport rep = sim::search(o);
+    EXPECT_GT(rep.pruned_memory, 0);
+    expect_rows_reproduce(o);
+}
+
+TEST(Search, PruningLosesNothingOnCpuRanks) {
+    expect_same_best(options(script("c.dist", small_cpu)));
+}
+
+TEST(Search, RowsReproduceWithTheirOverrides) {
+    expect_rows_reproduce(options(script("g.dist", small_gpu)));
+    expect_rows_reproduce(options(script("c.dist", small_cpu)));
+}
+
+TEST(Search, BoundsNeverExceedTheSimulatedStep) {
+    fs::path file = script("g.dist", small_gpu);
+    sim::SearchOptions o = options(file);
+    o.exhaustive = true;
+    o.top = 1000;
+    sim::SearchReport rep = sim::search(o);
+    ASSERT_GT(rep.rows.size(), 100u);
+    // Every simulated layout's bounds, from the same program the simulation used.
+    for (const sim::SearchRow& row : rep.rows) {
+        lang::FrontendOptions fo;
+        fo.search_roots = {stdlib()};
+        fo.overrides = sim::overrides_of(row.layout);
+        lang::CheckResult r = lang::check_file(file, fo);
+        ASSERT_TRUE(r.ok()) << r.report();
+        sim::StepBounds b = sim::busy_bound(*r.program);
+        sim::pipeline_bound(*r.program, b);
+        SCOPED_TRACE(sim::describe(row.layout));
+        ASSERT_TRUE(b.error.empty()) << b.error;
+        EXPECT_GT(b.busy, 0);
+        EXPECT_LE(b.busy, row.step_time_s * (1 + 1e-12));
+        EXPECT_LE(b.pipeline, row.step_time_s * (1 + 1e-12));
+        EXPECT_LE(b.floor_bytes, row.peak_memory_bytes);
+        ASSERT_TRUE(b.memory_known);
+        EXPECT_EQ(b.peak_bytes, row.peak_memory_bytes);
+    }
+}
+
+TEST(Search, MarksTheScriptsOwnLayout) {
+    sim::SearchOptions o = options(script("g.dist", small_gpu));
+    o.top = 100000; // every layout that fits: the script's is among them
+    sim::SearchReport rep = sim::search(o);
+    ASSERT_TRUE(rep.script.has_value()) << rep.script_error;
+    EXPECT_EQ(rep.script->layout.dp, 2);
+    EXPECT_EQ(rep.script->layout.tp, 2);
+    EXPECT_EQ(rep.script->layout.kind, ScheduleKind::one_f_one_b);
+    ASSERT_GT(rep.script_rank, 0);
+    const sim::SearchRow& at = rep.rows[static_cast<size_t>(rep.script_rank - 1)];
+    EXPECT_EQ(at.layout, rep.script->layout);
+    EXPECT_DOUBLE_EQ(at.step_time_s, rep.script->step_time_s);
+    std::string text = sim::search_text(rep);
+    EXPECT_NE(text.find(std::to_string(rep.script_rank) + "*"), std::string::npos) << text;
+}
+
+TEST(Search, HardwareOverridesChangeTheAnswer) {
+    fs::path file = script("g.dist", small_gpu);
+    // Two pipeline stages in two hosts: their activations cross the 25 GB/s link, or 4 TB/s.
+    std::vector<std::string> pipeline = {"mesh.dp=1", "mesh.tp=4", "mesh.pp=2"};
+    sim::Timeline slow = simulated(file, pipeline);
+    pipeline.push_back("hardware.links.inter_host.bandwidth=4e12");
+    sim::Timeline fast = simulated(file, pipeline);
+    EXPECT_LT(fast.step_time_s, slow.step_time_s);
+    // Twice the FLOPs: every compute-bound step shorter.
+    sim::Timeline twice = simulated(file, {"hardware.compute.peak_flops_bf16=624e12"});
+    sim::Timeline once = simulated(file, {});
+    EXPECT_LT(twice.step_time_s, once.step_time_s);
+    // Memory comes from the edited profile.
+    sim::Timeline small = simulated(file, {"hardware.memory.bytes=1e9"});
+    EXPECT_EQ(small.memory_limit_bytes, 1000000000);
+}
+
+TEST(Search, HardwareOverridesAreCheckedAndLocated) {
+    fs::path file = script("g.dist", small_gpu);
+    auto errors = [&](const std::string& set) {
+        lang::FrontendOptions fo;
+        fo.search_roots = {stdlib()};
+        fo.overrides = {set};
+        lang::CheckResult r = lang::check_file(file, fo);
+        EXPECT_FALSE(r.ok()) << set;
+        return r.report();
+    };
+    std::string e = errors("hardware.links.inter_host.bandwith=1e9");
+    EXPECT_NE(e.find("--set:1:1"), std::string::npos) << e;
+    EXPECT_NE(e.find("did you mean `hardware.links.inter_host.bandwidth`"), std::string::npos) << e;
+    e = errors("hardware.compute.matmul_efficiency=1.5");
+    EXPECT_NE(e.find("a fraction in (0, 1]"), std::string::npos) << e;
+    e = errors("hardware.memory.bytes=-3");
+    EXPECT_NE(e.find("positive whole number"), std::string::npos) << e;
+    e = errors("hardware.host.devices=2.5");
+    EXPECT_NE(e.find("positive whole number"), std::string::npos) << e;
+}
+
+TEST(Search, CommandPrintsTableAndJson) {
+    fs::path file = script("g.dist", small_gpu);
+    cli::CommonOptions c;
+    c.file = file.string();
+    cli::SearchCommandOptions s;
+    s.top = 3;
+    s.json = true;
+    std::ostringstream out, err;
+    ASSERT_EQ(cli::run_search(c, s, out, err), 0) << err.str();
+    nlohmann::json j = nlohmann::json::parse(out.str());
+    ASSERT_EQ(j["rows"].size(), 3u);
+    for (const auto& row : j["rows"]) {
+        EXPECT_TRUE(row["set"].is_array());
+        EXPECT_GT(row["tokens_per_s"].get<double>(), 0);
+        EXPECT_TRUE(row["fits"].get<bool>());
+    }
+    EXPECT_GT(j["layouts"]["considered"].get<int64_t>(), j["layouts"]["simulated"].get<int64_t>());
+
+    // Several device kinds: one search each, and how the best moves.
+    s.json = false;
+    s.devices = "a100 x 16, h100 x 16"; // two hosts each
+    std::ostringstream out2, err2;
+    ASSERT_EQ(cli::run_search(c, s, out2, err2), 0) << err2.str();
+    EXPECT_NE(out2.str().find("on 16 x a100-80g"), std::string::npos) << out2.str();
+    EXPECT_NE(out2.str().find("on 16 x h100-sxm"), std::string::npos) << out2.str();
+    EXPECT_NE(out2.str().find("the best layout on each"), std::string::npos) << out2.str();
+
+    s.devices = "a100 16";
+    std::ostringstream out3, err3;
+    EXPECT_EQ(cli::run_search(c, s, out3, err3), 2);
+    EXPECT_NE(err3.str().find("NAME x COUNT"), std::string::npos) << err3.str();
+}
