@@ -96,9 +96,9 @@ const std::vector<std::string> block_keys = {
 ReplSession::ReplSession(std::ostream& out, std::ostream& err) : out_(out), err_(err) {}
 
 const std::vector<std::string>& ReplSession::commands() {
-    static const std::vector<std::string> names = {"set",     "unset",   "show",   "plan",  "sim",
-                                                   "compare", "explain", "memory", "trace", "svg",
-                                                   "run",     "save",    "help",   "quit"};
+    static const std::vector<std::string> names = {
+        "set",   "unset", "show", "plan",   "sim", "compare", "explain", "memory",
+        "trace", "svg",   "run",  "search", "use", "save",    "help",    "quit"};
     return names;
 }
 
@@ -312,6 +312,10 @@ bool ReplSession::execute(const std::string& raw) {
         cmd_write(cmd, args);
     else if (cmd == "run")
         cmd_run(args);
+    else if (cmd == "search")
+        cmd_search(args);
+    else if (cmd == "use")
+        cmd_use(args);
     else if (cmd == "save")
         cmd_save(args);
     else if (cmd == "help" || cmd == "?")
@@ -348,6 +352,9 @@ void ReplSession::cmd_help(const std::string& topic) {
             "  trace FILE         write the simulated step as a Chrome trace (Perfetto)\n"
             "  svg FILE           write the simulated step as a Gantt chart\n"
             "  run N              train N real steps on this machine, measured against simulated\n"
+            "  search [--top K] [--devices NAME x COUNT,...]\n"
+            "                     the fastest layouts of this model on these devices\n"
+            "  use N              adopt row N of the last search as the current layout\n"
             "  save FILE          write the script with the values set\n"
             "  help [set]         this text, or the keys\n"
             "  quit               leave (or end of input)\n";

@@ -9,7 +9,7 @@
 // Files, by step: repl.cpp (state, show/save/help), repl_set.cpp (set/unset), repl_script.cpp
 // (overrides applied to the syntax tree for show and save), repl_figures.cpp (plan, sim,
 // compare, memory, trace, svg), repl_explain.cpp (critical path and idle time), repl_run.cpp
-// (real steps), repl_line.cpp (the terminal).
+// (real steps), repl_search.cpp (search and use), repl_line.cpp (the terminal).
 #pragma once
 
 #include "actors/plan/graph.hpp"
@@ -102,6 +102,10 @@ class ReplSession {
     // repl_run.cpp
     void cmd_run(const std::string& args);
 
+    // repl_search.cpp
+    void cmd_search(const std::string& args);
+    void cmd_use(const std::string& args);
+
     std::ostream& out_;
     std::ostream& err_;
     std::string file_; // the script's path; "" for the built-in example
@@ -114,6 +118,8 @@ class ReplSession {
     /// The last `run`'s last step as it ran: `explain` compares it with the prediction while
     /// the plan stays the same.
     std::optional<sim::Timeline> last_measured_;
+    /// The rows of the last `search`, each as the `set` line that adopts it.
+    std::vector<std::string> searched_;
 };
 
 /// `dist repl [FILE]`: libedit on a terminal, else one command per line of standard input.

@@ -2,6 +2,7 @@
 // devices or on each of a list of device kinds (actors/sim/search.hpp).
 #include "actors/sim/search.hpp"
 #include "cli/commands.hpp"
+#include "cli/search.hpp"
 #include "lang/check.hpp"
 #include "lang/hardware.hpp"
 
@@ -64,24 +65,22 @@ int64_t host_size(const std::string& name) {
 
 } // namespace
 
-int run_search(const CommonOptions& o, const SearchCommandOptions& s, std::ostream& out,
-               std::ostream& err) {
+std::vector<sim::SearchReport> run_searches(const SearchRequest& q, std::string& usage,
+                                            std::string& error) {
     std::vector<DeviceChoice> choices;
-    if (!s.devices.empty()) {
-        std::string error;
-        if (!parse_devices(s.devices, choices, error)) {
-            err << "error: --devices: " << error << "\n";
-            return 2;
-        }
+    if (!q.devices.empty() && !parse_devices(q.devices, choices, usage)) {
+        usage = "--devices: " + usage;
+        return {};
     }
-    if (s.top < 1) {
-        err << "error: --top is at least 1\n";
-        return 2;
+    if (q.top < 1) {
+        usage = "--top is at least 1";
+        return {};
     }
     sim::SearchOptions so;
-    so.file = o.file;
+    so.file = q.file;
+    so.text = q.text;
     so.search_roots = lang::default_search_roots();
-    so.top = s.top;
+    so.top = q.top;
     so.threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
     // On other devices the script's own layout keeps its tp, pp and cp where the count allows,
     // with dp making up the rest; else it becomes pure data parallelism.
@@ -89,44 +88,68 @@ int run_search(const CommonOptions& o, const SearchCommandOptions& s, std::ostre
     if (!choices.empty()) {
         lang::FrontendOptions fo;
         fo.search_roots = so.search_roots;
-        fo.overrides = o.overrides;
-        lang::CheckResult r = lang::check_file(o.file, fo);
+        fo.overrides = q.overrides;
+        lang::CheckResult r =
+            q.text.empty() ? lang::check_file(q.file, fo) : lang::check_text(q.file, q.text, fo);
         if (!r.ok()) {
-            err << r.report();
-            return 1;
+            error = r.report();
+            return {};
         }
         model_parallel = r.program->mesh.tp * r.program->mesh.pp * r.program->mesh.cp;
     }
     std::vector<sim::SearchReport> reports;
     if (choices.empty()) choices.push_back({"", 0});
     for (const DeviceChoice& c : choices) {
-        so.overrides = o.overrides;
+        so.overrides = q.overrides;
+        std::vector<std::string> device;
         if (c.count > 0) {
-            so.overrides.push_back("mesh.devices=" + c.name + " x " + std::to_string(c.count));
+            device.push_back("mesh.devices=" + c.name + " x " + std::to_string(c.count));
             if (c.count % model_parallel == 0) {
-                so.overrides.push_back("mesh.dp=" + std::to_string(c.count / model_parallel));
+                device.push_back("mesh.dp=" + std::to_string(c.count / model_parallel));
             } else {
                 for (const char* axis : {"mesh.tp=1", "mesh.pp=1", "mesh.cp=1", "mesh.sp=false"})
-                    so.overrides.push_back(axis);
-                so.overrides.push_back("mesh.dp=" + std::to_string(c.count));
+                    device.push_back(axis);
+                device.push_back("mesh.dp=" + std::to_string(c.count));
             }
             int64_t per_host = host_size(c.name);
             if (per_host > 0) {
-                int64_t hosts = c.count <= per_host ? 1 : c.count / per_host;
                 if (c.count > per_host && c.count % per_host != 0) {
-                    err << "error: --devices: " << c.count << " " << c.name
-                        << " do not fill hosts of " << per_host << "\nhint: use a multiple of "
-                        << per_host << "\n";
-                    return 2;
+                    usage = "--devices: " + std::to_string(c.count) + " " + c.name +
+                            " do not fill hosts of " + std::to_string(per_host) +
+                            " (use a multiple of " + std::to_string(per_host) + ")";
+                    return {};
                 }
-                so.overrides.push_back("mesh.hosts=" + std::to_string(hosts));
+                int64_t hosts = c.count <= per_host ? 1 : c.count / per_host;
+                device.push_back("mesh.hosts=" + std::to_string(hosts));
             }
         }
+        so.overrides.insert(so.overrides.end(), device.begin(), device.end());
         reports.push_back(sim::search(so));
+        reports.back().extra = device;
         if (!reports.back().error.empty()) {
-            err << reports.back().error;
-            return 1;
+            error = reports.back().error;
+            return {};
         }
+    }
+    return reports;
+}
+
+int run_search(const CommonOptions& o, const SearchCommandOptions& s, std::ostream& out,
+               std::ostream& err) {
+    SearchRequest q;
+    q.file = o.file;
+    q.overrides = o.overrides;
+    q.devices = s.devices;
+    q.top = s.top;
+    std::string usage, error;
+    std::vector<sim::SearchReport> reports = run_searches(q, usage, error);
+    if (!usage.empty()) {
+        err << "error: " << usage << "\n";
+        return 2;
+    }
+    if (!error.empty()) {
+        err << error;
+        return 1;
     }
     if (s.json) {
         if (reports.size() == 1) {

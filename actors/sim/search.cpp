@@ -124,6 +124,12 @@ std::string limit_of(const Layout& l, const Timeline& t, const Program& p) {
     return "compute (MFU " + percent(t.mfu) + ")";
 }
 
+/// The script checked with `fo`'s overrides.
+lang::CheckResult checked(const SearchOptions& o, const lang::FrontendOptions& fo) {
+    return o.text.empty() ? lang::check_file(o.file, fo)
+                          : lang::check_text(o.file.string(), o.text, fo);
+}
+
 /// A layout checked, planned and simulated exactly as `dist sim --set ...` would.
 struct Exact {
     std::optional<SearchRow> row;
@@ -143,7 +149,7 @@ Exact simulate_layout(const SearchOptions& o, Layout l, const Program* shape) {
     fo.search_roots = o.search_roots;
     fo.overrides = o.overrides;
     for (std::string& s : overrides_of(l)) fo.overrides.push_back(std::move(s));
-    lang::CheckResult r = lang::check_file(o.file, fo);
+    lang::CheckResult r = checked(o, fo);
     if (!r.ok()) {
         out.error = r.report();
         return out;
@@ -275,7 +281,7 @@ SearchReport search(const SearchOptions& o) {
     lang::FrontendOptions fo;
     fo.search_roots = o.search_roots;
     fo.overrides = o.overrides;
-    lang::CheckResult base = lang::check_file(o.file, fo);
+    lang::CheckResult base = checked(o, fo);
     if (!base.ok()) {
         rep.error = base.report();
         return rep;
@@ -353,7 +359,7 @@ SearchReport search(const SearchOptions& o) {
         }
         lang::FrontendOptions f = fo;
         for (std::string& s : overrides_of(rep_layout)) f.overrides.push_back(std::move(s));
-        lang::CheckResult r = lang::check_file(o.file, f);
+        lang::CheckResult r = checked(o, f);
         if (r.ok())
             shapes[i].program = *r.program;
         else
@@ -462,8 +468,10 @@ SearchReport search(const SearchOptions& o) {
         if (best.size() > K) best.pop_back();
     };
     if (mine.row) add(*mine.row);
+    // A layout whose bound equals the K-th best step may tie with it, and win on memory or
+    // simplicity (`faster`): only those strictly slower are pruned.
     auto threshold = [&] {
-        return !o.exhaustive && best.size() >= K ? best.back().step_time_s
+        return !o.exhaustive && best.size() >= K ? best.back().step_time_s * (1 + 1e-9)
                                                  : std::numeric_limits<double>::infinity();
     };
     auto later = [&](size_t a, size_t b) {
@@ -477,11 +485,11 @@ SearchReport search(const SearchOptions& o) {
         double k0 = next < order.size() ? candidates[order[next]].bounds.busy : inf;
         double k1 = refined.empty() ? inf : candidates[refined.top()].bounds.pipeline;
         double limit = threshold();
-        if (std::min(k0, k1) == inf || std::min(k0, k1) >= limit) break;
+        if (std::min(k0, k1) == inf || std::min(k0, k1) > limit) break;
         std::vector<size_t> work;
         if (k0 <= k1) {
             while (work.size() < batch && next < order.size() &&
-                   candidates[order[next]].bounds.busy < limit)
+                   candidates[order[next]].bounds.busy <= limit)
                 work.push_back(order[next++]);
             parallel_for(work.size(), o.threads, [&](size_t w, size_t k) {
                 Candidate& c = candidates[work[w]];
@@ -499,7 +507,7 @@ SearchReport search(const SearchOptions& o) {
             }
         } else {
             while (work.size() < batch && !refined.empty() &&
-                   candidates[refined.top()].bounds.pipeline < limit) {
+                   candidates[refined.top()].bounds.pipeline <= limit) {
                 work.push_back(refined.top());
                 refined.pop();
             }
@@ -593,7 +601,7 @@ std::string search_text(const SearchReport& r) {
 
 namespace {
 
-nlohmann::json row_json(const SearchRow& row) {
+nlohmann::json row_json(const SearchRow& row, const std::vector<std::string>& extra) {
     const Layout& l = row.layout;
     nlohmann::json layout = {{"dp", l.dp},
                              {"tp", l.tp},
@@ -606,9 +614,11 @@ nlohmann::json row_json(const SearchRow& row) {
                              {"microbatches", l.microbatches},
                              {"recompute", to_string(l.recompute)}};
     if (!l.partition.empty()) layout["partition"] = l.partition;
+    std::vector<std::string> set = extra;
+    for (std::string& o : overrides_of(l)) set.push_back(std::move(o));
     return {{"layout", layout},
             {"describe", describe(l)},
-            {"set", overrides_of(l)},
+            {"set", set},
             {"step_time_s", row.step_time_s},
             {"tokens_per_s", row.tokens_per_s},
             {"mfu", row.mfu},
@@ -635,12 +645,12 @@ nlohmann::json to_json(const SearchReport& r) {
     j["memory_bytes"] = r.memory_bytes;
     j["rows"] = nlohmann::json::array();
     for (size_t i = 0; i < r.rows.size(); ++i) {
-        nlohmann::json row = row_json(r.rows[i]);
+        nlohmann::json row = row_json(r.rows[i], r.extra);
         row["rank"] = i + 1;
         j["rows"].push_back(row);
     }
     if (r.script) {
-        j["script"] = row_json(*r.script);
+        j["script"] = row_json(*r.script, r.extra);
         j["script"]["rank"] = r.script_rank > 0 ? nlohmann::json(r.script_rank) : nullptr;
     } else {
         j["script"] = {{"error", r.script_error}};

@@ -53,6 +53,7 @@ struct SearchRow {
 
 struct SearchOptions {
     std::filesystem::path file;
+    std::string text; // the script's text when it is not read from `file` (which names it)
     std::vector<std::filesystem::path> search_roots;
     std::vector<std::string> overrides; // the user's `--set`, under every layout
     int32_t top = 10;
@@ -75,6 +76,9 @@ struct SearchReport {
     int64_t considered = 0, refused = 0, pruned_memory = 0, pruned_bound = 0, simulated = 0,
             not_fitting = 0;
     double seconds = 0;
+    /// Overrides the caller added to put the script on these devices (`dist search
+    /// --devices`); a row's full `--set` list is these, then the row's own.
+    std::vector<std::string> extra;
 };
 
 SearchReport search(const SearchOptions& o);

@@ -268,3 +268,30 @@ TEST(Repl, AThousandRanksPlanAndSimulate) {
 }
 
 } // namespace
+
+// `search` ranks the layouts of the current program; `use N` adopts one, after which a search
+// finds the session's own layout in that row.
+TEST(Repl, SearchAndUseAdoptARow) {
+    TempDir dir("search");
+    Result r = run_in(dir.path, "repl " + src + "/examples/gpt2_124m_8xh200.dist",
+                      "use 1\nsearch --top 2 --colour\nsearch --top 2\nuse 2\nsearch --top 2\n"
+                      "search --top 1 --devices h100 x 16\nuse 1\nshow\nquit\n");
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("error: there are no search results to use"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("error: `search` takes `--top K` and `--devices"), std::string::npos)
+        << r.out;
+    // The first search does not mark the script's layout among the two fastest; after `use 2`
+    // the second search marks it there (a tie may put it first).
+    size_t first = r.out.find("layouts: ");
+    ASSERT_NE(first, std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("slower than the 2 shown"), std::string::npos) << r.out;
+    size_t used = r.out.find("mesh.dp = ", first);
+    ASSERT_NE(used, std::string::npos) << r.out;
+    size_t second = r.out.find("layouts: ", used);
+    ASSERT_NE(second, std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("* the script's layout", used), std::string::npos) << r.out;
+    EXPECT_LT(r.out.find("* the script's layout", used), second) << r.out;
+    // On other devices, `use` also moves the session to them.
+    EXPECT_NE(r.out.find("search: gpt2_124m on 16 x h100-sxm"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("devices: h100 x 16"), std::string::npos) << r.out;
+}
