@@ -458,80 +458,99 @@ SearchReport search(const SearchOptions& o) {
     // Best first: refine the lowest bound, simulate the lowest refined one, until no bound is
     // below the K-th best step found.
     std::vector<SearchRow> best;
+    const double own_step = mine.row && mine.row->fits ? mine.row->step_time_s : 0;
+    int64_t faster_than_own = 0;
     auto add = [&](const SearchRow& row) {
         if (!row.fits) {
             ++rep.not_fitting;
             return;
         }
+        if (row.step_time_s < own_step * (1 - 1e-9)) ++faster_than_own;
         auto at = std::upper_bound(best.begin(), best.end(), row, faster);
         best.insert(at, row);
         if (best.size() > K) best.pop_back();
     };
     if (mine.row) add(*mine.row);
-    // A layout whose bound equals the K-th best step may tie with it, and win on memory or
-    // simplicity (`faster`): only those strictly slower are pruned.
-    auto threshold = [&] {
-        return !o.exhaustive && best.size() >= K ? best.back().step_time_s * (1 + 1e-9)
-                                                 : std::numeric_limits<double>::infinity();
-    };
     auto later = [&](size_t a, size_t b) {
         return candidates[a].bounds.pipeline > candidates[b].bounds.pipeline;
     };
     std::priority_queue<size_t, std::vector<size_t>, decltype(later)> refined(later);
     const size_t batch = static_cast<size_t>(std::max(o.threads, 1));
     size_t next = 0;
-    while (true) {
+    // Visits the layouts whose bound is at most limit() (at most `budget` simulations); true
+    // when none is left.
+    auto explore = [&](const std::function<double()>& limit_of, int64_t budget) {
         const double inf = std::numeric_limits<double>::infinity();
-        double k0 = next < order.size() ? candidates[order[next]].bounds.busy : inf;
-        double k1 = refined.empty() ? inf : candidates[refined.top()].bounds.pipeline;
-        double limit = threshold();
-        if (std::min(k0, k1) == inf || std::min(k0, k1) > limit) break;
-        std::vector<size_t> work;
-        if (k0 <= k1) {
-            while (work.size() < batch && next < order.size() &&
-                   candidates[order[next]].bounds.busy <= limit)
-                work.push_back(order[next++]);
-            parallel_for(work.size(), o.threads, [&](size_t w, size_t k) {
-                Candidate& c = candidates[work[w]];
-                pipeline_bound(bounded(c, k), c.bounds);
-                c.bounds.pipeline = std::max(c.bounds.pipeline, c.bounds.busy);
-            });
-            for (size_t i : work) {
-                const StepBounds& b = candidates[i].bounds;
-                if (!b.error.empty())
-                    ++rep.refused;
-                else if (!o.exhaustive && b.memory_known && b.peak_bytes > rep.memory_bytes)
-                    ++rep.pruned_memory;
-                else
-                    refined.push(i);
-            }
-        } else {
-            while (work.size() < batch && !refined.empty() &&
-                   candidates[refined.top()].bounds.pipeline <= limit) {
-                work.push_back(refined.top());
-                refined.pop();
-            }
-            std::vector<Exact> done(work.size());
-            parallel_for(work.size(), o.threads, [&](size_t w, size_t) {
-                const Candidate& c = candidates[work[w]];
-                done[w] = simulate_layout(o, c.layout, &*shapes[c.shape].program);
-            });
-            for (const Exact& e : done) {
-                if (!e.row) {
-                    ++rep.refused;
-                    continue;
+        int64_t spent = 0;
+        while (true) {
+            double k0 = next < order.size() ? candidates[order[next]].bounds.busy : inf;
+            double k1 = refined.empty() ? inf : candidates[refined.top()].bounds.pipeline;
+            double limit = limit_of();
+            if (std::min(k0, k1) == inf || std::min(k0, k1) > limit) return true;
+            if (spent >= budget) return false;
+            std::vector<size_t> work;
+            if (k0 <= k1) {
+                while (work.size() < batch && next < order.size() &&
+                       candidates[order[next]].bounds.busy <= limit)
+                    work.push_back(order[next++]);
+                parallel_for(work.size(), o.threads, [&](size_t w, size_t k) {
+                    Candidate& c = candidates[work[w]];
+                    pipeline_bound(bounded(c, k), c.bounds);
+                    c.bounds.pipeline = std::max(c.bounds.pipeline, c.bounds.busy);
+                });
+                for (size_t i : work) {
+                    const StepBounds& b = candidates[i].bounds;
+                    if (!b.error.empty())
+                        ++rep.refused;
+                    else if (!o.exhaustive && b.memory_known && b.peak_bytes > rep.memory_bytes)
+                        ++rep.pruned_memory;
+                    else
+                        refined.push(i);
                 }
-                ++rep.simulated;
-                add(*e.row);
+            } else {
+                while (work.size() < batch && !refined.empty() &&
+                       candidates[refined.top()].bounds.pipeline <= limit) {
+                    work.push_back(refined.top());
+                    refined.pop();
+                }
+                std::vector<Exact> done(work.size());
+                parallel_for(work.size(), o.threads, [&](size_t w, size_t) {
+                    const Candidate& c = candidates[work[w]];
+                    done[w] = simulate_layout(o, c.layout, &*shapes[c.shape].program);
+                });
+                spent += static_cast<int64_t>(work.size());
+                for (const Exact& e : done) {
+                    if (!e.row) {
+                        ++rep.refused;
+                        continue;
+                    }
+                    ++rep.simulated;
+                    add(*e.row);
+                }
             }
         }
+    };
+    // A layout whose bound equals the K-th best step may tie with it, and win on memory or
+    // simplicity (`faster`): only those strictly slower are pruned.
+    explore(
+        [&] {
+            return !o.exhaustive && best.size() >= K ? best.back().step_time_s * (1 + 1e-9)
+                                                     : std::numeric_limits<double>::infinity();
+        },
+        std::numeric_limits<int64_t>::max());
+    if (mine.row && mine.row->fits)
+        for (size_t i = 0; i < best.size(); ++i)
+            if (best[i].layout == own) rep.script_rank = static_cast<int64_t>(i) + 1;
+    // Below the rows: its place among all layouts, from those strictly faster (within a
+    // budget of simulations; past it, a floor).
+    if (own_step > 0 && rep.script_rank == 0) {
+        bool all = explore([&] { return own_step * (1 - 1e-9); }, o.rank_budget);
+        rep.script_place = faster_than_own + 1;
+        rep.script_place_exact = all;
     }
     rep.pruned_bound = static_cast<int64_t>(order.size() - next + refined.size());
     if (mine.row) ++rep.simulated;
     rep.rows = best;
-    if (mine.row && mine.row->fits)
-        for (size_t i = 0; i < best.size(); ++i)
-            if (best[i].layout == own) rep.script_rank = static_cast<int64_t>(i) + 1;
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     return rep;
 }
@@ -579,9 +598,12 @@ std::string search_text(const SearchReport& r) {
         } else if (!r.rows.empty()) {
             char ratio[32];
             std::snprintf(ratio, sizeof ratio, "%.2fx", s.step_time_s / r.rows[0].step_time_s);
+            std::string place = r.script_place == 1
+                                    ? "as fast as the best (a tie)"
+                                    : (r.script_place_exact ? "rank " : "rank beyond ") +
+                                          count_text(static_cast<double>(r.script_place));
             out += "the script's layout (" + describe(s.layout) + "): step " +
-                   seconds_text(s.step_time_s) + ", " + ratio + " the best; slower than the " +
-                   std::to_string(r.rows.size()) + " shown\n";
+                   seconds_text(s.step_time_s) + " (" + ratio + " the best), " + place + "\n";
         }
     } else if (!r.script_error.empty()) {
         out += "the script's own layout does not plan:\n" + r.script_error;
@@ -651,7 +673,8 @@ nlohmann::json to_json(const SearchReport& r) {
     }
     if (r.script) {
         j["script"] = row_json(*r.script, r.extra);
-        j["script"]["rank"] = r.script_rank > 0 ? nlohmann::json(r.script_rank) : nullptr;
+        j["script"]["rank"] = r.script_rank > 0 ? r.script_rank : r.script_place;
+        j["script"]["rank_exact"] = r.script_rank > 0 || r.script_place_exact;
     } else {
         j["script"] = {{"error", r.script_error}};
     }

@@ -59,6 +59,8 @@ struct SearchOptions {
     int32_t top = 10;
     int32_t threads = 2;
     bool exhaustive = false; // simulate every layout that fits in memory (tests compare)
+    /// Simulations allowed, past the top rows, for placing the script's own layout.
+    int64_t rank_budget = 200;
 };
 
 struct SearchReport {
@@ -72,6 +74,10 @@ struct SearchReport {
     /// The script's place among the layouts that fit (1 = fastest) when it is among the rows;
     /// 0 when it is slower than every row shown.
     int64_t script_rank = 0;
+    /// Then its place counted past the rows: exact when every layout that might be faster was
+    /// simulated within the budget, else a floor (at least this place).
+    int64_t script_place = 0;
+    bool script_place_exact = false;
     std::string script_error; // why the script's own layout could not be simulated
     int64_t considered = 0, refused = 0, pruned_memory = 0, pruned_bound = 0, simulated = 0,
             not_fitting = 0;
