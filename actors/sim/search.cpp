@@ -212,6 +212,13 @@ bool faster(const SearchRow& a, const SearchRow& b) {
                            static_cast<int>(y.kind));
 }
 
+/// The same step and the same memory: two layouts a user cannot tell apart by their figures.
+bool equivalent(const SearchRow& a, const SearchRow& b) {
+    return std::abs(a.step_time_s - b.step_time_s) <=
+               1e-9 * std::max(a.step_time_s, b.step_time_s) &&
+           a.peak_memory_bytes == b.peak_memory_bytes;
+}
+
 struct Candidate {
     Layout layout;
     size_t shape = 0; // index of the checked mesh program it varies
@@ -468,7 +475,21 @@ SearchReport search(const SearchOptions& o) {
         if (row.step_time_s < own_step * (1 - 1e-9)) ++faster_than_own;
         auto at = std::upper_bound(best.begin(), best.end(), row, faster);
         best.insert(at, row);
-        if (best.size() > K) best.pop_back();
+        // Keep K groups of equivalent layouts (the same step and memory: data and context
+        // parallelism traded one for the other, say), whole.
+        size_t groups = 0, end = 0;
+        for (size_t i = 0; i < best.size(); ++i) {
+            if (i == 0 || !equivalent(best[i - 1], best[i])) ++groups;
+            if (groups > K) break;
+            end = i + 1;
+        }
+        best.resize(end);
+    };
+    auto kth_step = [&]() -> double {
+        size_t groups = 0;
+        for (size_t i = 0; i < best.size(); ++i)
+            if (i == 0 || !equivalent(best[i - 1], best[i])) ++groups;
+        return groups >= K ? best.back().step_time_s : std::numeric_limits<double>::infinity();
     };
     if (mine.row) add(*mine.row);
     auto later = [&](size_t a, size_t b) {
@@ -534,13 +555,25 @@ SearchReport search(const SearchOptions& o) {
     // simplicity (`faster`): only those strictly slower are pruned.
     explore(
         [&] {
-            return !o.exhaustive && best.size() >= K ? best.back().step_time_s * (1 + 1e-9)
-                                                     : std::numeric_limits<double>::infinity();
+            return o.exhaustive ? std::numeric_limits<double>::infinity() : kth_step() * (1 + 1e-9);
         },
         std::numeric_limits<int64_t>::max());
-    if (mine.row && mine.row->fits)
-        for (size_t i = 0; i < best.size(); ++i)
-            if (best[i].layout == own) rep.script_rank = static_cast<int64_t>(i) + 1;
+    // One row per group, the script's own layout standing for its group.
+    std::vector<SearchRow> rows;
+    for (size_t i = 0; i < best.size(); ++i) {
+        if (i == 0 || !equivalent(best[i - 1], best[i])) {
+            rows.push_back(best[i]);
+            rows.back().equivalent = 0;
+        } else {
+            ++rows.back().equivalent;
+        }
+        if (mine.row && mine.row->fits && best[i].layout == own) {
+            int64_t n = rows.back().equivalent;
+            rows.back() = best[i];
+            rows.back().equivalent = n;
+            rep.script_rank = static_cast<int64_t>(rows.size());
+        }
+    }
     // Below the rows: its place among all layouts, from those strictly faster (within a
     // budget of simulations; past it, a floor).
     if (own_step > 0 && rep.script_rank == 0) {
@@ -550,7 +583,7 @@ SearchReport search(const SearchOptions& o) {
     }
     rep.pruned_bound = static_cast<int64_t>(order.size() - next + refined.size());
     if (mine.row) ++rep.simulated;
-    rep.rows = best;
+    rep.rows = rows;
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     return rep;
 }
@@ -570,7 +603,9 @@ std::string search_text(const SearchReport& r) {
         char mfu[16], bubble[16];
         std::snprintf(mfu, sizeof mfu, "%.1f%%", row.mfu * 100);
         std::snprintf(bubble, sizeof bubble, "%.1f%%", row.bubble * 100);
-        cells.push_back({std::to_string(i + 1) + (own ? "*" : ""), describe(row.layout),
+        std::string layout = describe(row.layout);
+        if (row.equivalent > 0) layout += " (+" + std::to_string(row.equivalent) + " alike)";
+        cells.push_back({std::to_string(i + 1) + (own ? "*" : ""), layout,
                          seconds_text(row.step_time_s), count_text(row.tokens_per_s), mfu, bubble,
                          gb_text(row.peak_memory_bytes), row.limit});
     }
@@ -588,6 +623,9 @@ std::string search_text(const SearchReport& r) {
         out += text + "\n";
     }
     if (r.rows.empty()) out += "(no layout fits)\n";
+    bool alike = false;
+    for (const SearchRow& row : r.rows) alike = alike || row.equivalent > 0;
+    if (alike) out += "(+N alike: N more layouts with the same step and memory)\n";
     if (r.script) {
         const SearchRow& s = *r.script;
         if (r.script_rank > 0) {
@@ -647,7 +685,8 @@ nlohmann::json row_json(const SearchRow& row, const std::vector<std::string>& ex
             {"bubble", row.bubble},
             {"peak_memory_bytes", row.peak_memory_bytes},
             {"fits", row.fits},
-            {"limited_by", row.limit}};
+            {"limited_by", row.limit},
+            {"equivalent", row.equivalent}};
 }
 
 } // namespace

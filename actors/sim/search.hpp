@@ -49,6 +49,9 @@ struct SearchRow {
     int64_t peak_memory_bytes = 0, memory_limit_bytes = 0;
     bool fits = true;
     std::string limit; // what holds it back, in one phrase
+    /// Other layouts with the same step and memory (left out of the rows), e.g. dp and cp
+    /// traded for each other.
+    int64_t equivalent = 0;
 };
 
 struct SearchOptions {
