@@ -309,6 +309,11 @@ SearchReport search(const SearchOptions& o) {
     rep.context = P.model.context;
     rep.memory_bytes = P.mesh.memory_bytes;
     rep.shared_memory = P.mesh.profile.devices_per_host == 0;
+    const HardwareProfile& hw = P.mesh.profile;
+    rep.peak_flops = P.train.precision == Precision::bf16 ? hw.peak_flops_bf16 : hw.peak_flops_f32;
+    rep.memory_bandwidth = hw.memory_bandwidth;
+    rep.intra_bandwidth = hw.intra_host.bandwidth;
+    rep.inter_bandwidth = hw.inter_host.bandwidth;
     const size_t K = static_cast<size_t>(std::max(o.top, 1));
 
     // The script's own layout, exactly.
@@ -762,8 +767,30 @@ std::string changes_text(const std::vector<SearchReport>& reports) {
                    (moved.empty() ? std::string("the same layout") : "");
             for (size_t i = 0; i < moved.size(); ++i) out += (i ? ", " : "") + moved[i];
             out += std::string("; ") + speed + " the tokens/s";
-            if (a.limit != b.limit) out += "; the limit moves from " + a.limit + " to " + b.limit;
+            auto kind = [](const std::string& limit) { return limit.substr(0, limit.find(" (")); };
+            if (kind(a.limit) != kind(b.limit))
+                out += "; the limit moves from " + a.limit + " to " + b.limit;
             out += "\n";
+            // Why: what differs between the two devices.
+            std::vector<std::string> why;
+            auto ratio = [&](const char* what, double x, double y) {
+                if (x <= 0 || y <= 0 || std::abs(y / x - 1) < 0.01) return;
+                char buf[96];
+                std::snprintf(buf, sizeof buf, "%.2fx the %s", y / x, what);
+                why.push_back(buf);
+            };
+            ratio("FLOP/s", prev->peak_flops, r.peak_flops);
+            ratio("memory", static_cast<double>(prev->memory_bytes),
+                  static_cast<double>(r.memory_bytes));
+            ratio("memory bandwidth", prev->memory_bandwidth, r.memory_bandwidth);
+            ratio("bandwidth in a host", prev->intra_bandwidth, r.intra_bandwidth);
+            ratio("bandwidth between hosts", prev->inter_bandwidth, r.inter_bandwidth);
+            if (!why.empty()) {
+                out += "  (the device has ";
+                for (size_t i = 0; i < why.size(); ++i)
+                    out += (i == 0 ? "" : i + 1 == why.size() ? " and " : ", ") + why[i];
+                out += ")\n";
+            }
         }
         prev = &r;
     }

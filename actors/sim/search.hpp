@@ -72,6 +72,9 @@ struct SearchReport {
     int64_t devices = 0, hosts = 0, batch = 0, context = 0;
     int64_t memory_bytes = 0;
     bool shared_memory = false;
+    /// The device's figures the search priced with (FLOP/s at the script's precision, memory
+    /// bandwidth, and the two links' bandwidths), to tell why answers differ between devices.
+    double peak_flops = 0, memory_bandwidth = 0, intra_bandwidth = 0, inter_bandwidth = 0;
     std::vector<SearchRow> rows;     // the fastest that fit, fastest first
     std::optional<SearchRow> script; // the script's own layout, when it plans
     /// The script's place among the layouts that fit (1 = fastest) when it is among the rows;
