@@ -450,8 +450,40 @@ SearchReport search(const SearchOptions& o) {
         p.schedule.partition_given = true;
         return p;
     };
+    // The cheap bound depends on the schedule only through where stages sit and whether
+    // backwards split (one class per pair of kinds below), and on ZeRO only through the
+    // optimizer step: priced once for each class, every ZeRO stage at once.
+    auto kind_class = [](ScheduleKind k) {
+        switch (k) {
+        case ScheduleKind::gpipe:
+        case ScheduleKind::one_f_one_b: return 0;
+        case ScheduleKind::zb_h1:
+        case ScheduleKind::zb_h2: return 1;
+        case ScheduleKind::interleaved_1f1b:
+        case ScheduleKind::looped_bfs: return 2;
+        default: return 3 + static_cast<int>(k);
+        }
+    };
+    std::map<std::tuple<size_t, int, int64_t, int64_t, int>, std::vector<StepBounds>> busy_cache;
+    std::mutex busy_lock;
     parallel_for(candidates.size(), o.threads, [&](size_t i, size_t k) {
-        candidates[i].bounds = busy_bound(bounded(candidates[i], k));
+        Candidate& c = candidates[i];
+        auto key =
+            std::make_tuple(c.shape, static_cast<int>(c.layout.recompute), c.layout.virtual_stages,
+                            c.layout.microbatches, kind_class(c.layout.kind));
+        {
+            std::lock_guard<std::mutex> hold(busy_lock);
+            auto it = busy_cache.find(key);
+            if (it != busy_cache.end()) {
+                c.bounds = it->second[static_cast<size_t>(c.layout.zero)];
+                return;
+            }
+        }
+        const Program& p = bounded(c, k);
+        std::vector<StepBounds> all = busy_bounds(p, {0, 1, 2, 3});
+        c.bounds = all[static_cast<size_t>(c.layout.zero)];
+        std::lock_guard<std::mutex> hold(busy_lock);
+        busy_cache.emplace(key, std::move(all));
     });
     std::vector<size_t> order;
     for (size_t i = 0; i < candidates.size(); ++i) {

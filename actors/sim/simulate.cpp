@@ -489,15 +489,15 @@ Axes bound_axes(const Program& p) {
 
 } // namespace
 
-StepBounds busy_bound(const Program& p) {
-    StepBounds b;
-    if (p.mesh.profile.calibration.cores > 0) return b; // shared cores: no cheap bound
+std::vector<StepBounds> busy_bounds(const Program& p, const std::vector<int64_t>& zeros) {
+    std::vector<StepBounds> out(zeros.size());
+    if (p.mesh.profile.calibration.cores > 0) return out; // shared cores: no cheap bound
     PipelineGraph pg = pipeline_graph(p, false);
     if (!pg.error.empty()) {
-        b.error = pg.error;
-        return b;
+        for (StepBounds& b : out) b.error = pg.error;
+        return out;
     }
-    const Graph& g = pg.g;
+    Graph& g = pg.g;
     Profile pr = profile_of(g, p, SimOptions{});
     plan::ExecCosts c = profile_costs(g, pr, bound_axes(p));
     // Each rank runs F and B (= I + W) of its stages once per microbatch, then STEP after
@@ -517,11 +517,8 @@ StepBounds busy_bound(const Program& p) {
         a.kind = ActionKind::backward_input;
         input[i] = c.compute(r, a);
     }
-    PlanAction step;
-    step.kind = ActionKind::step;
-    double min_step = std::numeric_limits<double>::infinity(), compute_end = 0;
+    double compute_end = 0;
     for (const PlanRank& r : g.ranks) {
-        min_step = std::min(min_step, c.compute(r, step));
         double busy = 0, forwards_inputs = 0;
         double lag = std::numeric_limits<double>::infinity(), tail = lag;
         double before_f = 0, before_b = 0;
@@ -539,16 +536,56 @@ StepBounds busy_bound(const Program& p) {
         compute_end = std::max(
             compute_end, lag + (pg.split ? std::max(busy, forwards_inputs + tail) : busy + tail));
     }
-    b.busy = compute_end + (min_step == std::numeric_limits<double>::infinity() ? 0 : min_step);
-    // The memory floor: weights, gradients, optimizer state and buffers, no activations.
-    if (p.mesh.profile.devices_per_host > 0) {
+    // The ZeRO stage changes the optimizer step, the memory, and the data-parallel traffic.
+    // A rank's collectives run one after another on its communication stream, and STEP waits
+    // for them: each gradient bucket reduced once a step, and under ZeRO 3 the stage's weights
+    // gathered before every forward and every backward.
+    const bool replicas = p.mesh.dp * p.mesh.cp > 1;
+    for (size_t z = 0; z < zeros.size(); ++z) {
+        StepBounds& b = out[z];
+        g.zero = static_cast<int32_t>(zeros[z]);
+        PlanAction step;
+        step.kind = ActionKind::step;
+        double min_step = std::numeric_limits<double>::infinity(), comm_end = 0;
         for (const PlanRank& r : g.ranks) {
-            RankReport rep;
-            account_memory(g, r, rep, p.mesh.dp * p.mesh.cp);
-            b.floor_bytes = std::max(b.floor_bytes, rep.peak_memory_bytes);
+            min_step = std::min(min_step, c.compute(r, step));
+            if (!replicas) continue;
+            double comm = 0;
+            for (const PlanStage& st : g.stages) {
+                if (st.pp != r.pp) continue;
+                PlanAction a;
+                a.stage = st.index;
+                a.kind = g.zero >= 2 ? ActionKind::reduce_scatter : ActionKind::reduce_grad;
+                for (size_t k = 0; k < st.buckets.size(); ++k) {
+                    a.microbatch = static_cast<int32_t>(k);
+                    comm += c.reduction(r, a);
+                }
+                if (g.zero >= 3) {
+                    a.microbatch = 0;
+                    a.kind = ActionKind::gather_forward;
+                    double gf = c.reduction(r, a);
+                    a.kind = ActionKind::gather_backward;
+                    comm += g.microbatches * (gf + c.reduction(r, a));
+                }
+            }
+            comm_end = std::max(comm_end, comm);
+        }
+        b.busy = std::max(compute_end, comm_end) +
+                 (min_step == std::numeric_limits<double>::infinity() ? 0 : min_step);
+        // The memory floor: weights, gradients, optimizer state and buffers, no activations.
+        if (p.mesh.profile.devices_per_host > 0) {
+            for (const PlanRank& r : g.ranks) {
+                RankReport rep;
+                account_memory(g, r, rep, p.mesh.dp * p.mesh.cp);
+                b.floor_bytes = std::max(b.floor_bytes, rep.peak_memory_bytes);
+            }
         }
     }
-    return b;
+    return out;
+}
+
+StepBounds busy_bound(const Program& p) {
+    return busy_bounds(p, {p.mesh.zero})[0];
 }
 
 void pipeline_bound(const Program& p, StepBounds& b) {

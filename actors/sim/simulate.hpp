@@ -88,6 +88,9 @@ struct StepBounds {
     std::string error; // the plan cannot be made (the schedule refuses these sizes)
 };
 StepBounds busy_bound(const Program& p);
+/// busy_bound for each ZeRO stage of `zeros` (the rest of the program as it is): one pricing
+/// of the stages for all.
+std::vector<StepBounds> busy_bounds(const Program& p, const std::vector<int64_t>& zeros);
 /// Adds the pipeline bound and the memory to `b`.
 void pipeline_bound(const Program& p, StepBounds& b);
 
