@@ -287,3 +287,66 @@ TEST(Search, CommandPrintsTableAndJson) {
     EXPECT_EQ(cli::run_search(c, s, out3, err3), 2);
     EXPECT_NE(err3.str().find("NAME x COUNT"), std::string::npos) << err3.str();
 }
+
+namespace {
+
+/// Times and the search's own counts change with the machine and its cores: the page's text
+/// and the run's are compared without them.
+std::string without_counts(const std::string& text) {
+    std::string out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+        if (line.rfind("layouts: ", 0) == 0) line = line.substr(0, line.find(" considered"));
+        size_t beyond = line.find("rank beyond ");
+        if (beyond != std::string::npos) line = line.substr(0, beyond) + "rank beyond N";
+        out += line + "\n";
+    }
+    return out;
+}
+
+std::string run_dist(const std::string& args) {
+    std::string cmd =
+        "cd '" + std::string(DIST_SOURCE_DIR) + "' && " + DIST_BINARY + " " + args + " 2>&1";
+    std::string out;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (!p) return out;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    ::pclose(p);
+    return out;
+}
+
+} // namespace
+
+// docs/search.md shows commands (```sh) and what they print (```text after each): every one
+// still prints that. DIST_GOLDEN_REWRITE=1 writes the outputs into the page.
+TEST(SearchDoc, EveryCommandPrintsWhatThePageSays) {
+    fs::path page = fs::path(DIST_SOURCE_DIR) / "docs/search.md";
+    std::ifstream in(page);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str(), rewritten;
+    const std::string sh = "```sh\ndist ", text_open = "```\n\n```text\n", close = "```\n";
+    size_t at = 0, blocks = 0;
+    while (true) {
+        size_t cmd = text.find(sh, at);
+        if (cmd == std::string::npos) break;
+        size_t cmd_end = text.find('\n', cmd + sh.size());
+        std::string args = text.substr(cmd + sh.size(), cmd_end - cmd - sh.size());
+        ASSERT_EQ(text.compare(cmd_end + 1, text_open.size(), text_open), 0)
+            << "`dist " << args << "` needs a ```text block after it";
+        size_t out_begin = cmd_end + 1 + text_open.size();
+        size_t out_end = text.find(close, out_begin);
+        ASSERT_NE(out_end, std::string::npos);
+        std::string shown = text.substr(out_begin, out_end - out_begin);
+        std::string printed = run_dist(args);
+        EXPECT_EQ(without_counts(shown), without_counts(printed)) << "dist " << args;
+        rewritten += text.substr(at, out_begin - at) + printed;
+        at = out_end;
+        ++blocks;
+    }
+    rewritten += text.substr(at);
+    EXPECT_GE(blocks, 10u);
+    if (std::getenv("DIST_GOLDEN_REWRITE")) std::ofstream(page) << rewritten;
+}
