@@ -12,7 +12,7 @@ dist=$(realpath "${1:-build/bin/dist}")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-echo "| model | devices | considered | simulated | pruned: memory | pruned: bound | refused | search (s) | wall (s) | best layout |"
+echo "| model | devices | considered | simulated (placing the script's) | pruned: memory | pruned: bound | refused | search (s) | wall (s) | best layout |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 row() { # script devices
     local start end
@@ -25,7 +25,8 @@ j = json.load(open(sys.argv[1]))
 n = j["layouts"]
 best = j["rows"][0]["describe"] if j["rows"] else "(none fits)"
 wall = float(sys.argv[4]) - float(sys.argv[3])
-print(f"| {j['model']} | {sys.argv[2]} | {n['considered']:,} | {n['simulated']:,} | "
+print(f"| {j['model']} | {sys.argv[2]} | {n['considered']:,} | "
+      f"{n['simulated']:,} ({n['simulated_placing_the_script']:,}) | "
       f"{n['pruned_memory']:,} | {n['pruned_bound']:,} | {n['refused']:,} | "
       f"{j['seconds']:.1f} | {wall:.1f} | {best} |")
 PY

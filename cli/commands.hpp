@@ -38,6 +38,7 @@ struct SearchCommandOptions {
     std::string devices; // "NAME x COUNT[,NAME x COUNT...]" ("" for the script's own mesh)
     int32_t top = 10;
     bool json = false;
+    bool exhaustive = false; // simulate every layout that the rules allow (checks the pruning)
 };
 /// The fastest layouts of the script's model on its devices, or on each device kind given.
 int run_search(const CommonOptions& o, const SearchCommandOptions& s, std::ostream& out,

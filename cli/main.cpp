@@ -57,6 +57,8 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1, 1000));
     search->add_flag("--json", search_options.json,
                      "print JSON: each row with the --set overrides that give it");
+    search->add_flag("--exhaustive", search_options.exhaustive,
+                     "simulate every layout, pruning nothing (slow: to check the bounds)");
 
     dist::cli::CalibrateOptions calibrate_options;
     CLI::App* calibrate = app.add_subcommand(

@@ -14,6 +14,7 @@ struct SearchRequest {
     std::vector<std::string> overrides; // `--set` (or the REPL's `set`) under every layout
     std::string devices;                // "NAME x COUNT[,NAME x COUNT...]" ("": the script's)
     int32_t top = 10;
+    bool exhaustive = false;
 };
 
 /// One search per device kind of `q.devices` (or one on the script's mesh). Each report's

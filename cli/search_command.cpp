@@ -81,6 +81,7 @@ std::vector<sim::SearchReport> run_searches(const SearchRequest& q, std::string&
     so.text = q.text;
     so.search_roots = lang::default_search_roots();
     so.top = q.top;
+    so.exhaustive = q.exhaustive;
     so.threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
     // On other devices the script's own layout keeps its tp, pp and cp where the count allows,
     // with dp making up the rest; else it becomes pure data parallelism.
@@ -141,6 +142,7 @@ int run_search(const CommonOptions& o, const SearchCommandOptions& s, std::ostre
     q.overrides = o.overrides;
     q.devices = s.devices;
     q.top = s.top;
+    q.exhaustive = s.exhaustive;
     std::string usage, error;
     std::vector<sim::SearchReport> reports = run_searches(q, usage, error);
     if (!usage.empty()) {

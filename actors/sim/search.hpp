@@ -87,6 +87,7 @@ struct SearchReport {
     std::string script_error; // why the script's own layout could not be simulated
     int64_t considered = 0, refused = 0, pruned_memory = 0, pruned_bound = 0, simulated = 0,
             not_fitting = 0;
+    int64_t simulated_placing = 0; // of `simulated`: those that placed the script's layout
     double seconds = 0;
     /// Overrides the caller added to put the script on these devices (`dist search
     /// --devices`); a row's full `--set` list is these, then the row's own.
