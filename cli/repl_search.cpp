@@ -52,9 +52,7 @@ void ReplSession::cmd_search(const std::string& args) {
         err_.flush();
         return;
     }
-    for (size_t i = 0; i < reports.size(); ++i)
-        out_ << (i ? "\n" : "") << sim::search_text(reports[i]);
-    if (reports.size() > 1) out_ << "\nthe best layout on each:\n" << sim::changes_text(reports);
+    out_ << searches_text(reports);
     // `use N` takes the rows of the last table.
     searched_.clear();
     const sim::SearchReport& last = reports.back();

@@ -23,4 +23,8 @@ struct SearchRequest {
 std::vector<sim::SearchReport> run_searches(const SearchRequest& q, std::string& usage,
                                             std::string& error);
 
+/// The reports as `dist search` prints them: each table, then (after several device kinds) how
+/// the best layout moves between them.
+std::string searches_text(const std::vector<sim::SearchReport>& reports);
+
 } // namespace dist::cli

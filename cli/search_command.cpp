@@ -135,6 +135,14 @@ std::vector<sim::SearchReport> run_searches(const SearchRequest& q, std::string&
     return reports;
 }
 
+std::string searches_text(const std::vector<sim::SearchReport>& reports) {
+    std::string out;
+    for (size_t i = 0; i < reports.size(); ++i)
+        out += (i ? "\n" : "") + sim::search_text(reports[i]);
+    if (reports.size() > 1) out += "\nthe best layout on each:\n" + sim::changes_text(reports);
+    return out;
+}
+
 int run_search(const CommonOptions& o, const SearchCommandOptions& s, std::ostream& out,
                std::ostream& err) {
     SearchRequest q;
@@ -164,9 +172,7 @@ int run_search(const CommonOptions& o, const SearchCommandOptions& s, std::ostre
         }
         return 0;
     }
-    for (size_t i = 0; i < reports.size(); ++i)
-        out << (i ? "\n" : "") << sim::search_text(reports[i]);
-    if (reports.size() > 1) out << "\nthe best layout on each:\n" << sim::changes_text(reports);
+    out << searches_text(reports);
     return 0;
 }
 

@@ -103,6 +103,14 @@ std::string percent(double f) {
     return buf;
 }
 
+/// The fullest device's memory, or on a CPU mesh all ranks' together (they share one memory).
+int64_t used_memory(const Timeline& t) {
+    int64_t used = 0;
+    for (const RankReport& r : t.ranks)
+        used = t.shared_memory ? used + r.peak_memory_bytes : std::max(used, r.peak_memory_bytes);
+    return used;
+}
+
 /// What holds a simulated layout back, in one phrase.
 std::string limit_of(const Layout& l, const Timeline& t, const Program& p) {
     if (!t.fits) return "memory: does not fit";
@@ -113,10 +121,7 @@ std::string limit_of(const Layout& l, const Timeline& t, const Program& p) {
         return (l.zero >= 3 ? "ZeRO-3 weight gathers (" : "gradient reduction (") +
                percent(t.bubble_fraction) + " idle)";
     if (host > 0 && l.tp > host) return "tensor-parallel all-reduces across hosts";
-    double used = 0;
-    for (const RankReport& r : t.ranks)
-        used = t.shared_memory ? used + static_cast<double>(r.peak_memory_bytes)
-                               : std::max(used, static_cast<double>(r.peak_memory_bytes));
+    const double used = static_cast<double>(used_memory(t));
     if (t.memory_limit_bytes > 0 && used > 0.9 * static_cast<double>(t.memory_limit_bytes))
         return "memory (" + percent(used / static_cast<double>(t.memory_limit_bytes)) + " used)";
     if (l.pp > 1 && t.bubble_fraction >= 0.05)
@@ -175,10 +180,7 @@ Exact simulate_layout(const SearchOptions& o, Layout l, const Program* shape) {
     row.bubble = t.bubble_fraction;
     row.fits = t.fits;
     row.memory_limit_bytes = t.memory_limit_bytes;
-    for (const RankReport& rr : t.ranks)
-        row.peak_memory_bytes = t.shared_memory
-                                    ? row.peak_memory_bytes + rr.peak_memory_bytes
-                                    : std::max(row.peak_memory_bytes, rr.peak_memory_bytes);
+    row.peak_memory_bytes = used_memory(t);
     row.limit = limit_of(l, t, *r.program);
     out.row = row;
     return out;
