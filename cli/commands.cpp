@@ -1,6 +1,7 @@
 // commands.cpp: check, fmt and eval: thin layers over the front end and the models.
 // (plan and sim are in plan_commands.cpp, run in run_command.cpp.)
 #include "cli/commands.hpp"
+#include "lang/program_json.hpp"
 
 #include "lang/check.hpp"
 #include "lang/format.hpp"
@@ -45,10 +46,10 @@ int run_check(const CommonOptions& o, std::ostream& out, std::ostream& err) {
     }
     const Program& p = *r.program;
     char buf[256];
-    std::snprintf(buf, sizeof buf, "%s: ok (%s, %.2fM parameters, %lld x %s)\n", o.file.c_str(),
+    std::snprintf(buf, sizeof buf, "%s: ok (%s, %.2fM parameters, %s)\n", o.file.c_str(),
                   p.model.preset.empty() ? p.model.template_name.c_str() : p.model.preset.c_str(),
                   static_cast<double>(p.model.parameters) / 1e6,
-                  static_cast<long long>(p.mesh.devices), p.mesh.profile.name.c_str());
+                  lang::devices_text(p.mesh).c_str());
     out << buf;
     return 0;
 }

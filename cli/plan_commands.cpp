@@ -40,6 +40,10 @@ std::optional<Planned> planned(const CommonOptions& o, std::ostream& err) {
 }
 
 bool runs_here(const Program& p, std::ostream& err, bool gpus) {
+    if (p.mesh.mixed()) {
+        err << p.train.training_refusal;
+        return false;
+    }
     if (p.mesh.profile.cpu()) return true;
     if (gpus && kernels::gpu_count() > 0) return true;
     err << "error: the mesh is " << p.mesh.devices << " " << p.mesh.profile.name << " device(s); ";

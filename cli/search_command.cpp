@@ -14,9 +14,25 @@ namespace dist::cli {
 
 namespace {
 
+/// One search's devices: a kind and its count, or several kinds (pipeline ranks in order).
 struct DeviceChoice {
-    std::string name;
-    int64_t count = 0;
+    std::vector<std::string> names;
+    std::vector<int64_t> counts;
+    int64_t total() const {
+        int64_t n = 0;
+        for (int64_t c : counts) n += c;
+        return n;
+    }
+    /// `mesh.devices=` value: `h100 x 64`, or `[h100, a100] x [32, 32]`.
+    std::string value() const {
+        if (names.size() == 1) return names[0] + " x " + std::to_string(counts[0]);
+        std::string k = "[", c = "[";
+        for (size_t i = 0; i < names.size(); ++i) {
+            k += (i ? ", " : "") + names[i];
+            c += (i ? ", " : "") + std::to_string(counts[i]);
+        }
+        return k + "] x " + c + "]";
+    }
 };
 
 std::string trim(const std::string& s) {
@@ -24,24 +40,38 @@ std::string trim(const std::string& s) {
     return a == std::string::npos ? "" : s.substr(a, b - a + 1);
 }
 
-/// "a100-80g x 64,h100-sxm x 64": NAME x COUNT, comma-separated.
+/// "a100-80g x 64,h100-sxm x 64": NAME x COUNT, comma-separated; a mesh of several kinds joins
+/// them with `+` ("h100 x 32 + a100 x 32": the first kind holds the first pipeline ranks).
 bool parse_devices(const std::string& text, std::vector<DeviceChoice>& out, std::string& error) {
     size_t start = 0;
     while (start <= text.size()) {
         size_t comma = text.find(',', start);
-        std::string item = trim(
-            text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-        size_t x = item.rfind('x');
-        std::string name = x == std::string::npos ? "" : trim(item.substr(0, x));
-        std::string count = x == std::string::npos ? "" : trim(item.substr(x + 1));
-        bool digits =
-            !count.empty() && count.size() < 8 &&
-            std::all_of(count.begin(), count.end(), [](char c) { return c >= '0' && c <= '9'; });
-        if (name.empty() || !digits || std::stoll(count) < 1) {
-            error = "`" + item + "` is not NAME x COUNT (for example `h100 x 64`)";
-            return false;
+        std::string choice =
+            text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        DeviceChoice c;
+        size_t from = 0;
+        while (from <= choice.size()) {
+            size_t plus = choice.find('+', from);
+            std::string item = trim(
+                choice.substr(from, plus == std::string::npos ? std::string::npos : plus - from));
+            size_t x = item.rfind('x');
+            std::string name = x == std::string::npos ? "" : trim(item.substr(0, x));
+            std::string count = x == std::string::npos ? "" : trim(item.substr(x + 1));
+            bool digits = !count.empty() && count.size() < 8 &&
+                          std::all_of(count.begin(), count.end(),
+                                      [](char ch) { return ch >= '0' && ch <= '9'; });
+            if (name.empty() || !digits || std::stoll(count) < 1) {
+                error = "`" + item +
+                        "` is not NAME x COUNT (for example `h100 x 64`, or "
+                        "`h100 x 32 + a100 x 32` for two kinds)";
+                return false;
+            }
+            c.names.push_back(name);
+            c.counts.push_back(std::stoll(count));
+            if (plus == std::string::npos) break;
+            from = plus + 1;
         }
-        out.push_back({name, std::stoll(count)});
+        out.push_back(c);
         if (comma == std::string::npos) break;
         start = comma + 1;
     }
@@ -99,28 +129,35 @@ std::vector<sim::SearchReport> run_searches(const SearchRequest& q, std::string&
         model_parallel = r.program->mesh.tp * r.program->mesh.pp * r.program->mesh.cp;
     }
     std::vector<sim::SearchReport> reports;
-    if (choices.empty()) choices.push_back({"", 0});
+    if (choices.empty()) choices.push_back({});
     for (const DeviceChoice& c : choices) {
         so.overrides = q.overrides;
         std::vector<std::string> device;
-        if (c.count > 0) {
-            device.push_back("mesh.devices=" + c.name + " x " + std::to_string(c.count));
-            if (c.count % model_parallel == 0) {
-                device.push_back("mesh.dp=" + std::to_string(c.count / model_parallel));
+        const int64_t count = c.total();
+        if (count > 0) {
+            device.push_back("mesh.devices=" + c.value());
+            if (count % model_parallel == 0) {
+                device.push_back("mesh.dp=" + std::to_string(count / model_parallel));
             } else {
-                for (const char* axis : {"mesh.tp=1", "mesh.pp=1", "mesh.cp=1", "mesh.sp=false"})
+                for (const char* axis :
+                     {"mesh.tp=1", "mesh.pp=1", "mesh.cp=1", "mesh.sp=false", "schedule.kind=1f1b",
+                      "schedule.virtual_stages=1", "schedule.microbatches=1"})
                     device.push_back(axis);
-                device.push_back("mesh.dp=" + std::to_string(c.count));
+                device.push_back("mesh.dp=" + std::to_string(count));
             }
-            int64_t per_host = host_size(c.name);
+            // Hosts: each kind on hosts of its own, full ones where it fills them.
+            int64_t per_host = host_size(c.names[0]);
             if (per_host > 0) {
-                if (c.count > per_host && c.count % per_host != 0) {
-                    usage = "--devices: " + std::to_string(c.count) + " " + c.name +
-                            " do not fill hosts of " + std::to_string(per_host) +
-                            " (use a multiple of " + std::to_string(per_host) + ")";
-                    return {};
+                int64_t hosts = 0;
+                for (size_t k = 0; k < c.counts.size(); ++k) {
+                    if (c.counts[k] > per_host && c.counts[k] % per_host != 0) {
+                        usage = "--devices: " + std::to_string(c.counts[k]) + " " + c.names[k] +
+                                " do not fill hosts of " + std::to_string(per_host) +
+                                " (use a multiple of " + std::to_string(per_host) + ")";
+                        return {};
+                    }
+                    hosts += c.counts[k] <= per_host ? 1 : c.counts[k] / per_host;
                 }
-                int64_t hosts = c.count <= per_host ? 1 : c.count / per_host;
                 device.push_back("mesh.hosts=" + std::to_string(hosts));
             }
         }

@@ -176,7 +176,14 @@ void BlockChecker::memory_floor() {
     std::string zero_note = m.zero > 0 && nd > 1 ? " (ZeRO " + std::to_string(m.zero) + " over " +
                                                        std::to_string(m.dp * m.cp) + " ranks)"
                                                  : "";
-    if (p.memory.bytes_per_device > m.memory_bytes) {
+    // Each pipeline rank against its own kind's memory (one kind: the fullest against it).
+    int64_t over = -1;
+    for (size_t i = 0; i < per_rank.size() && over < 0; ++i)
+        if (bytes_of(per_rank[i]) > m.memory_of(static_cast<int64_t>(i)))
+            over = static_cast<int64_t>(i);
+    if (m.pp_profiles.empty() && p.memory.bytes_per_device <= m.memory_bytes) over = -1;
+    if (over >= 0) {
+        if (!m.pp_profiles.empty()) worst = per_rank[static_cast<size_t>(over)];
         char params[64];
         double n = static_cast<double>(worst);
         if (n >= 1e9)
@@ -187,7 +194,7 @@ void BlockChecker::memory_floor() {
                     "the model does not fit: the fullest device holds " + std::string(params) +
                         " parameters, " + format_bytes(p.memory.bytes_per_device) +
                         " of weights, gradients and AdamW state" + zero_note + ", but one " +
-                        m.profile.name + " has " + format_bytes(m.memory_bytes),
+                        m.profile_of(over).name + " has " + format_bytes(m.memory_of(over)),
                     m.zero < 3 && nd > 1
                         ? "shard the replica's state over its " + std::to_string(m.dp * m.cp) +
                               " data-parallel ranks (`zero: 3` in mesh), raise tp or pp, or "
@@ -232,6 +239,18 @@ bool check_blocks(const BlockSet& blocks, const Definitions& defs, const fs::pat
     c.schedule(blocks.schedule);
     bool schedule_ok = c.ok;
     c.train(blocks.train);
+    if (program.mesh.mixed() && program.train.training_refusal.empty()) {
+        std::string kinds;
+        for (const HardwareProfile& h : program.mesh.pp_profiles)
+            if (kinds.find(h.name) == std::string::npos)
+                kinds += (kinds.empty() ? "" : " and ") + h.name;
+        program.train.training_refusal = render_diagnostic(
+            sources, {c.devices_loc,
+                      "a mesh of several kinds of device (" + kinds +
+                          ") is planned and simulated, not trained: each rank's kernels run on "
+                          "one kind of device",
+                      "`dist sim` and `dist search` take this mesh; train with one kind"});
+    }
     c.generate(blocks.generate);
     if (mesh_ok && schedule_ok && c.ok && blocks.model_ok) c.cross();
     return c.ok;

@@ -58,79 +58,142 @@ void BlockChecker::mesh(const Block* block) {
         ok = false;
         return;
     }
-    if (dev->value->kind != ExprKind::name) {
-        diags.error(dev->value->loc, "`devices` names a hardware profile, e.g. `h200 x 8`",
-                    dev->value->kind == ExprKind::string ? "write the name without quotes" : "");
-        ok = false;
-        return;
+    // One kind (`devices: h100 x 8`), or several in pipeline order, one count each
+    // (`devices: [h100, a100] x [32, 32]`): the first kind's devices hold the first pipeline
+    // ranks.
+    std::vector<const Expr*> kinds;
+    if (dev->value->kind == ExprKind::list) {
+        for (const ExprPtr& e : dev->value->items) kinds.push_back(e.get());
+        if (kinds.empty() || !dev->count || dev->count->kind != ExprKind::list ||
+            dev->count->items.size() != kinds.size()) {
+            diags.error(dev->value->loc, "several device kinds take one count each",
+                        "for example `devices: [h100, a100] x [32, 32]`");
+            ok = false;
+            return;
+        }
+    } else {
+        kinds.push_back(dev->value.get());
     }
-    m.device = dev->value->text;
-    // Find the profile by file name, else by alias. Only the chosen profile's errors
+    for (const Expr* k : kinds) {
+        if (k->kind != ExprKind::name) {
+            diags.error(k->loc, "`devices` names a hardware profile, e.g. `h200 x 8`",
+                        k->kind == ExprKind::string ? "write the name without quotes" : "");
+            ok = false;
+            return;
+        }
+    }
+    // Find each profile by file name, else by alias. Only the chosen profile's errors
     // concern this script: the others are read quietly while looking for an alias.
     std::vector<std::filesystem::path> files = profile_files(options.search_roots);
-    std::vector<std::string> names;
-    bool found = false;
-    for (const auto& path : files) {
-        if (path.stem() != m.device) continue;
-        auto prof = load_profile(path, sources, diags);
+    auto find_profile = [&](const Expr& kind) -> std::optional<HardwareProfile> {
+        std::vector<std::string> names;
+        for (const auto& path : files) {
+            if (path.stem() != kind.text) continue;
+            return load_profile(path, sources, diags);
+        }
+        for (const auto& path : files) {
+            SourceManager scratch;
+            Diagnostics quiet;
+            auto prof = load_profile(path, scratch, quiet);
+            if (!prof) continue;
+            if (path.stem().string().find('-') == std::string::npos)
+                names.push_back(path.stem().string());
+            names.insert(names.end(), prof->aliases.begin(), prof->aliases.end());
+            if (std::find(prof->aliases.begin(), prof->aliases.end(), kind.text) !=
+                prof->aliases.end())
+                return prof;
+        }
+        std::string best = closest_name(kind.text, names);
+        diags.error(kind.loc, "unknown device `" + kind.text + "`",
+                    best.empty() ? "the devices are " + join_names(names)
+                                 : "did you mean `" + best + "`?");
+        return std::nullopt;
+    };
+    std::vector<HardwareProfile> profiles;
+    for (const Expr* k : kinds) {
+        auto prof = find_profile(*k);
         if (!prof) {
             ok = false;
             return;
         }
-        m.profile = *prof;
-        found = true;
+        edit_profile(*prof);
+        profiles.push_back(*prof);
     }
-    for (const auto& path : files) {
-        if (found) break;
-        SourceManager scratch;
-        Diagnostics quiet;
-        auto prof = load_profile(path, scratch, quiet);
-        if (!prof) continue;
-        if (path.stem().string().find('-') == std::string::npos)
-            names.push_back(path.stem().string());
-        names.insert(names.end(), prof->aliases.begin(), prof->aliases.end());
-        if (std::find(prof->aliases.begin(), prof->aliases.end(), m.device) !=
-            prof->aliases.end()) {
-            m.profile = *prof;
-            found = true;
-        }
-    }
-    if (!found) {
-        std::string best = closest_name(m.device, names);
-        diags.error(dev->value->loc, "unknown device `" + m.device + "`",
-                    best.empty() ? "the devices are " + join_names(names)
-                                 : "did you mean `" + best + "`?");
-        ok = false;
-        return;
-    }
-    edit_profile(m.profile);
+    m.device = kinds[0]->text;
+    m.profile = profiles[0];
+    // The counts: one for the mesh, or one per kind.
+    std::vector<int64_t> counts;
+    std::vector<SourceLoc> count_locs;
     if (dev->count) {
-        auto c = evaluate(*dev->count, defs.globals, diags);
-        if (!c) {
-            ok = false;
-            return;
+        std::vector<const Expr*> items;
+        if (kinds.size() > 1)
+            for (const ExprPtr& e : dev->count->items) items.push_back(e.get());
+        else
+            items.push_back(dev->count.get());
+        for (const Expr* e : items) {
+            auto c = evaluate(*e, defs.globals, diags);
+            if (!c) {
+                ok = false;
+                return;
+            }
+            if (c->type != Value::Type::integer || c->i < 1) {
+                diags.error(e->loc, "the device count must be a positive integer");
+                ok = false;
+                return;
+            }
+            counts.push_back(c->i);
+            count_locs.push_back(e->loc);
         }
-        if (c->type != Value::Type::integer || c->i < 1) {
-            diags.error(dev->count->loc, "the device count must be a positive integer");
-            ok = false;
-            return;
-        }
-        if (c->i != ranks) {
+        int64_t total = 0;
+        for (int64_t c : counts) total = sat_add(total, c);
+        if (total != ranks) {
             int64_t tpp = m.cp * m.tp * m.pp;
             const char* axes = m.cp > 1 ? "dp x cp x tp x pp" : "dp x tp x pp";
-            std::string hint = c->i % tpp == 0 ? "set `dp: " + std::to_string(c->i / tpp) +
-                                                     "` to use " + std::to_string(c->i) + " devices"
-                                               : std::string("the device count is ") + axes;
+            std::string hint = total % tpp == 0
+                                   ? "set `dp: " + std::to_string(total / tpp) + "` to use " +
+                                         std::to_string(total) + " devices"
+                                   : std::string("the device count is ") + axes;
             std::string sizes = std::to_string(m.dp) + " x " +
                                 (m.cp > 1 ? std::to_string(m.cp) + " x " : "") +
                                 std::to_string(m.tp) + " x " + std::to_string(m.pp);
-            diags.error(dev->count->loc,
+            diags.error(kinds.size() > 1 ? dev->count->loc : count_locs[0],
                         std::string("the mesh has ") + axes + " = " + sizes + " = " +
-                            std::to_string(ranks) + " ranks, but " + std::to_string(c->i) +
+                            std::to_string(ranks) + " ranks, but " + std::to_string(total) +
                             " devices",
                         hint);
             ok = false;
             return;
+        }
+    }
+    if (kinds.size() > 1) {
+        // Each kind holds whole pipeline ranks: dp x cp x tp devices each.
+        const int64_t per_pp = m.dp * m.cp * m.tp;
+        for (size_t k = 0; k < kinds.size(); ++k) {
+            const HardwareProfile& h = profiles[k];
+            if (h.devices_per_host == 0 || h.devices_per_host != profiles[0].devices_per_host) {
+                diags.error(kinds[k]->loc,
+                            h.devices_per_host == 0
+                                ? "`" + kinds[k]->text +
+                                      "` shares one machine's cores: a mesh "
+                                      "of several kinds is of accelerators"
+                                : "`" + h.name + "` hosts hold " +
+                                      std::to_string(h.devices_per_host) + " devices, `" +
+                                      profiles[0].name + "` hosts " +
+                                      std::to_string(profiles[0].devices_per_host),
+                            "the kinds of one mesh need hosts of the same size");
+                ok = false;
+                return;
+            }
+            if (counts[k] % per_pp != 0) {
+                diags.error(count_locs[k],
+                            std::to_string(counts[k]) + " " + kinds[k]->text +
+                                " are not whole pipeline ranks: each holds dp x cp x tp = " +
+                                std::to_string(per_pp) + " devices",
+                            "use a multiple of " + std::to_string(per_pp));
+                ok = false;
+                return;
+            }
+            for (int64_t i = 0; i < counts[k] / per_pp; ++i) m.pp_profiles.push_back(h);
         }
     }
     // Hosts and devices per host.
@@ -188,6 +251,26 @@ void BlockChecker::mesh(const Block* block) {
     m.hosts = h;
     m.devices_per_host = d;
     m.memory_bytes = memory.value_or(m.profile.memory_bytes);
+    m.memory_given = memory.has_value();
+    // A host holds one kind: ranks are ((dp * PP + pp) * CP + cp) * TP + tp, so its d
+    // consecutive ranks must not reach two pipeline ranks of different kinds.
+    for (int64_t host = 0; host < h && !m.pp_profiles.empty(); ++host) {
+        auto kind_of = [&](int64_t rank) {
+            return m.pp_profiles[static_cast<size_t>((rank / (m.cp * m.tp)) % m.pp)].name;
+        };
+        for (int64_t r = host * d + 1; r < (host + 1) * d; ++r) {
+            if (kind_of(r) == kind_of(host * d)) continue;
+            diags.error(devices_loc,
+                        "host " + std::to_string(host) + " would hold both " + kind_of(host * d) +
+                            " and " + kind_of(r) + " devices",
+                        "a host's " + std::to_string(d) +
+                            " consecutive ranks must belong to pipeline ranks of one kind: "
+                            "make tp x cp a multiple of " +
+                            std::to_string(d));
+            ok = false;
+            return;
+        }
+    }
 }
 
 namespace {

@@ -206,6 +206,26 @@ struct MeshSpec {
     int64_t hosts = 1;
     int64_t devices_per_host = 1; // devices / hosts
     int64_t memory_bytes = 0;     // per device: the profile's, or the script's `memory`
+    bool memory_given = false;    // the script's `memory`, for every kind
+    /// Several kinds of device (`devices: [h100, a100] x [32, 32]`): the kind of each pipeline
+    /// rank, first to last; empty when the mesh has one kind (`profile`, which is then also the
+    /// first kind).
+    std::vector<HardwareProfile> pp_profiles;
+
+    const HardwareProfile& profile_of(int64_t pp) const {
+        return pp_profiles.empty() ? profile : pp_profiles[static_cast<size_t>(pp)];
+    }
+    int64_t memory_of(int64_t pp) const {
+        return pp_profiles.empty() || memory_given
+                   ? memory_bytes
+                   : pp_profiles[static_cast<size_t>(pp)].memory_bytes;
+    }
+    /// Whether the mesh has more than one kind of device.
+    bool mixed() const {
+        for (const HardwareProfile& h : pp_profiles)
+            if (h.name != profile.name) return true;
+        return false;
+    }
 };
 
 /// One compute action of a custom schedule, `<stage><op><microbatch>`.

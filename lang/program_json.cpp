@@ -192,6 +192,14 @@ json to_json(const Program& p) {
                   {"hosts", mesh.hosts},
                   {"devices_per_host", mesh.devices_per_host},
                   {"memory_bytes", mesh.memory_bytes}};
+    if (mesh.mixed()) {
+        // The kind of each pipeline rank, with its memory.
+        json kinds = json::array();
+        for (size_t i = 0; i < mesh.pp_profiles.size(); ++i)
+            kinds.push_back({{"profile", mesh.pp_profiles[i].name},
+                             {"memory_bytes", mesh.memory_of(static_cast<int64_t>(i))}});
+        jmesh["pipeline_kinds"] = kinds;
+    }
 
     const ScheduleSpec& s = p.schedule;
     json sched = {{"kind", to_string(s.kind)},          {"microbatches", s.microbatches},
@@ -252,6 +260,20 @@ std::string axes_text(const MeshSpec& m) {
     return s;
 }
 
+std::string devices_text(const MeshSpec& m) {
+    if (!m.mixed()) return std::to_string(m.devices) + " x " + m.profile.name;
+    const int64_t per_pp = m.dp * m.cp * m.tp;
+    std::string out;
+    for (size_t i = 0; i < m.pp_profiles.size();) {
+        size_t j = i;
+        while (j < m.pp_profiles.size() && m.pp_profiles[j].name == m.pp_profiles[i].name) ++j;
+        out += (out.empty() ? "" : " + ") + std::to_string(static_cast<int64_t>(j - i) * per_pp) +
+               " x " + m.pp_profiles[i].name;
+        i = j;
+    }
+    return out;
+}
+
 std::string summary(const Program& p) {
     char buf[512];
     std::string out;
@@ -266,9 +288,8 @@ std::string summary(const Program& p) {
     out += buf;
     const MeshSpec& mesh = p.mesh;
     std::string axes = axes_text(mesh);
-    std::snprintf(buf, sizeof buf, "mesh      %lld x %s (%s) on %lld host%s\n",
-                  static_cast<long long>(mesh.devices), mesh.profile.name.c_str(), axes.c_str(),
-                  static_cast<long long>(mesh.hosts), mesh.hosts == 1 ? "" : "s");
+    std::snprintf(buf, sizeof buf, "mesh      %s (%s) on %lld host%s\n", devices_text(mesh).c_str(),
+                  axes.c_str(), static_cast<long long>(mesh.hosts), mesh.hosts == 1 ? "" : "s");
     out += buf;
     const ScheduleSpec& s = p.schedule;
     std::string part;

@@ -171,7 +171,7 @@ PlanResult lower(const Program& p, bool verify_graph) {
         return res;
     }
     std::vector<int64_t> partition = s.partition;
-    if (!s.partition_given) partition = balanced_partition(p, pp * v);
+    if (!s.partition_given) partition = balanced_partition(p, pp * v, order.stage_rank);
     if (partition.size() != order.stage_rank.size()) {
         res.errors.push_back({{},
                               "the partition has " + std::to_string(partition.size()) +

@@ -186,14 +186,13 @@ PartCost block_cost(const Program& p, size_t i) {
     return c;
 }
 
-double flops_rate(const Program& p) {
-    double r = p.train.precision == Precision::bf16 ? p.mesh.profile.peak_flops_bf16
-                                                    : p.mesh.profile.peak_flops_f32;
+double flops_rate(const Program& p, const HardwareProfile& h) {
+    double r = p.train.precision == Precision::bf16 ? h.peak_flops_bf16 : h.peak_flops_f32;
     return r > 0 ? r : 1e12;
 }
 
-double bytes_rate(const Program& p) {
-    return p.mesh.profile.memory_bandwidth > 0 ? p.mesh.profile.memory_bandwidth : 1e11;
+double bytes_rate(const HardwareProfile& h) {
+    return h.memory_bandwidth > 0 ? h.memory_bandwidth : 1e11;
 }
 
 } // namespace
@@ -205,13 +204,33 @@ PartCost cost_of_items(const Program& p, const std::vector<ModelItemSpec>& items
     return c;
 }
 
-std::vector<int64_t> balanced_partition(const Program& p, int32_t stages) {
+std::vector<int64_t> balanced_partition(const Program& p, int32_t stages,
+                                        const std::vector<int32_t>& stage_rank) {
     const size_t n = p.model.blocks.size();
     const size_t S = static_cast<size_t>(stages);
-    double fr = flops_rate(p), br = bytes_rate(p);
-    std::vector<double> prefix(n + 1, 0.0);
-    for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + block_cost(p, i).seconds(fr, br);
-    double pre = pre_cost(p).seconds(fr, br), post = post_cost(p).seconds(fr, br);
+    // A stage's time on its rank's kind of device: FLOPs and element-wise bytes at its rates.
+    std::vector<double> fr(S), br(S);
+    for (size_t s = 0; s < S; ++s) {
+        const HardwareProfile& h = p.mesh.profile_of(stage_rank.size() == S ? stage_rank[s] : 0);
+        fr[s] = flops_rate(p, h);
+        br[s] = bytes_rate(h);
+    }
+    std::vector<double> flops(n + 1, 0.0), bytes(n + 1, 0.0);
+    for (size_t i = 0; i < n; ++i) {
+        PartCost c = block_cost(p, i);
+        flops[i + 1] = flops[i] + c.flops_forward + c.flops_input_grad + c.flops_weight_grad;
+        bytes[i + 1] = bytes[i] + c.bytes_elementwise;
+    }
+    PartCost pre_c = pre_cost(p), post_c = post_cost(p);
+    auto span = [&](size_t s, size_t j, size_t i) { // blocks j..i-1 as stage s (0-based)
+        PartCost c;
+        c.flops_forward = flops[i] - flops[j];
+        c.bytes_elementwise = bytes[i] - bytes[j];
+        double t = c.seconds(fr[s], br[s]);
+        if (s == 0) t += pre_c.seconds(fr[s], br[s]);
+        if (s + 1 == S) t += post_c.seconds(fr[s], br[s]);
+        return t;
+    };
     const double inf = std::numeric_limits<double>::infinity();
     // best[s][i]: the slowest stage when stages 0..s-1 hold blocks 0..i-1.
     std::vector<std::vector<double>> best(S + 1, std::vector<double>(n + 1, inf));
@@ -221,7 +240,7 @@ std::vector<int64_t> balanced_partition(const Program& p, int32_t stages) {
         for (size_t i = s; i + (S - s) <= n; ++i) {
             for (size_t j = s - 1; j < i; ++j) {
                 if (best[s - 1][j] == inf) continue;
-                double c = prefix[i] - prefix[j] + (s == 1 ? pre : 0.0) + (s == S ? post : 0.0);
+                double c = span(s - 1, j, i);
                 double worst = std::max(best[s - 1][j], c);
                 // Strictly better only: ties keep the earlier cut, so extra blocks go later.
                 if (worst < best[s][i] * (1 - 1e-12)) {

@@ -35,7 +35,10 @@ int64_t block_activation_bytes(const Program& p, const BlockSpec& block);
 
 /// Blocks per stage minimising the slowest stage, embeddings counted on the first stage and
 /// the head and loss on the last; every stage gets at least one block.
-std::vector<int64_t> balanced_partition(const Program& p, int32_t stages);
+/// On a mesh of several kinds of device, `stage_rank` (the pipeline rank of each stage) prices
+/// each stage on its rank's kind.
+std::vector<int64_t> balanced_partition(const Program& p, int32_t stages,
+                                        const std::vector<int32_t>& stage_rank = {});
 
 /// Whether the head shares the embedding's weights (GPT-2) on another rank than the embedding:
 /// then both ranks hold a copy and STEP all-reduces its gradient between them; and its bytes.

@@ -2,8 +2,10 @@
 #include "actors/sim/search.hpp"
 
 #include "actors/plan/lower.hpp"
+#include "actors/plan/schedules.hpp"
 #include "actors/plan/stages.hpp"
 #include "lang/check.hpp"
+#include "lang/program_json.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -148,7 +150,10 @@ Exact simulate_layout(const SearchOptions& o, Layout l, const Program* shape) {
         Program p = *shape;
         apply(l, p);
         p.mesh.dp = l.dp;
-        l.partition = plan::balanced_partition(p, static_cast<int32_t>(l.pp * l.virtual_stages));
+        const int32_t pp = static_cast<int32_t>(l.pp), v = static_cast<int32_t>(l.virtual_stages);
+        plan::ScheduleOrder order = plan::compile_schedule(
+            l.kind, pp, static_cast<int32_t>(std::min<int64_t>(l.microbatches, 2 * l.pp)), v);
+        l.partition = plan::balanced_partition(p, pp * v, order.stage_rank);
     }
     lang::FrontendOptions fo;
     fo.search_roots = o.search_roots;
@@ -291,6 +296,14 @@ SearchReport search(const SearchOptions& o) {
     fo.search_roots = o.search_roots;
     fo.overrides = o.overrides;
     lang::CheckResult base = checked(o, fo);
+    if (!base.ok() && base.report().find("does not fit") != std::string::npos) {
+        // The script's own layout cannot hold the model's state on these devices; sharded over
+        // every replica rank (ZeRO 3), it may: the search needs a program, not that layout.
+        lang::FrontendOptions sharded = fo;
+        sharded.overrides.push_back("mesh.zero=3");
+        lang::CheckResult retry = checked(o, sharded);
+        if (retry.ok()) base = std::move(retry);
+    }
     if (!base.ok()) {
         rep.error = base.report();
         return rep;
@@ -305,6 +318,7 @@ SearchReport search(const SearchOptions& o) {
     }
     rep.model = P.model.preset.empty() ? P.model.template_name : P.model.preset;
     rep.device = P.mesh.profile.name;
+    if (P.mesh.mixed()) rep.device = lang::devices_text(P.mesh);
     rep.devices = P.mesh.devices;
     rep.hosts = P.mesh.hosts;
     rep.batch = P.train.batch;
@@ -434,6 +448,11 @@ SearchReport search(const SearchOptions& o) {
         }
         Program& p = *program;
         apply(c.layout, p);
+        // On a mesh of several kinds the partition depends on where each stage sits: the
+        // bounds find it with the schedule.
+        p.schedule.partition.clear();
+        p.schedule.partition_given = false;
+        if (p.mesh.mixed()) return p;
         auto key = std::make_tuple(c.shape, static_cast<int>(c.layout.recompute),
                                    c.layout.virtual_stages, c.layout.microbatches);
         std::vector<int64_t> partition;
@@ -492,7 +511,7 @@ SearchReport search(const SearchOptions& o) {
         const StepBounds& b = candidates[i].bounds;
         if (!b.error.empty())
             ++rep.refused;
-        else if (!o.exhaustive && !rep.shared_memory && b.floor_bytes > rep.memory_bytes)
+        else if (!o.exhaustive && !rep.shared_memory && !b.fits)
             ++rep.pruned_memory;
         else
             order.push_back(i);
@@ -562,7 +581,7 @@ SearchReport search(const SearchOptions& o) {
                     const StepBounds& b = candidates[i].bounds;
                     if (!b.error.empty())
                         ++rep.refused;
-                    else if (!o.exhaustive && b.memory_known && b.peak_bytes > rep.memory_bytes)
+                    else if (!o.exhaustive && b.memory_known && !b.fits)
                         ++rep.pruned_memory;
                     else
                         refined.push(i);
@@ -631,7 +650,10 @@ SearchReport search(const SearchOptions& o) {
 
 std::string search_text(const SearchReport& r) {
     if (!r.error.empty()) return r.error;
-    std::string out = "search: " + r.model + " on " + std::to_string(r.devices) + " x " + r.device;
+    std::string out =
+        "search: " + r.model + " on " +
+        (r.device.find(" x ") != std::string::npos ? r.device
+                                                   : std::to_string(r.devices) + " x " + r.device);
     if (r.hosts > 1) out += " (" + std::to_string(r.hosts) + " hosts)";
     out += ", batch " + std::to_string(r.batch) + " x " + std::to_string(r.context) + " tokens, " +
            gb_text(r.memory_bytes) + (r.shared_memory ? " shared by all ranks\n" : " per device\n");
@@ -776,8 +798,12 @@ std::string changes_text(const std::vector<SearchReport>& reports) {
     for (const SearchReport& r : reports) {
         if (!r.error.empty() || r.rows.empty()) continue;
         const SearchRow& b = r.rows[0];
-        out += "- " + std::to_string(r.devices) + " x " + r.device + ": " + describe(b.layout) +
-               ", " + count_text(b.tokens_per_s) + " tokens/s, limited by " + b.limit + "\n";
+        out += "- " +
+               (r.device.find(" x ") != std::string::npos
+                    ? r.device
+                    : std::to_string(r.devices) + " x " + r.device) +
+               ": " + describe(b.layout) + ", " + count_text(b.tokens_per_s) +
+               " tokens/s, limited by " + b.limit + "\n";
         if (prev) {
             const SearchRow& a = prev->rows[0];
             const Layout &x = a.layout, &y = b.layout;
@@ -823,7 +849,10 @@ std::string changes_text(const std::vector<SearchReport>& reports) {
             ratio("memory bandwidth", prev->memory_bandwidth, r.memory_bandwidth);
             ratio("bandwidth in a host", prev->intra_bandwidth, r.intra_bandwidth);
             ratio("bandwidth between hosts", prev->inter_bandwidth, r.inter_bandwidth);
-            if (!why.empty()) {
+            // (Between meshes of several kinds the first kind's figures would not tell.)
+            bool mixed = r.device.find(" + ") != std::string::npos ||
+                         prev->device.find(" + ") != std::string::npos;
+            if (!why.empty() && !mixed) {
                 out += "  (the device has ";
                 for (size_t i = 0; i < why.size(); ++i)
                     out += (i == 0 ? "" : i + 1 == why.size() ? " and " : ", ") + why[i];

@@ -35,9 +35,9 @@ struct Profile {
     LinkSpec intra{1e10, 1e-6}, inter{1e9, 1e-5};
 };
 
-Profile profile_of(const Graph& g, const Program& p, const SimOptions& o) {
+Profile profile_of(const Graph& g, const Program& p, const SimOptions& o,
+                   const HardwareProfile& h) {
     Profile pr;
-    const HardwareProfile& h = p.mesh.profile;
     double peak = g.bytes_per_element == 2 ? h.peak_flops_bf16 : h.peak_flops_f32;
     if (peak > 0) pr.flops = peak;
     if (h.memory_bandwidth > 0) pr.mem_bw = h.memory_bandwidth;
@@ -57,6 +57,18 @@ Profile profile_of(const Graph& g, const Program& p, const SimOptions& o) {
             }
     }
     return pr;
+}
+
+Profile profile_of(const Graph& g, const Program& p, const SimOptions& o) {
+    return profile_of(g, p, o, p.mesh.profile);
+}
+
+/// On a mesh of several kinds of device, the profile of each pipeline rank; else empty.
+std::vector<Profile> kinds_of(const Graph& g, const Program& p, const SimOptions& o) {
+    std::vector<Profile> out;
+    if (!p.mesh.mixed()) return out;
+    for (const HardwareProfile& h : p.mesh.pp_profiles) out.push_back(profile_of(g, p, o, h));
+    return out;
 }
 
 /// Ring all-reduce: 2 (n-1) steps, each moving bytes / n over the slowest link.
@@ -98,7 +110,12 @@ Axes axes_of(const Graph& g) {
     return {g.dp, g.tp, g.pp, g.cp, 0};
 }
 
-plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax) {
+/// `kinds`: the profile of each pipeline rank on a mesh of several kinds (else `pr` for all).
+plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
+                              const std::vector<Profile>& kinds = {}) {
+    auto kind = [pr, kinds](int32_t pp) -> Profile {
+        return kinds.empty() ? pr : kinds[static_cast<size_t>(pp)];
+    };
     plan::ExecCosts c;
     c.step_barrier = true; // the gradient norm before the update
     auto stage = [&g](const PlanAction& a) -> const PlanStage& {
@@ -122,30 +139,36 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax)
         auto [d, p, t, k] = coords(r);
         return host(d, p, t, k);
     };
-    auto link = [&pr](bool same) { return same ? pr.intra : pr.inter; };
+    // Within a pipeline rank's groups, its kind's links; between two kinds, the slower ends.
+    auto link_between = [kind](int32_t a, int32_t b, bool same) {
+        Profile x = kind(a), y = kind(b);
+        const LinkSpec &l = same ? x.intra : x.inter, &m = same ? y.intra : y.inter;
+        return LinkSpec{std::min(l.bandwidth, m.bandwidth), std::max(l.latency, m.latency)};
+    };
     // A group talks over the host's links when all its members share a host. The tensor- and
     // context-parallel groups are runs of consecutive ranks (the fastest axes of the layout):
     // their two ends tell.
-    auto tp_link = [host, coords, link, ax](const PlanRank& r) {
+    auto tp_link = [host, coords, link_between, ax](const PlanRank& r) {
         auto [d, p, t, k] = coords(r);
-        return link(host(d, p, 0, k) == host(d, p, ax.tp - 1, k));
+        return link_between(p, p, host(d, p, 0, k) == host(d, p, ax.tp - 1, k));
     };
-    auto cp_link = [host, coords, link, ax](const PlanRank& r) {
+    auto cp_link = [host, coords, link_between, ax](const PlanRank& r) {
         auto [d, p, t, k] = coords(r);
-        return link(host(d, p, t, 0) == host(d, p, t, ax.cp - 1));
+        return link_between(p, p, host(d, p, t, 0) == host(d, p, t, ax.cp - 1));
     };
     // The link of the replica group (dp x cp): the host's when every member shares it.
-    auto replica_link = [host, coords, host_of, link, ax](const PlanRank& r) {
+    auto replica_link = [host, coords, host_of, link_between, ax](const PlanRank& r) {
         auto [d, p, t, k] = coords(r);
         int64_t mine = host_of(r);
         for (int32_t e = 0; e < ax.dp; ++e)
             for (int32_t c = 0; c < ax.cp; ++c)
-                if (host(e, p, t, c) != mine) return link(false);
-        return link(true);
+                if (host(e, p, t, c) != mine) return link_between(p, p, false);
+        return link_between(p, p, true);
     };
     const int32_t replicas = ax.dp * ax.cp;
-    c.compute = [&g, pr, ax, host, coords, stage, tp_link, cp_link, replica_link,
+    c.compute = [&g, kind, link_between, ax, host, coords, stage, tp_link, cp_link, replica_link,
                  replicas](const PlanRank& r, const PlanAction& a) {
+        const Profile pr = kind(r.pp);
         double rate = pr.flops * pr.efficiency;
         if (a.kind == ActionKind::step) {
             // AdamW reads and writes its 16 bytes of state per parameter about twice; under ZeRO
@@ -164,7 +187,7 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax)
                 auto [d, p, t, k] = coords(r);
                 bool same = host(d, g.stages.front().pp, t, k) == host(d, g.stages.back().pp, t, k);
                 step += ring_allreduce(static_cast<double>(g.tied_bytes), 2,
-                                       same ? pr.intra : pr.inter);
+                                       link_between(g.stages.front().pp, g.stages.back().pp, same));
             }
             return step;
         }
@@ -193,9 +216,9 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax)
         default: return 0.0;
         }
     };
-    c.transfer = [pr, host_of, stage](const PlanRank& from, const PlanRank& to,
-                                      const PlanAction& a) {
-        const LinkSpec& l = host_of(from) == host_of(to) ? pr.intra : pr.inter;
+    c.transfer = [link_between, host_of, stage](const PlanRank& from, const PlanRank& to,
+                                                const PlanAction& a) {
+        LinkSpec l = link_between(from.pp, to.pp, host_of(from) == host_of(to));
         return l.latency + static_cast<double>(stage(a).boundary_bytes) / l.bandwidth;
     };
     c.reduction = [&g, stage, replica_link, replicas](const PlanRank& r, const PlanAction& a) {
@@ -359,7 +382,7 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
     const bool calibrated = p.mesh.profile.calibration.cores > 0;
     plan::ExecCosts costs = o.cost == CostModel::unit ? unit_costs()
                             : calibrated              ? calibrated_costs(g, p, pr)
-                                                      : profile_costs(g, pr, axes_of(g));
+                                         : profile_costs(g, pr, axes_of(g), kinds_of(g, p, o));
     plan::ExecTimes times = plan::execute(g, costs);
     if (!times.complete) {
         res.errors.push_back({{}, "the simulation stopped before the end of the step", ""});
@@ -402,9 +425,14 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
         for (const PlanStage& s : g.stages)
             flops += (s.flops_forward + s.flops_input_grad + s.flops_weight_grad);
         flops *= static_cast<double>(g.microbatches) * g.dp * g.tp * g.cp;
+        // Every rank's peak, of its own kind.
+        std::vector<Profile> kinds = kinds_of(g, p, o);
+        double peak = 0;
+        for (const PlanRank& r : g.ranks)
+            peak += kinds.empty() ? pr.flops : kinds[static_cast<size_t>(r.pp)].flops;
         if (t.makespan > 0) {
             t.tokens_per_s = tokens / t.makespan;
-            t.mfu = flops / (t.makespan * pr.flops * static_cast<double>(g.ranks.size()));
+            t.mfu = flops / (t.makespan * peak);
         }
     }
     if (t.memory_limit_bytes > 0) {
@@ -414,8 +442,8 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
             for (const RankReport& r : t.ranks) total += r.peak_memory_bytes;
             t.fits = total <= t.memory_limit_bytes;
         } else {
-            for (const RankReport& r : t.ranks)
-                t.fits = t.fits && r.peak_memory_bytes <= t.memory_limit_bytes;
+            for (size_t r = 0; r < t.ranks.size(); ++r)
+                t.fits = t.fits && t.ranks[r].peak_memory_bytes <= p.mesh.memory_of(g.ranks[r].pp);
         }
     }
     res.timeline = std::move(t);
@@ -448,7 +476,7 @@ PipelineGraph pipeline_graph(const Program& p, bool actions) {
         return out;
     }
     std::vector<int64_t> partition =
-        s.partition_given ? s.partition : plan::balanced_partition(p, pp * v);
+        s.partition_given ? s.partition : plan::balanced_partition(p, pp * v, order.stage_rank);
     if (partition.size() != order.stage_rank.size()) {
         out.error = "the partition does not match the schedule's stages";
         return out;
@@ -499,7 +527,7 @@ std::vector<StepBounds> busy_bounds(const Program& p, const std::vector<int64_t>
     }
     Graph& g = pg.g;
     Profile pr = profile_of(g, p, SimOptions{});
-    plan::ExecCosts c = profile_costs(g, pr, bound_axes(p));
+    plan::ExecCosts c = profile_costs(g, pr, bound_axes(p), kinds_of(g, p, SimOptions{}));
     // Each rank runs F and B (= I + W) of its stages once per microbatch, then STEP after
     // every rank's last backward (the gradient norm). Its first action waits for the forwards
     // of the stages before its earliest one; after its last backward (on some stage s), the
@@ -572,12 +600,21 @@ std::vector<StepBounds> busy_bounds(const Program& p, const std::vector<int64_t>
         }
         b.busy = std::max(compute_end, comm_end) +
                  (min_step == std::numeric_limits<double>::infinity() ? 0 : min_step);
-        // The memory floor: weights, gradients, optimizer state and buffers, no activations.
+        // The memory floor: weights, gradients, optimizer state and buffers, and one
+        // microbatch's activations.
         if (p.mesh.profile.devices_per_host > 0) {
             for (const PlanRank& r : g.ranks) {
                 RankReport rep;
                 account_memory(g, r, rep, p.mesh.dp * p.mesh.cp);
-                b.floor_bytes = std::max(b.floor_bytes, rep.peak_memory_bytes);
+                // At its peak a rank holds at least one microbatch's activations of a stage.
+                int64_t activations = std::numeric_limits<int64_t>::max();
+                for (const PlanStage& st : g.stages)
+                    if (st.pp == r.pp) activations = std::min(activations, st.activation_bytes);
+                int64_t floor =
+                    rep.peak_memory_bytes +
+                    (activations == std::numeric_limits<int64_t>::max() ? 0 : activations);
+                b.floor_bytes = std::max(b.floor_bytes, floor);
+                b.fits = b.fits && floor <= p.mesh.memory_of(r.pp);
             }
         }
     }
@@ -596,7 +633,8 @@ void pipeline_bound(const Program& p, StepBounds& b) {
         return;
     }
     Profile pr = profile_of(pg.g, p, SimOptions{});
-    plan::ExecTimes times = plan::execute(pg.g, profile_costs(pg.g, pr, bound_axes(p)));
+    plan::ExecTimes times = plan::execute(
+        pg.g, profile_costs(pg.g, pr, bound_axes(p), kinds_of(pg.g, p, SimOptions{})));
     if (!times.complete) {
         b.error = "the schedule does not complete";
         return;
@@ -617,6 +655,7 @@ void pipeline_bound(const Program& p, StepBounds& b) {
                 rep.spans.push_back({i, times.start[r][i], times.end[r][i]});
         account_memory(pg.g, rank, rep, replicas);
         b.peak_bytes = std::max(b.peak_bytes, rep.peak_memory_bytes);
+        b.fits = b.fits && rep.peak_memory_bytes <= p.mesh.memory_of(rank.pp);
     }
     b.memory_known = true;
 }

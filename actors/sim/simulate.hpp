@@ -81,10 +81,14 @@ SimResult simulate(const plan::Graph& g, const Program& p, const SimOptions& o =
 /// CPU meshes, whose ranks share one memory). A calibrated profile has no cheap bound (0).
 struct StepBounds {
     double busy = 0, pipeline = 0;
-    /// The fullest rank's weights, gradients, optimizer state and buffers (`busy_bound`), and
-    /// with its activations (`pipeline_bound`); 0 on a CPU mesh.
+    /// The fullest rank's weights, gradients, optimizer state, buffers and one microbatch's
+    /// activations (`busy_bound`), and with all its activations (`pipeline_bound`); 0 on a CPU
+    /// mesh.
     int64_t floor_bytes = 0, peak_bytes = 0;
     bool memory_known = false;
+    /// Whether every rank's floor (busy_bound), then its peak (pipeline_bound), fits in its own
+    /// kind's memory (true on a CPU mesh, which waits for the simulation).
+    bool fits = true;
     std::string error; // the plan cannot be made (the schedule refuses these sizes)
 };
 StepBounds busy_bound(const Program& p);

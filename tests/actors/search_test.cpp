@@ -350,3 +350,134 @@ TEST(SearchDoc, EveryCommandPrintsWhatThePageSays) {
     EXPECT_GE(blocks, 10u);
     if (std::getenv("DIST_GOLDEN_REWRITE")) std::ofstream(page) << rewritten;
 }
+
+// Two kinds of device in one mesh: the first four pipeline-rank devices H100s, the last four
+// A100s (`devices: [h100, a100] x [4, 4]`), hosts of 4.
+TEST(Search, MixedMeshesPruneNothingAndReproduce) {
+    std::string text = small_gpu;
+    text.replace(text.find("devices: a100 x 8"), 17, "devices: [h100, a100] x [4, 4]");
+    text.replace(text.find("dp: 2"), 5, "dp: 1");
+    text.replace(text.find("tp: 2"), 5, "tp: 4");
+    fs::path file = script("m.dist", text);
+    sim::SearchOptions o = options(file);
+    expect_same_best(o);
+    expect_rows_reproduce(o);
+    sim::SearchReport rep = sim::search(o);
+    EXPECT_EQ(rep.device, "4 x h100-sxm + 4 x a100-80g");
+    // Layouts whose kinds would share a host, or split a pipeline rank, are the checker's to
+    // refuse.
+    EXPECT_GT(rep.refused, 0);
+}
+
+TEST(Search, MixedMeshBoundsNeverExceedTheStep) {
+    std::string text = small_gpu;
+    text.replace(text.find("devices: a100 x 8"), 17, "devices: [h100, a100] x [4, 4]");
+    text.replace(text.find("dp: 2"), 5, "dp: 1");
+    text.replace(text.find("tp: 2"), 5, "tp: 4");
+    fs::path file = script("m.dist", text);
+    sim::SearchOptions o = options(file);
+    o.exhaustive = true;
+    o.top = 1000;
+    sim::SearchReport rep = sim::search(o);
+    ASSERT_GT(rep.rows.size(), 5u);
+    for (const sim::SearchRow& row : rep.rows) {
+        lang::FrontendOptions fo;
+        fo.search_roots = {stdlib()};
+        fo.overrides = sim::overrides_of(row.layout);
+        lang::CheckResult r = lang::check_file(file, fo);
+        ASSERT_TRUE(r.ok()) << r.report();
+        sim::StepBounds b = sim::busy_bound(*r.program);
+        sim::pipeline_bound(*r.program, b);
+        SCOPED_TRACE(sim::describe(row.layout));
+        EXPECT_LE(b.busy, row.step_time_s * (1 + 1e-12));
+        EXPECT_LE(b.pipeline, row.step_time_s * (1 + 1e-12));
+        EXPECT_EQ(b.peak_bytes, row.peak_memory_bytes);
+    }
+}
+
+// The faster kind's stages get more blocks; the step lies between the two kinds' alone; the
+// memory of each rank is held against its own kind's; training refuses, located.
+TEST(MixedMesh, PlannedBySpeedSimulatedAndRefusedForTraining) {
+    std::string text = small_gpu;
+    text.replace(text.find("devices: a100 x 8"), 17, "devices: [h100, a100] x [4, 4]");
+    text.replace(text.find("hosts: 2"), 8, "hosts: 2\n    memory: 8 GiB");
+    fs::path file = script("m.dist", text);
+    std::vector<std::string> mesh = {"mesh.dp=1", "mesh.tp=4", "mesh.pp=2"};
+    lang::FrontendOptions fo;
+    fo.search_roots = {stdlib()};
+    fo.overrides = mesh;
+    fo.overrides.push_back("train.precision=f32"); // bf16 would be refused first
+    lang::CheckResult r = lang::check_file(file, fo);
+    ASSERT_TRUE(r.ok()) << r.report();
+    const Program& p = *r.program;
+    ASSERT_EQ(p.mesh.pp_profiles.size(), 2u);
+    EXPECT_EQ(p.mesh.pp_profiles[0].name, "h100-sxm");
+    EXPECT_EQ(p.mesh.pp_profiles[1].name, "a100-80g");
+    EXPECT_TRUE(p.mesh.mixed());
+    plan::PlanResult g = plan::lower(p);
+    ASSERT_TRUE(g.ok());
+    EXPECT_GT(g.graph->stages[0].blocks, g.graph->stages[1].blocks);
+    sim::Timeline both = simulated(file, mesh);
+    std::vector<std::string> h100 = mesh, a100 = mesh;
+    h100.push_back("mesh.devices=h100 x 8");
+    a100.push_back("mesh.devices=a100 x 8");
+    EXPECT_LT(simulated(file, h100).step_time_s, both.step_time_s);
+    EXPECT_LT(both.step_time_s, simulated(file, a100).step_time_s);
+    // Training: refused at the devices, by the session's front door.
+    EXPECT_NE(p.train.training_refusal.find("several kinds of device (h100-sxm and a100-80g)"),
+              std::string::npos)
+        << p.train.training_refusal;
+    EXPECT_NE(p.train.training_refusal.find("m.dist:4:5"), std::string::npos)
+        << p.train.training_refusal;
+}
+
+TEST(MixedMesh, RulesAreLocated) {
+    std::string text = small_gpu;
+    fs::path file = script("g.dist", text);
+    auto error = [&](const std::vector<std::string>& set) {
+        lang::FrontendOptions fo;
+        fo.search_roots = {stdlib()};
+        fo.overrides = set;
+        lang::CheckResult r = lang::check_file(file, fo);
+        EXPECT_FALSE(r.ok());
+        return r.report();
+    };
+    std::string e = error({"mesh.devices=[h100, a100] x [6, 2]"});
+    EXPECT_NE(e.find("6 h100 are not whole pipeline ranks: each holds dp x cp x tp = 4"),
+              std::string::npos)
+        << e;
+    e = error({"mesh.devices=[h100, a100] x 8"});
+    EXPECT_NE(e.find("several device kinds take one count each"), std::string::npos) << e;
+    e = error({"mesh.devices=[h100, cpu] x [4, 4]"});
+    EXPECT_NE(e.find("`cpu` shares one machine's cores"), std::string::npos) << e;
+    // dp 2, tp 2: a host of 4 would hold ranks of both pipeline ranks, of two kinds.
+    e = error({"mesh.devices=[h100, a100] x [4, 4]"});
+    EXPECT_NE(e.find("host 0 would hold both h100-sxm and a100-80g devices"), std::string::npos)
+        << e;
+    e = error({"mesh.devices=[h100, a10] x [4, 4]"});
+    EXPECT_NE(e.find("unknown device `a10`"), std::string::npos) << e;
+}
+
+// The commands as a user meets a mixed mesh: check names both kinds, `dist run` refuses at the
+// devices, `dist search --devices` takes `+` for two kinds, `dist plan --json` lists the kinds.
+TEST(MixedMesh, CommandsSayWhatTheyDo) {
+    std::string text = small_gpu;
+    text.replace(text.find("devices: a100 x 8"), 17, "devices: [h100, a100] x [4, 4]");
+    text.replace(text.find("dp: 2"), 5, "dp: 1");
+    text.replace(text.find("tp: 2"), 5, "tp: 4");
+    text.replace(text.find("precision: bf16"), 15, "precision: f32");
+    fs::path file = script("m.dist", text);
+    std::string out = run_dist("check " + file.string());
+    EXPECT_NE(out.find("ok (gpt, "), std::string::npos) << out;
+    EXPECT_NE(out.find("4 x h100-sxm + 4 x a100-80g)"), std::string::npos) << out;
+    out = run_dist("run " + file.string());
+    EXPECT_NE(out.find("m.dist:4:5: error: a mesh of several kinds of device"), std::string::npos)
+        << out;
+    out = run_dist("plan " + file.string() + " --json");
+    nlohmann::json j = nlohmann::json::parse(out);
+    ASSERT_EQ(j["program"]["mesh"]["pipeline_kinds"].size(), 2u) << out.substr(0, 400);
+    EXPECT_EQ(j["program"]["mesh"]["pipeline_kinds"][1]["profile"], "a100-80g");
+    out = run_dist("search " + file.string() + " --top 1 --devices 'h100 x 8,h100 x 4 + a100 x 4'");
+    EXPECT_NE(out.find("search: gpt on 8 x h100-sxm"), std::string::npos) << out;
+    EXPECT_NE(out.find("search: gpt on 4 x h100-sxm + 4 x a100-80g"), std::string::npos) << out;
+}
