@@ -222,13 +222,17 @@ std::vector<int64_t> balanced_partition(const Program& p, int32_t stages,
         bytes[i + 1] = bytes[i] + c.bytes_elementwise;
     }
     PartCost pre_c = pre_cost(p), post_c = post_cost(p);
-    auto span = [&](size_t s, size_t j, size_t i) { // blocks j..i-1 as stage s (0-based)
-        PartCost c;
-        c.flops_forward = flops[i] - flops[j];
-        c.bytes_elementwise = bytes[i] - bytes[j];
-        double t = c.seconds(fr[s], br[s]);
-        if (s == 0) t += pre_c.seconds(fr[s], br[s]);
-        if (s + 1 == S) t += post_c.seconds(fr[s], br[s]);
+    std::vector<double> pre(S), post(S);
+    for (size_t s = 0; s < S; ++s) {
+        pre[s] = pre_c.seconds(fr[s], br[s]);
+        post[s] = post_c.seconds(fr[s], br[s]);
+    }
+    // Blocks j..i-1 as stage s (0-based), with the embeddings on the first and the head last:
+    // PartCost::seconds over the sums.
+    auto span = [&](size_t s, size_t j, size_t i) {
+        double t = (flops[i] - flops[j]) / fr[s] + 3.0 * (bytes[i] - bytes[j]) / br[s];
+        if (s == 0) t += pre[s];
+        if (s + 1 == S) t += post[s];
         return t;
     };
     const double inf = std::numeric_limits<double>::infinity();

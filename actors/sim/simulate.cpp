@@ -156,14 +156,11 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
         auto [d, p, t, k] = coords(r);
         return link_between(p, p, host(d, p, t, 0) == host(d, p, t, ax.cp - 1));
     };
-    // The link of the replica group (dp x cp): the host's when every member shares it.
-    auto replica_link = [host, coords, host_of, link_between, ax](const PlanRank& r) {
+    // The link of the replica group (dp x cp): the host's when every member shares it. Hosts
+    // hold consecutive ranks, and the group's ranks grow with (dp, cp): its two ends tell.
+    auto replica_link = [host, coords, link_between, ax](const PlanRank& r) {
         auto [d, p, t, k] = coords(r);
-        int64_t mine = host_of(r);
-        for (int32_t e = 0; e < ax.dp; ++e)
-            for (int32_t c = 0; c < ax.cp; ++c)
-                if (host(e, p, t, c) != mine) return link_between(p, p, false);
-        return link_between(p, p, true);
+        return link_between(p, p, host(0, p, t, 0) == host(ax.dp - 1, p, t, ax.cp - 1));
     };
     const int32_t replicas = ax.dp * ax.cp;
     c.compute = [&g, kind, link_between, ax, host, coords, stage, tp_link, cp_link, replica_link,
