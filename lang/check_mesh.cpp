@@ -166,7 +166,8 @@ void BlockChecker::mesh(const Block* block) {
         }
     }
     if (kinds.size() > 1) {
-        // Each kind holds whole pipeline ranks: dp x cp x tp devices each.
+        // Accelerators with hosts of one size, each kind on whole pipeline ranks (dp x cp x tp
+        // devices each).
         const int64_t per_pp = m.dp * m.cp * m.tp;
         for (size_t k = 0; k < kinds.size(); ++k) {
             const HardwareProfile& h = profiles[k];
@@ -184,6 +185,8 @@ void BlockChecker::mesh(const Block* block) {
                 ok = false;
                 return;
             }
+        }
+        for (size_t k = 0; k < kinds.size(); ++k) {
             if (counts[k] % per_pp != 0) {
                 diags.error(count_locs[k],
                             std::to_string(counts[k]) + " " + kinds[k]->text +
@@ -193,7 +196,7 @@ void BlockChecker::mesh(const Block* block) {
                 ok = false;
                 return;
             }
-            for (int64_t i = 0; i < counts[k] / per_pp; ++i) m.pp_profiles.push_back(h);
+            for (int64_t i = 0; i < counts[k] / per_pp; ++i) m.pp_profiles.push_back(profiles[k]);
         }
     }
     // Hosts and devices per host.

@@ -149,7 +149,6 @@ Exact simulate_layout(const SearchOptions& o, Layout l, const Program* shape) {
         // The script's partition is for its own stages: state the balanced one for these.
         Program p = *shape;
         apply(l, p);
-        p.mesh.dp = l.dp;
         const int32_t pp = static_cast<int32_t>(l.pp), v = static_cast<int32_t>(l.virtual_stages);
         plan::ScheduleOrder order = plan::compile_schedule(
             l.kind, pp, static_cast<int32_t>(std::min<int64_t>(l.microbatches, 2 * l.pp)), v);
@@ -296,13 +295,17 @@ SearchReport search(const SearchOptions& o) {
     fo.search_roots = o.search_roots;
     fo.overrides = o.overrides;
     lang::CheckResult base = checked(o, fo);
+    std::string own_refusal; // why the script's own layout does not check, when it does not
     if (!base.ok() && base.report().find("does not fit") != std::string::npos) {
         // The script's own layout cannot hold the model's state on these devices; sharded over
         // every replica rank (ZeRO 3), it may: the search needs a program, not that layout.
         lang::FrontendOptions sharded = fo;
         sharded.overrides.push_back("mesh.zero=3");
         lang::CheckResult retry = checked(o, sharded);
-        if (retry.ok()) base = std::move(retry);
+        if (retry.ok()) {
+            own_refusal = base.report();
+            base = std::move(retry);
+        }
     }
     if (!base.ok()) {
         rep.error = base.report();
@@ -333,8 +336,10 @@ SearchReport search(const SearchOptions& o) {
     const size_t K = static_cast<size_t>(std::max(o.top, 1));
 
     // The script's own layout, exactly.
+    // (When it needed ZeRO 3 to check, P is not that layout: the script's stays unplaced.)
     const Layout own = layout_of(P);
-    Exact mine = simulate_layout(o, own, nullptr);
+    const bool own_checks = own_refusal.empty();
+    Exact mine = own_checks ? simulate_layout(o, own, nullptr) : Exact{std::nullopt, own_refusal};
     rep.script = mine.row;
     rep.script_error = mine.error;
 
@@ -425,14 +430,14 @@ SearchReport search(const SearchOptions& o) {
         for (const Layout& l : layouts) {
             Layout key = l;
             key.partition = own.partition;
-            if (key == own) {
+            if (own_checks && key == own) {
                 own_enumerated = true;
                 continue; // simulated above
             }
             candidates.push_back({l, i, {}});
         }
     }
-    if (!own_enumerated) ++rep.considered;
+    if (own_checks && !own_enumerated) ++rep.considered;
     // The bounds price the stages of the partition the plan will use: found once for each
     // mesh, recomputation, stage count and microbatch size.
     std::map<std::tuple<size_t, int, int64_t, int64_t>, std::vector<int64_t>> partitions;

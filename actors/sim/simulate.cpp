@@ -376,10 +376,11 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
     if (!o.verified) res.errors = plan::verify(g);
     if (!res.errors.empty()) return res;
     Profile pr = profile_of(g, p, o);
+    const std::vector<Profile> kinds = kinds_of(g, p, o);
     const bool calibrated = p.mesh.profile.calibration.cores > 0;
     plan::ExecCosts costs = o.cost == CostModel::unit ? unit_costs()
                             : calibrated              ? calibrated_costs(g, p, pr)
-                                         : profile_costs(g, pr, axes_of(g), kinds_of(g, p, o));
+                                                      : profile_costs(g, pr, axes_of(g), kinds);
     plan::ExecTimes times = plan::execute(g, costs);
     if (!times.complete) {
         res.errors.push_back({{}, "the simulation stopped before the end of the step", ""});
@@ -423,7 +424,6 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
             flops += (s.flops_forward + s.flops_input_grad + s.flops_weight_grad);
         flops *= static_cast<double>(g.microbatches) * g.dp * g.tp * g.cp;
         // Every rank's peak, of its own kind.
-        std::vector<Profile> kinds = kinds_of(g, p, o);
         double peak = 0;
         for (const PlanRank& r : g.ranks)
             peak += kinds.empty() ? pr.flops : kinds[static_cast<size_t>(r.pp)].flops;
@@ -565,7 +565,7 @@ std::vector<StepBounds> busy_bounds(const Program& p, const std::vector<int64_t>
     // A rank's collectives run one after another on its communication stream, and STEP waits
     // for them: each gradient bucket reduced once a step, and under ZeRO 3 the stage's weights
     // gathered before every forward and every backward.
-    const bool replicas = p.mesh.dp * p.mesh.cp > 1;
+    const bool has_replicas = p.mesh.dp * p.mesh.cp > 1;
     for (size_t z = 0; z < zeros.size(); ++z) {
         StepBounds& b = out[z];
         g.zero = static_cast<int32_t>(zeros[z]);
@@ -574,7 +574,7 @@ std::vector<StepBounds> busy_bounds(const Program& p, const std::vector<int64_t>
         double min_step = std::numeric_limits<double>::infinity(), comm_end = 0;
         for (const PlanRank& r : g.ranks) {
             min_step = std::min(min_step, c.compute(r, step));
-            if (!replicas) continue;
+            if (!has_replicas) continue;
             double comm = 0;
             for (const PlanStage& st : g.stages) {
                 if (st.pp != r.pp) continue;
