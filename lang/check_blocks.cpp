@@ -1,6 +1,7 @@
 // check_blocks.cpp: the rules that tie the blocks to the model (tensor-parallel divisibility,
 // batch divisibility, the memory floor) and the entry point that runs every block check.
 #include "lang/check_blocks.hpp"
+#include "lang/check_layers.hpp"
 
 #include <cstdio>
 #include <numeric>
@@ -37,15 +38,21 @@ void BlockChecker::cross() {
                 needs.push_back({l.heads, &l, "attention heads"});
                 needs.push_back({l.kv_heads, &l, "key/value heads"});
                 break;
-            case ShardDim::hidden: needs.push_back({l.hidden, &l, "hidden size"}); break;
+            case ShardDim::hidden:
+                needs.push_back({l.hidden, &l, "hidden size"});
+                if (l.kind == LayerKind::moe && l.shared_experts > 0)
+                    needs.push_back({l.shared_hidden, &l, "shared experts' hidden size"});
+                break;
             case ShardDim::vocab: needs.push_back({l.vocab, &l, "vocabulary"}); break;
             case ShardDim::none: break;
             }
         };
         for (const auto& it : p.model.pre)
             for (const auto& l : it.layers) visit(l);
-        for (const auto& it : p.model.blocks.front().items)
-            for (const auto& l : it.layers) visit(l);
+        for (size_t b = 0; b < p.model.blocks.size(); ++b)
+            if (b == 0 || p.model.blocks[b].repeat != p.model.blocks[b - 1].repeat)
+                for (const auto& it : p.model.blocks[b].items)
+                    for (const auto& l : it.layers) visit(l);
         for (const auto& it : p.model.post)
             for (const auto& l : it.layers) visit(l);
         int64_t g = 0;
@@ -121,6 +128,50 @@ void BlockChecker::cross() {
     memory_floor();
 }
 
+void BlockChecker::experts() {
+    const MeshSpec& m = p.mesh;
+    std::vector<const LayerSpec*> moes;
+    for (const BlockSpec& b : p.model.blocks)
+        for (const ModelItemSpec& it : b.items)
+            for (const LayerSpec& l : it.layers)
+                if (l.kind == LayerKind::moe) moes.push_back(&l);
+    if (m.ep == 1) return;
+    if (moes.empty()) {
+        diags.error(ep_loc,
+                    "ep = " + std::to_string(m.ep) +
+                        " splits a mixture of experts' experts, and the model has none",
+                    "drop `ep`, or use a model with `moe` layers (std/moe.dist)");
+        ok = false;
+        return;
+    }
+    const int64_t replicas = m.dp * m.cp;
+    if (replicas % m.ep != 0) {
+        diags.error(ep_loc,
+                    "ep = " + std::to_string(m.ep) + " does not divide the " +
+                        std::to_string(replicas) + " data-parallel ranks (dp x cp)" +
+                        ": each expert group is ep of a replica's ranks, so ep divides dp x cp",
+                    "use ep = " + divisors_hint(replicas) + ", or raise dp");
+        ok = false;
+    }
+    for (const LayerSpec* l : moes) {
+        if (l->experts % m.ep == 0) continue;
+        diags.error(ep_loc,
+                    "ep = " + std::to_string(m.ep) + " does not divide the " +
+                        std::to_string(l->experts) + " experts of `" + l->name + "`",
+                    "use ep = " + divisors_hint(std::gcd(l->experts, replicas)));
+        ok = false;
+        break;
+    }
+    if (m.zero > 0) {
+        diags.error(zero_loc,
+                    "ZeRO " + std::to_string(m.zero) +
+                        " with expert parallelism is not modelled: the experts' state would be "
+                        "sharded over the dp x cp / ep ranks that hold each expert",
+                    "drop `zero`, or set `ep: 1`");
+        ok = false;
+    }
+}
+
 void BlockChecker::memory_floor() {
     const MeshSpec& m = p.mesh;
     const ScheduleSpec& s = p.schedule;
@@ -132,9 +183,7 @@ void BlockChecker::memory_floor() {
         if (v_shape) return stage < m.pp ? stage : 2 * m.pp - 1 - stage;
         return stage % m.pp;
     };
-    auto on_device = [&](const LayerSpec& l) {
-        return l.shard == ShardDim::none ? l.parameters : (l.parameters + m.tp - 1) / m.tp;
-    };
+    auto on_device = [&](const LayerSpec& l) { return parameters_on_device(l, m.tp, m.ep); };
     std::vector<int64_t> per_rank(static_cast<size_t>(m.pp), 0);
     auto add = [&](int64_t stage, int64_t n) {
         int64_t& slot = per_rank[static_cast<size_t>(rank_of(stage))];
@@ -251,8 +300,23 @@ bool check_blocks(const BlockSet& blocks, const Definitions& defs, const fs::pat
                           "one kind of device",
                       "`dist sim` and `dist search` take this mesh; train with one kind"});
     }
+    if (blocks.model_ok && program.model.has_experts() && program.train.training_refusal.empty()) {
+        const LayerSpec* moe = nullptr;
+        for (const BlockSpec& b : program.model.blocks)
+            for (const ModelItemSpec& it : b.items)
+                for (const LayerSpec& l : it.layers)
+                    if (l.kind == LayerKind::moe && !moe) moe = &l;
+        program.train.training_refusal = render_diagnostic(
+            sources, {moe->loc,
+                      "a mixture of experts is checked, planned and simulated, not yet trained: "
+                      "the runtime has no router, experts or all-to-all",
+                      "`dist check`, `dist plan` and `dist sim` take this model"});
+    }
     c.generate(blocks.generate);
-    if (mesh_ok && schedule_ok && c.ok && blocks.model_ok) c.cross();
+    if (mesh_ok && schedule_ok && c.ok && blocks.model_ok) {
+        c.experts();
+        if (c.ok) c.cross();
+    }
     return c.ok;
 }
 

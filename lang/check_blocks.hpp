@@ -43,7 +43,7 @@ struct BlockChecker {
     }
 
     // Locations that later rules point at.
-    SourceLoc tp_loc, pp_loc, dp_loc, cp_loc, zero_loc, sp_loc, devices_loc, v_loc, m_loc,
+    SourceLoc tp_loc, pp_loc, dp_loc, cp_loc, ep_loc, zero_loc, sp_loc, devices_loc, v_loc, m_loc,
         batch_loc, kind_loc;
 
     bool read_data(BlockReader& r, const std::string& name, DataSpec& out);
@@ -55,6 +55,8 @@ struct BlockChecker {
     void train(const Block* block);
     void generate(const Block* block);
     void cross();
+    /// Expert parallelism against the model's mixtures of experts.
+    void experts();
     void memory_floor();
 };
 

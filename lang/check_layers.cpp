@@ -74,11 +74,33 @@ const std::vector<LayerSig>& layer_sigs() {
           {"bias", T::boolean, false, Value::boolean(false)}},
          {ShardDim::vocab}},
         {LayerKind::cross_entropy, "cross_entropy", {}, {ShardDim::vocab}},
+        {LayerKind::moe,
+         "moe",
+         {{"width", T::integer, true, {}},
+          {"experts", T::integer, true, {}},
+          {"top_k", T::integer, true, {}},
+          {"hidden", T::integer, true, {}},
+          {"activation", T::symbol, false, Value::symbol("swiglu")},
+          {"shared", T::integer, false, Value::integer(0)},
+          {"shared_hidden", T::integer, false, Value::integer(0)},
+          {"router", T::symbol, false, Value::symbol("softmax")},
+          {"normalize", T::boolean, false, Value::boolean(true)},
+          {"capacity", T::real, false, Value::real(0.0)},
+          {"aux_loss", T::real, false, Value::real(0.0)}},
+         {ShardDim::hidden}},
     };
     return sigs;
 }
 
 const std::vector<std::string> activation_names = {"gelu_tanh", "gelu", "relu", "swiglu"};
+const std::vector<std::string> router_names = {"softmax", "sigmoid"};
+// Arguments that take a name (`activation: swiglu`), and those where 0 means "none".
+bool takes_symbol(const std::string& p) {
+    return p == "activation" || p == "router";
+}
+bool zero_allowed(const std::string& p) {
+    return p == "shared" || p == "shared_hidden" || p == "capacity" || p == "aux_loss";
+}
 
 struct BoundArg {
     Value value;
@@ -119,8 +141,40 @@ int64_t count_parameters(const LayerSpec& l) {
         if (l.bias) n = sat_add(n, l.vocab);
         return n;
     }
+    case LayerKind::moe:
+        return sat_add(sat_mul(l.experts, expert_parameters(l)), shared_parameters(l));
     }
     return 0;
+}
+
+int64_t expert_parameters(const LayerSpec& l) {
+    int64_t mats = l.activation == Activation::swiglu ? 3 : 2;
+    return sat_mul(mats, sat_mul(l.width, l.hidden));
+}
+
+int64_t shared_parameters(const LayerSpec& l) {
+    int64_t mats = l.activation == Activation::swiglu ? 3 : 2;
+    // The router's one score per expert, and the shared experts.
+    return sat_add(sat_mul(l.experts, l.width),
+                   sat_mul(l.shared_experts, sat_mul(mats, sat_mul(l.width, l.shared_hidden))));
+}
+
+int64_t parameters_on_device(const LayerSpec& l, int64_t tp, int64_t ep) {
+    if (l.kind == LayerKind::moe) {
+        int64_t t = l.shard == ShardDim::none ? 1 : tp;
+        int64_t mats = l.activation == Activation::swiglu ? 3 : 2;
+        int64_t router = sat_mul(l.experts, l.width);
+        int64_t shared =
+            sat_mul(l.shared_experts, sat_mul(mats, sat_mul(l.width, l.shared_hidden)));
+        int64_t routed = sat_mul(l.experts / ep, expert_parameters(l));
+        return sat_add(router, (sat_add(shared, routed) + t - 1) / t);
+    }
+    return l.shard == ShardDim::none ? l.parameters : (l.parameters + tp - 1) / tp;
+}
+
+int64_t active_parameters(const LayerSpec& l) {
+    if (l.kind != LayerKind::moe) return l.parameters;
+    return sat_add(sat_mul(l.top_k, expert_parameters(l)), shared_parameters(l));
 }
 
 bool build_layer(const ModelItem& item, const Scope& scope, const std::string& name,
@@ -186,9 +240,9 @@ bool build_layer(const ModelItem& item, const Scope& scope, const std::string& n
         std::optional<Value> v;
         // A bare name is the activation itself unless it names a value in scope.
         bool bare = a.value->kind == ExprKind::name && !scope.find(a.value->text);
-        if (pname == "activation" && bare) {
+        if (takes_symbol(pname) && bare) {
             v = Value::symbol(a.value->text);
-        } else if (pname == "activation") {
+        } else if (takes_symbol(pname)) {
             // A template parameter may carry the activation as a string.
             v = evaluate(*a.value, scope, diags);
             if (!v) {
@@ -205,7 +259,7 @@ bool build_layer(const ModelItem& item, const Scope& scope, const std::string& n
         }
         args[pname] = {v.value_or(Value::integer(0)), a.value->loc};
         given.insert(pname);
-        if (pname == "activation" && !v) {
+        if (takes_symbol(pname) && !v) {
             diags.error(a.value->loc,
                         "`activation` is one of " + join_names(activation_names, " or "));
             ok = false;
@@ -245,6 +299,15 @@ bool build_layer(const ModelItem& item, const Scope& scope, const std::string& n
     for (const auto& p : sig->params) {
         const BoundArg& a = args[p.name];
         if (!given.count(p.name)) continue;
+        if (zero_allowed(p.name)) {
+            if ((p.type == Value::Type::integer && a.value.i < 0) ||
+                (p.type == Value::Type::real && !(a.value.r >= 0.0))) {
+                diags.error(a.loc, "`" + std::string(p.name) + "` must be 0 or more, got " +
+                                       a.value.str());
+                ok = false;
+            }
+            continue;
+        }
         if (p.type == Value::Type::integer && a.value.i < 1) {
             diags.error(a.loc, "`" + std::string(p.name) + "` must be positive, got " +
                                    std::to_string(a.value.i));
@@ -267,7 +330,7 @@ bool build_layer(const ModelItem& item, const Scope& scope, const std::string& n
     if (args.count("bias")) out.bias = get_b("bias");
     if (args.count("tied")) out.tied = get_b("tied");
     if (args.count("hidden")) out.hidden = get_i("hidden");
-    if (sig->kind == LayerKind::mlp) {
+    if (sig->kind == LayerKind::mlp || sig->kind == LayerKind::moe) {
         const std::string& act = args["activation"].value.s;
         auto it = std::find(activation_names.begin(), activation_names.end(), act);
         if (it == activation_names.end()) {
@@ -278,6 +341,36 @@ bool build_layer(const ModelItem& item, const Scope& scope, const std::string& n
             ok = false;
         } else {
             out.activation = static_cast<Activation>(it - activation_names.begin());
+        }
+    }
+    if (sig->kind == LayerKind::moe && ok) {
+        out.experts = get_i("experts");
+        out.top_k = get_i("top_k");
+        out.shared_experts = get_i("shared");
+        out.shared_hidden = get_i("shared_hidden") ? get_i("shared_hidden") : out.hidden;
+        out.normalize = get_b("normalize");
+        out.capacity = get_r("capacity");
+        out.aux_loss = get_r("aux_loss");
+        const std::string& r = args["router"].value.s;
+        auto it = std::find(router_names.begin(), router_names.end(), r);
+        if (it == router_names.end()) {
+            diags.error(args["router"].loc, "unknown router `" + r + "`",
+                        "a router scores experts by `softmax` or `sigmoid`");
+            ok = false;
+        } else {
+            out.router = static_cast<RouterScore>(it - router_names.begin());
+        }
+        if (out.top_k > out.experts) {
+            diags.error(args["top_k"].loc,
+                        "top_k " + std::to_string(out.top_k) + " is more than the " +
+                            std::to_string(out.experts) + " experts",
+                        "each token picks top_k of the experts: use top_k <= experts");
+            ok = false;
+        }
+        if (given.count("shared_hidden") && out.shared_experts == 0) {
+            diags.error(args["shared_hidden"].loc, "`shared_hidden` without `shared` experts",
+                        "give `shared: N` for N experts that every token passes through");
+            ok = false;
         }
     }
     if (sig->kind == LayerKind::attention && ok) {

@@ -24,6 +24,8 @@ void BlockChecker::mesh(const Block* block) {
     m.cp = r.integer("cp", 1, max_ranks).value_or(1);
     m.zero = r.integer("zero", 0, 3).value_or(0);
     m.sp = r.boolean("sp").value_or(false);
+    m.ep = r.integer("ep", 1, max_ranks).value_or(1);
+    ep_loc = r.loc_of("ep");
     cp_loc = r.loc_of("cp");
     zero_loc = r.loc_of("zero");
     sp_loc = r.loc_of("sp");

@@ -36,9 +36,10 @@ class Expander {
             }
             case ModelItem::Kind::repeat:
                 if (!item.shard.empty()) shard_on_group(item);
-                if (seen_repeat) {
-                    diags_.error(item.loc, "a model has one `repeat` of blocks",
-                                 "pipeline stages are cut from that one sequence of blocks");
+                if (seen_repeat && !out.post.empty()) {
+                    diags_.error(item.loc, "a model's `repeat`s of blocks come one after another",
+                                 "pipeline stages are cut from one sequence of blocks: move the "
+                                 "layers between them into a block");
                     break;
                 }
                 seen_repeat = true;
@@ -141,7 +142,13 @@ class Expander {
     void expand_repeat(const ModelItem& item, Scope& scope, std::set<std::string>& names,
                        ModelSpec& out) {
         std::string label = item.name.empty() ? "layers" : item.name;
-        if (!names.insert(label).second) {
+        // A `repeat` right after one of the same label numbers its blocks on from it
+        // (layers.0 dense, then layers.1 ... with experts).
+        const bool continues = repeats_ > 0 && label == last_label_;
+        const int32_t index = repeats_++;
+        const int64_t offset = continues ? next_index_ : 0;
+        last_label_ = label;
+        if (!continues && !names.insert(label).second) {
             diags_.error(item.loc, "two layers are named `" + label + "` here");
             ok_ = false;
         }
@@ -202,9 +209,17 @@ class Expander {
             for (const auto& l : spec.layers)
                 first.parameters = sat_add(first.parameters, l.parameters);
         out.blocks.reserve(static_cast<size_t>(count->i));
+        if (static_cast<int64_t>(out.blocks.size()) + count->i > max_blocks) {
+            diags_.error(item.value->loc, "the model's `repeat`s hold more than the limit of " +
+                                              std::to_string(max_blocks) + " blocks");
+            ok_ = false;
+            return;
+        }
+        next_index_ = offset + count->i;
         for (int64_t i = 0; i < count->i; ++i) {
             BlockSpec b = first;
-            b.name = label + "." + std::to_string(i);
+            b.repeat = index;
+            b.name = label + "." + std::to_string(offset + i);
             auto rename = [&](std::string& n) {
                 if (!n.empty() && n[0] == '\x01') n = b.name + "." + n.substr(1);
             };
@@ -225,6 +240,9 @@ class Expander {
 
     Diagnostics& diags_;
     bool ok_ = true;
+    int32_t repeats_ = 0;    // `repeat`s expanded so far
+    std::string last_label_; // the label of the last one
+    int64_t next_index_ = 0; // the number its next block would take
 };
 
 // Structure: one token embedding first, one kind of positions, one head, the loss last, and
@@ -234,13 +252,27 @@ bool check_structure(const ModelSpec& m, SourceLoc call_loc, Diagnostics& diags)
     std::vector<const LayerSpec*> all;
     for (const auto& it : m.pre)
         for (const auto& l : it.layers) all.push_back(&l);
-    // Every block is the same: the first one stands for all (and errors are reported once).
-    if (!m.blocks.empty())
-        for (const auto& it : m.blocks.front().items)
-            for (const auto& l : it.layers) all.push_back(&l);
+    // The blocks of one `repeat` are the same: its first stands for all (errors are reported
+    // once).
+    std::vector<const LayerSpec*> in_blocks;
+    for (size_t b = 0; b < m.blocks.size(); ++b)
+        if (b == 0 || m.blocks[b].repeat != m.blocks[b - 1].repeat)
+            for (const auto& it : m.blocks[b].items)
+                for (const auto& l : it.layers) {
+                    all.push_back(&l);
+                    in_blocks.push_back(&l);
+                }
     for (const auto& it : m.post)
         for (const auto& l : it.layers) all.push_back(&l);
 
+    for (const LayerSpec* l : all) {
+        if (l->kind == LayerKind::moe &&
+            std::find(in_blocks.begin(), in_blocks.end(), l) == in_blocks.end()) {
+            diags.error(l->loc, "a mixture of experts sits in the repeated blocks",
+                        "put `" + l->name + "` inside the `repeat`, in place of a block's `mlp`");
+            ok = false;
+        }
+    }
     auto count = [&](LayerKind k) {
         return std::count_if(all.begin(), all.end(),
                              [&](const LayerSpec* l) { return l->kind == k; });
@@ -473,6 +505,15 @@ bool check_model(const Statement& model_stmt, const Definitions& defs,
         return false;
     }
     out.parameters = total;
+    int64_t active = 0;
+    auto add_active = [&active](const std::vector<ModelItemSpec>& items) {
+        for (const auto& it : items)
+            for (const auto& l : it.layers) active = sat_add(active, active_parameters(l));
+    };
+    add_active(out.pre);
+    for (const auto& b : out.blocks) add_active(b.items);
+    add_active(out.post);
+    out.active_parameters = active;
     return true;
 }
 

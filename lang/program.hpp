@@ -25,10 +25,13 @@ enum class LayerKind {
     attention,
     mlp,
     lm_head,
-    cross_entropy
+    cross_entropy,
+    moe
 };
 enum class ShardDim { none, heads, hidden, vocab };
 enum class Activation { gelu_tanh, gelu, relu, swiglu };
+/// How a mixture of experts' router scores the experts of a token.
+enum class RouterScore { softmax, sigmoid };
 enum class ScheduleKind {
     gpipe,
     one_f_one_b,
@@ -50,6 +53,7 @@ enum class NonFinitePolicy { stop, skip };
 const char* to_string(LayerKind k);
 const char* to_string(ShardDim s);
 const char* to_string(Activation a);
+const char* to_string(RouterScore r);
 const char* to_string(ScheduleKind k);
 const char* to_string(Recompute r);
 const char* to_string(DataFormat f);
@@ -68,9 +72,20 @@ struct LayerSpec {
     int64_t heads = 0;    // attention
     int64_t kv_heads = 0; // attention (grouped-query when < heads)
     int64_t head_dim = 0; // attention
-    int64_t hidden = 0;   // mlp
-    double eps = 0.0;     // norms
-    double theta = 0.0;   // rotary base
+    int64_t hidden = 0;   // mlp; moe: each expert's
+    // moe: a routed mixture of experts (each an MLP of `hidden`), `top_k` of them per token,
+    // plus `shared_experts` MLPs of `shared_hidden` that every token passes through.
+    int64_t experts = 0;
+    int64_t top_k = 0;
+    int64_t shared_experts = 0;
+    int64_t shared_hidden = 0;
+    RouterScore router = RouterScore::softmax;
+    bool normalize = true; // the top-k scores rescaled to sum to 1
+    double capacity = 0.0; // capacity factor: each expert takes capacity x (tokens k / experts)
+                           // per microbatch and drops the rest; 0: dropless
+    double aux_loss = 0.0; // the load-balancing loss's coefficient
+    double eps = 0.0;      // norms
+    double theta = 0.0;    // rotary base
     bool bias = false;
     bool tied = false; // lm_head shares the token embedding
     Activation activation = Activation::gelu_tanh;
@@ -90,6 +105,7 @@ struct BlockSpec {
     std::string name; // e.g. "h.3"
     std::vector<ModelItemSpec> items;
     int64_t parameters = 0;
+    int32_t repeat = 0; // which of the model's `repeat`s made it (0: the first)
 };
 
 struct ModelSpec {
@@ -103,6 +119,16 @@ struct ModelSpec {
     int64_t context = 0;
     int64_t width = 0;
     int64_t parameters = 0; // total, unsharded
+    /// What one token passes through: every layer but the experts a router does not pick
+    /// (equal to `parameters` in a dense model).
+    int64_t active_parameters = 0;
+    bool has_experts() const {
+        for (const BlockSpec& b : blocks)
+            for (const ModelItemSpec& it : b.items)
+                for (const LayerSpec& l : it.layers)
+                    if (l.kind == LayerKind::moe) return true;
+        return false;
+    }
 };
 
 struct LinkSpec {
@@ -202,6 +228,9 @@ struct MeshSpec {
     int64_t zero = 0;
     /// Megatron-LM sequence parallelism over the tensor-parallel group (needs tp > 1).
     bool sp = false;
+    /// Expert parallelism: a mixture of experts' experts split over `ep` of the dp x cp ranks
+    /// (ep divides dp x cp; the device count stays dp x cp x tp x pp).
+    int64_t ep = 1;
     int64_t devices = 1; // dp * cp * tp * pp
     int64_t hosts = 1;
     int64_t devices_per_host = 1; // devices / hosts

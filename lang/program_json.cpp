@@ -16,8 +16,12 @@ const char* to_string(LayerKind k) {
                               "attention",
                               "mlp",
                               "lm_head",
-                              "cross_entropy"};
+                              "cross_entropy",
+                              "moe"};
     return n[static_cast<int>(k)];
+}
+const char* to_string(RouterScore r) {
+    return r == RouterScore::sigmoid ? "sigmoid" : "softmax";
 }
 const char* to_string(ShardDim s) {
     static const char* n[] = {"none", "heads", "hidden", "vocab"};
@@ -122,6 +126,19 @@ json layer_json(const LayerSpec& l) {
         j["bias"] = l.bias;
         break;
     case LayerKind::cross_entropy: break;
+    case LayerKind::moe:
+        j["width"] = l.width;
+        j["experts"] = l.experts;
+        j["top_k"] = l.top_k;
+        j["hidden"] = l.hidden;
+        j["activation"] = to_string(l.activation);
+        j["shared_experts"] = l.shared_experts;
+        j["shared_hidden"] = l.shared_hidden;
+        j["router"] = to_string(l.router);
+        j["normalize"] = l.normalize;
+        j["capacity"] = l.capacity;
+        j["aux_loss"] = l.aux_loss;
+        break;
     }
     return j;
 }
@@ -167,6 +184,22 @@ json to_json(const Program& p) {
                   {"block", block},
                   {"post", items_json(m.post)}};
     if (!m.preset.empty()) model["preset"] = m.preset;
+    if (m.has_experts()) model["active_parameters"] = m.active_parameters;
+    if (!m.blocks.empty() && m.blocks.back().repeat > 0) {
+        // Several `repeat`s: each one's first block stands for the rest of it.
+        json repeats = json::array();
+        for (size_t i = 0; i < m.blocks.size(); ++i) {
+            if (i > 0 && m.blocks[i].repeat == m.blocks[i - 1].repeat) {
+                repeats.back()["count"] = repeats.back()["count"].get<int64_t>() + 1;
+                continue;
+            }
+            repeats.push_back({{"first", m.blocks[i].name},
+                               {"count", 1},
+                               {"block_parameters", m.blocks[i].parameters},
+                               {"block", items_json(m.blocks[i].items)}});
+        }
+        model["repeats"] = repeats;
+    }
 
     const MeshSpec& mesh = p.mesh;
     const HardwareProfile& hw = mesh.profile;
@@ -192,6 +225,7 @@ json to_json(const Program& p) {
                   {"hosts", mesh.hosts},
                   {"devices_per_host", mesh.devices_per_host},
                   {"memory_bytes", mesh.memory_bytes}};
+    if (mesh.ep > 1) jmesh["ep"] = mesh.ep;
     if (mesh.mixed()) {
         // The kind of each pipeline rank, with its memory.
         json kinds = json::array();
@@ -256,6 +290,7 @@ std::string axes_text(const MeshSpec& m) {
     s += ", tp " + std::to_string(m.tp);
     if (m.sp) s += " with sp";
     s += ", pp " + std::to_string(m.pp);
+    if (m.ep > 1) s += ", ep " + std::to_string(m.ep);
     if (m.zero > 0) s += ", ZeRO " + std::to_string(m.zero);
     return s;
 }
@@ -286,6 +321,11 @@ std::string summary(const Program& p) {
                   static_cast<long long>(m.width), static_cast<long long>(m.context),
                   static_cast<long long>(m.vocab));
     out += buf;
+    if (m.has_experts()) {
+        std::snprintf(buf, sizeof buf, "          %.2fM of them active per token (top-k experts)\n",
+                      static_cast<double>(m.active_parameters) / 1e6);
+        out += buf;
+    }
     const MeshSpec& mesh = p.mesh;
     std::string axes = axes_text(mesh);
     std::snprintf(buf, sizeof buf, "mesh      %s (%s) on %lld host%s\n", devices_text(mesh).c_str(),

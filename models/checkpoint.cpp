@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -123,6 +124,9 @@ Mapping mapping_of(const ModelSpec& spec) {
             break;
         case LayerKind::rotary_embedding:
         case LayerKind::cross_entropy: break;
+        case LayerKind::moe:
+            throw std::invalid_argument("`" + l.name +
+                                        "`: a mixture of experts has no checkpoint layout yet");
         }
     });
     return m;

@@ -2,6 +2,8 @@
 // are in units_vocab.cpp and units_block.cpp).
 #include "models/unit_common.hpp"
 
+#include <stdexcept>
+
 namespace dist::models {
 
 using namespace detail;
@@ -95,6 +97,9 @@ std::unique_ptr<Unit> make_unit(const LayerSpec& l, UnitContext& ctx) {
     case LayerKind::mlp: return make_mlp(l, ctx);
     case LayerKind::lm_head: return make_head(l, ctx);
     case LayerKind::cross_entropy: return make_loss(l, ctx);
+    case LayerKind::moe:
+        // The checker refuses to train such a model (train.training_refusal).
+        throw std::invalid_argument("`" + l.name + "`: a mixture of experts is not trained yet");
     }
     return nullptr;
 }

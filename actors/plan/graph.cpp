@@ -111,6 +111,7 @@ std::string axes_text(const Graph& g) {
     m.pp = g.pp;
     m.sp = g.sp;
     m.zero = g.zero;
+    m.ep = g.ep;
     return lang::axes_text(m);
 }
 
@@ -147,6 +148,13 @@ std::string print(const Graph& g, int width) {
                 static_cast<double>(s.tp_reduction_bytes) / 1e6);
             out += buf;
         }
+        if (s.all_to_alls > 0) {
+            std::snprintf(buf, sizeof buf,
+                          "            ep: %d all-to-alls of %.2f MB among %d ranks inside each "
+                          "F, B and I (dispatch and combine)\n",
+                          s.all_to_alls, static_cast<double>(s.all_to_all_bytes) / 1e6, g.ep);
+            out += buf;
+        }
         if (s.cp_ring_bytes > 0) {
             std::snprintf(buf, sizeof buf,
                           "            cp: %.2f MB of key/value blocks around the ring of %d in "
@@ -171,15 +179,24 @@ std::string print(const Graph& g, int width) {
             }
         }
         if (!s.buckets.empty()) {
-            int64_t total = 0;
-            for (int64_t b : s.buckets) total += b;
+            const size_t dense = s.buckets.size() - static_cast<size_t>(s.expert_buckets);
+            int64_t total = 0, experts = 0;
+            for (size_t i = 0; i < s.buckets.size(); ++i)
+                (i < dense ? total : experts) += s.buckets[i];
             const char* group = g.cp > 1 ? "dp x cp" : "dp";
             std::snprintf(buf, sizeof buf,
                           "            %s: %zu gradient bucket%s (%.2f MB), each %s once final\n",
-                          group, s.buckets.size(), s.buckets.size() == 1 ? "" : "s",
-                          static_cast<double>(total) / 1e6,
+                          group, dense, dense == 1 ? "" : "s", static_cast<double>(total) / 1e6,
                           g.zero >= 2 ? "reduce-scattered" : "all-reduced");
             out += buf;
+            if (s.expert_buckets > 0) {
+                std::snprintf(buf, sizeof buf,
+                              "            %s / ep: %d bucket%s of experts' gradients (%.2f MB), "
+                              "each all-reduced among the %d ranks holding the same experts\n",
+                              group, s.expert_buckets, s.expert_buckets == 1 ? "" : "s",
+                              static_cast<double>(experts) / 1e6, g.dp * g.cp / g.ep);
+                out += buf;
+            }
             if (g.zero >= 3) {
                 std::snprintf(
                     buf, sizeof buf,

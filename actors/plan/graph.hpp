@@ -105,7 +105,14 @@ struct PlanStage {
     /// largest unit's parameters on one tensor-parallel rank, and the stage's unit count.
     int64_t largest_unit_parameters = 0;
     int32_t units = 1;
-    std::vector<int64_t> buckets;  // gradient bucket sizes in bytes, in reduction order
+    /// Expert parallelism: all-to-alls in one forward (as many in B or I), each rank's bytes in
+    /// each; 0 without it.
+    int32_t all_to_alls = 0;
+    int64_t all_to_all_bytes = 0;
+    std::vector<int64_t> buckets; // gradient bucket sizes in bytes, in reduction order
+    /// The last `expert_buckets` buckets hold routed experts' gradients, reduced over the
+    /// dp x cp / ep ranks that hold the same experts (the others over all dp x cp).
+    int32_t expert_buckets = 0;
     std::vector<PlanShard> shards; // tensors split over tp (empty when tp = 1)
 
     bool operator==(const PlanStage&) const = default;
@@ -127,6 +134,7 @@ struct Graph {
     int32_t dp = 1, tp = 1, pp = 1;
     int32_t cp = 1;   // context-parallel ranks per sequence
     int32_t zero = 0; // ZeRO stage over the dp x cp ranks of a replica
+    int32_t ep = 1;   // expert-parallel ranks among the dp x cp ranks
     bool sp = false;  // sequence parallelism over the tp group
     int32_t virtual_stages = 1;
     int32_t microbatches = 1;

@@ -13,26 +13,32 @@ json to_json(const Graph& g) {
         json shards = json::array();
         for (const PlanShard& sh : s.shards)
             shards.push_back({{"layer", sh.layer}, {"dim", to_string(sh.dim)}, {"size", sh.size}});
-        stages.push_back(
-            {{"stage", s.index},
-             {"pp", s.pp},
-             {"blocks", {s.first_block, s.blocks}},
-             {"embedding", s.embedding},
-             {"head", s.head},
-             {"parameters", s.parameters},
-             {"flops",
-              {{"F", s.flops_forward}, {"I", s.flops_input_grad}, {"W", s.flops_weight_grad}}},
-             {"bytes_elementwise", s.bytes_elementwise},
-             {"activation_bytes", s.activation_bytes},
-             {"boundary_bytes", s.boundary_bytes},
-             {"tp_reductions", s.tp_reductions},
-             {"tp_reduction_bytes", s.tp_reduction_bytes},
-             {"buckets", s.buckets},
-             {"cp_ring_bytes", s.cp_ring_bytes},
-             {"attention_flops", s.attention_flops},
-             {"largest_unit_parameters", s.largest_unit_parameters},
-             {"units", s.units},
-             {"shards", shards}});
+        json st = {
+            {"stage", s.index},
+            {"pp", s.pp},
+            {"blocks", {s.first_block, s.blocks}},
+            {"embedding", s.embedding},
+            {"head", s.head},
+            {"parameters", s.parameters},
+            {"flops",
+             {{"F", s.flops_forward}, {"I", s.flops_input_grad}, {"W", s.flops_weight_grad}}},
+            {"bytes_elementwise", s.bytes_elementwise},
+            {"activation_bytes", s.activation_bytes},
+            {"boundary_bytes", s.boundary_bytes},
+            {"tp_reductions", s.tp_reductions},
+            {"tp_reduction_bytes", s.tp_reduction_bytes},
+            {"buckets", s.buckets},
+            {"cp_ring_bytes", s.cp_ring_bytes},
+            {"attention_flops", s.attention_flops},
+            {"largest_unit_parameters", s.largest_unit_parameters},
+            {"units", s.units},
+            {"shards", shards}};
+        if (s.all_to_alls > 0) {
+            st["all_to_alls"] = s.all_to_alls;
+            st["all_to_all_bytes"] = s.all_to_all_bytes;
+        }
+        if (s.expert_buckets > 0) st["expert_buckets"] = s.expert_buckets;
+        stages.push_back(st);
     }
     json ranks = json::array();
     for (const PlanRank& r : g.ranks) {
@@ -53,22 +59,24 @@ json to_json(const Graph& g) {
                          {"host", r.host},
                          {"actions", actions}});
     }
-    return {{"file", g.file},
-            {"schedule", to_string(g.schedule)},
-            {"dp", g.dp},
-            {"tp", g.tp},
-            {"pp", g.pp},
-            {"cp", g.cp},
-            {"zero", g.zero},
-            {"sp", g.sp},
-            {"virtual_stages", g.virtual_stages},
-            {"microbatches", g.microbatches},
-            {"microbatch_tokens", g.microbatch_tokens},
-            {"bytes_per_element", g.bytes_per_element},
-            {"partition_given", g.partition_given},
-            {"tied_bytes", g.tied_bytes},
-            {"stages", stages},
-            {"ranks", ranks}};
+    json out = {{"file", g.file},
+                {"schedule", to_string(g.schedule)},
+                {"dp", g.dp},
+                {"tp", g.tp},
+                {"pp", g.pp},
+                {"cp", g.cp},
+                {"zero", g.zero},
+                {"sp", g.sp},
+                {"virtual_stages", g.virtual_stages},
+                {"microbatches", g.microbatches},
+                {"microbatch_tokens", g.microbatch_tokens},
+                {"bytes_per_element", g.bytes_per_element},
+                {"partition_given", g.partition_given},
+                {"tied_bytes", g.tied_bytes},
+                {"stages", stages},
+                {"ranks", ranks}};
+    if (g.ep > 1) out["ep"] = g.ep;
+    return out;
 }
 
 bool from_json(const json& j, Graph& out, std::string& error) {
@@ -92,6 +100,7 @@ bool from_json(const json& j, Graph& out, std::string& error) {
         g.pp = j.at("pp").get<int32_t>();
         g.cp = j.value("cp", 1);
         g.zero = j.value("zero", 0);
+        g.ep = j.value("ep", 1);
         g.sp = j.value("sp", false);
         g.virtual_stages = j.at("virtual_stages").get<int32_t>();
         g.microbatches = j.at("microbatches").get<int32_t>();
@@ -121,6 +130,9 @@ bool from_json(const json& j, Graph& out, std::string& error) {
             st.attention_flops = s.value("attention_flops", 0.0);
             st.largest_unit_parameters = s.value("largest_unit_parameters", int64_t{0});
             st.units = s.value("units", 1);
+            st.all_to_alls = s.value("all_to_alls", 0);
+            st.all_to_all_bytes = s.value("all_to_all_bytes", int64_t{0});
+            st.expert_buckets = s.value("expert_buckets", 0);
             for (const json& sh : s.at("shards")) {
                 PlanShard x;
                 x.layer = sh.at("layer").get<std::string>();

@@ -185,6 +185,7 @@ PlanResult lower(const Program& p, bool verify_graph) {
                        static_cast<int32_t>(p.mesh.devices_per_host),
                        static_cast<int32_t>(p.mesh.cp), static_cast<int32_t>(p.mesh.zero));
     g.sp = p.mesh.sp;
+    g.ep = static_cast<int32_t>(p.mesh.ep);
     g.file = p.file;
     g.partition_given = s.partition_given;
     g.microbatch_tokens = p.train.microbatch_size * p.model.context;

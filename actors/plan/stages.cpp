@@ -19,6 +19,7 @@
 // GPT block's (a 4h GeLU MLP); Dist applies it to every block. Embeddings, head and loss are
 // counted layer by layer: the input each keeps and the logits.
 #include "actors/plan/stages.hpp"
+#include "lang/check_layers.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -35,6 +36,9 @@ void PartCost::add(const PartCost& o) {
     tp_reductions += o.tp_reductions;
     cp_ring_bytes += o.cp_ring_bytes;
     attention_flops += o.attention_flops;
+    all_to_alls += o.all_to_alls;
+    all_to_all_bytes = std::max(all_to_all_bytes, o.all_to_all_bytes);
+    expert_parameters += o.expert_parameters;
 }
 
 double PartCost::seconds(double flops_rate, double bytes_rate) const {
@@ -61,6 +65,8 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
     const double elt = static_cast<double>(bytes_per_element(p));
     const double shard = l.shard == ShardDim::none ? 1.0 : tp;
     c.parameters = static_cast<int64_t>(static_cast<double>(l.parameters) / shard);
+    if (l.kind == LayerKind::moe)
+        c.parameters = lang::parameters_on_device(l, p.mesh.tp, p.mesh.ep);
     double saved = 0; // elements
     switch (l.kind) {
     case LayerKind::embedding:
@@ -122,6 +128,34 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
         saved = N * v;
         break;
     }
+    case LayerKind::moe: {
+        // Balanced routing: each rank's experts take, on average, the N k token copies its own
+        // tokens send out; a capacity factor pads every expert to its capacity.
+        const double E = static_cast<double>(l.experts), k = static_cast<double>(l.top_k);
+        const double copies = N * k * (l.capacity > 0 ? l.capacity : 1.0);
+        const double hidden = static_cast<double>(l.hidden) / shard;
+        const double shared = static_cast<double>(l.shared_experts * l.shared_hidden) / shard;
+        const double mats = l.activation == Activation::swiglu ? 3 : 2;
+        const double router = 2 * N * C * E;
+        const double experts = 2 * (copies * hidden + N * shared) * C * mats;
+        c.flops_forward = router + experts;
+        c.flops_input_grad = c.flops_forward;
+        c.flops_weight_grad = c.flops_forward;
+        // Scores and their softmax or sigmoid, the tokens permuted to their experts and back,
+        // the activation inside each expert.
+        c.bytes_elementwise =
+            (2 * N * E + 2 * N * k * C + 2 * (copies * hidden + N * shared)) * elt;
+        const double kept = mats == 3 ? 3 : 2;
+        saved = N * C + N * E + copies * C + (copies * hidden + N * shared) * kept;
+        c.tp_reductions = p.mesh.tp > 1 ? 1 : 0;
+        c.expert_parameters = lang::sat_mul(l.experts / p.mesh.ep, lang::expert_parameters(l)) /
+                              static_cast<int64_t>(shard);
+        if (p.mesh.ep > 1) {
+            c.all_to_alls = 2;
+            c.all_to_all_bytes = static_cast<int64_t>(N / sp * k * C * elt);
+        }
+        break;
+    }
     }
     c.activation_bytes = static_cast<int64_t>(saved * elt);
     return c;
@@ -134,7 +168,12 @@ int64_t block_activation_bytes(const Program& p, const BlockSpec& block) {
     for (const ModelItemSpec& it : block.items)
         for (const LayerSpec& l : it.layers)
             if (l.kind == LayerKind::attention) heads = l.heads;
-    if (heads == 0) return cost_of_items(p, block.items).activation_bytes;
+    bool experts = false;
+    for (const ModelItemSpec& it : block.items)
+        for (const LayerSpec& l : it.layers) experts |= l.kind == LayerKind::moe;
+    // The formula's block has a 4h MLP; a mixture of experts' is counted layer by layer.
+    if (heads == 0 || (experts && p.schedule.recompute != Recompute::full))
+        return cost_of_items(p, block.items).activation_bytes;
     const double t = static_cast<double>(p.mesh.tp);
     const double cp = static_cast<double>(p.mesh.cp);
     const double s_full = static_cast<double>(p.model.context);
@@ -330,6 +369,8 @@ std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>
         st.bytes_elementwise = c.bytes_elementwise;
         st.activation_bytes = c.activation_bytes;
         st.cp_ring_bytes = c.cp_ring_bytes;
+        st.all_to_alls = c.all_to_alls;
+        st.all_to_all_bytes = c.all_to_all_bytes;
         st.attention_flops = c.attention_flops;
         st.boundary_bytes = N * p.model.width * elt;
         st.tp_reductions = c.tp_reductions;
@@ -338,10 +379,20 @@ std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>
         st.tp_reduction_bytes =
             p.mesh.tp > 1 ? N * (p.mesh.sp ? p.mesh.tp : 1) * p.model.width * elt : 0;
         // Gradients are reduced in the precision they are kept in (that of the weights).
-        int64_t grad_bytes = st.parameters * elt;
-        if (p.mesh.dp * p.mesh.cp > 1) {
+        // Under expert parallelism the routed experts' gradients go in buckets of their own,
+        // reduced over the dp x cp / ep ranks holding the same experts (none when that is one).
+        const int64_t replicas = p.mesh.dp * p.mesh.cp;
+        const int64_t expert_bytes = p.mesh.ep > 1 ? c.expert_parameters * elt : 0;
+        int64_t grad_bytes = st.parameters * elt - expert_bytes;
+        if (replicas > 1) {
             for (int64_t left = grad_bytes; left > 0; left -= bucket_cap)
                 st.buckets.push_back(std::min(left, bucket_cap));
+        }
+        if (replicas / p.mesh.ep > 1) {
+            for (int64_t left = expert_bytes; left > 0; left -= bucket_cap) {
+                st.buckets.push_back(std::min(left, bucket_cap));
+                ++st.expert_buckets;
+            }
         }
         out.push_back(std::move(st));
     }
@@ -399,6 +450,27 @@ void layer_kernels(const Program& p, const LayerSpec& l, std::vector<KernelCall>
     }
     case LayerKind::lm_head: matmul(C, l.vocab / shard); break;
     case LayerKind::cross_entropy: elementwise("cross_entropy", N * l.vocab / shard); break;
+    case LayerKind::moe: {
+        // The router, then each rank's share of the token copies through its experts (as one
+        // matmul of all of them: balanced routing), then the shared experts.
+        const int64_t copies = static_cast<int64_t>(static_cast<double>(N * l.top_k) *
+                                                    (l.capacity > 0 ? l.capacity : 1.0));
+        const int64_t hidden = l.hidden / shard;
+        const bool glu = l.activation == Activation::swiglu;
+        out.push_back({K::matmul, "", N, l.experts, C});
+        elementwise("copy", N * l.top_k * C);
+        out.push_back({K::matmul, "", copies, glu ? 2 * hidden : hidden, C});
+        elementwise(glu ? "swiglu" : "gelu", copies * hidden);
+        out.push_back({K::matmul, "", copies, C, hidden});
+        elementwise("copy", N * l.top_k * C);
+        if (l.shared_experts > 0) {
+            const int64_t sh = l.shared_experts * l.shared_hidden / shard;
+            matmul(C, glu ? 2 * sh : sh);
+            elementwise(glu ? "swiglu" : "gelu", N * sh);
+            matmul(sh, C);
+        }
+        break;
+    }
     }
 }
 

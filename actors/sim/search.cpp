@@ -15,6 +15,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <queue>
 #include <thread>
 #include <tuple>
@@ -210,10 +211,10 @@ bool faster(const SearchRow& a, const SearchRow& b) {
     double tol = 1e-9 * std::max(a.step_time_s, b.step_time_s);
     if (std::abs(a.step_time_s - b.step_time_s) > tol) return a.step_time_s < b.step_time_s;
     const Layout &x = a.layout, &y = b.layout;
-    return std::make_tuple(a.peak_memory_bytes, x.cp, x.zero, x.tp, x.pp, x.virtual_stages,
+    return std::make_tuple(a.peak_memory_bytes, x.cp, x.zero, x.ep, x.tp, x.pp, x.virtual_stages,
                            static_cast<int>(x.recompute), x.sp, x.microbatches,
                            static_cast<int>(x.kind)) <
-           std::make_tuple(b.peak_memory_bytes, y.cp, y.zero, y.tp, y.pp, y.virtual_stages,
+           std::make_tuple(b.peak_memory_bytes, y.cp, y.zero, y.ep, y.tp, y.pp, y.virtual_stages,
                            static_cast<int>(y.recompute), y.sp, y.microbatches,
                            static_cast<int>(y.kind));
 }
@@ -241,6 +242,7 @@ Layout layout_of(const Program& p) {
     l.cp = p.mesh.cp;
     l.zero = p.mesh.zero;
     l.sp = p.mesh.sp;
+    l.ep = p.model.has_experts() ? p.mesh.ep : 0;
     l.kind = p.schedule.kind;
     l.virtual_stages = p.schedule.virtual_stages;
     l.microbatches = p.schedule.microbatches;
@@ -251,17 +253,18 @@ Layout layout_of(const Program& p) {
 
 std::vector<std::string> overrides_of(const Layout& l) {
     std::vector<std::string> out = {
-        "mesh.dp=" + std::to_string(l.dp),
-        "mesh.tp=" + std::to_string(l.tp),
-        "mesh.pp=" + std::to_string(l.pp),
-        "mesh.cp=" + std::to_string(l.cp),
-        "mesh.zero=" + std::to_string(l.zero),
-        std::string("mesh.sp=") + (l.sp ? "true" : "false"),
-        std::string("schedule.kind=") + to_string(l.kind),
-        "schedule.virtual_stages=" + std::to_string(l.virtual_stages),
-        "schedule.microbatches=" + std::to_string(l.microbatches),
-        std::string("schedule.recompute=") + to_string(l.recompute),
+        "mesh.dp=" + std::to_string(l.dp),     "mesh.tp=" + std::to_string(l.tp),
+        "mesh.pp=" + std::to_string(l.pp),     "mesh.cp=" + std::to_string(l.cp),
+        "mesh.zero=" + std::to_string(l.zero), std::string("mesh.sp=") + (l.sp ? "true" : "false"),
     };
+    if (l.ep > 0) out.push_back("mesh.ep=" + std::to_string(l.ep));
+    for (std::string s : {
+             std::string("schedule.kind=") + to_string(l.kind),
+             "schedule.virtual_stages=" + std::to_string(l.virtual_stages),
+             "schedule.microbatches=" + std::to_string(l.microbatches),
+             std::string("schedule.recompute=") + to_string(l.recompute),
+         })
+        out.push_back(std::move(s));
     if (!l.partition.empty()) {
         std::string s = "schedule.partition=[";
         for (size_t i = 0; i < l.partition.size(); ++i)
@@ -277,6 +280,7 @@ std::string describe(const Layout& l) {
     if (l.cp > 1) s += " cp " + std::to_string(l.cp);
     if (l.sp) s += " sp";
     if (l.zero > 0) s += " zero " + std::to_string(l.zero);
+    if (l.ep > 1) s += " ep " + std::to_string(l.ep);
     s += ", ";
     if (l.pp > 1) {
         s += to_string(l.kind);
@@ -302,6 +306,11 @@ SearchReport search(const SearchOptions& o) {
         lang::FrontendOptions sharded = fo;
         sharded.overrides.push_back("mesh.zero=3");
         lang::CheckResult retry = checked(o, sharded);
+        if (!retry.ok()) {
+            // ZeRO beside expert parallelism is refused: shard without it (ep is searched).
+            sharded.overrides.push_back("mesh.ep=1");
+            retry = checked(o, sharded);
+        }
         if (retry.ok()) {
             own_refusal = base.report();
             base = std::move(retry);
@@ -354,6 +363,12 @@ SearchReport search(const SearchOptions& o) {
         std::optional<Program> program;
     };
     std::vector<Shape> shapes;
+    // Expert parallelism divides dp x cp and every layer's experts.
+    int64_t experts = 0;
+    for (const BlockSpec& b : P.model.blocks)
+        for (const ModelItemSpec& it : b.items)
+            for (const LayerSpec& l : it.layers)
+                if (l.kind == LayerKind::moe) experts = std::gcd(experts, l.experts);
     for (int64_t tp : divisors(N)) {
         if (host > 0 && tp > host) continue;
         for (int64_t cp : divisors(N / tp)) {
@@ -364,13 +379,17 @@ SearchReport search(const SearchOptions& o) {
                 if (P.train.batch % dp != 0) continue;
                 for (bool sp : {false, true}) {
                     if (sp && (tp == 1 || (T / cp) % tp != 0)) continue;
-                    Shape s;
-                    s.axes.dp = dp;
-                    s.axes.tp = tp;
-                    s.axes.pp = pp;
-                    s.axes.cp = cp;
-                    s.axes.sp = sp;
-                    shapes.push_back(std::move(s));
+                    for (int64_t ep : experts > 0 ? divisors(dp * cp) : std::vector<int64_t>{0}) {
+                        if (experts > 0 && experts % ep != 0) continue;
+                        Shape s;
+                        s.axes.dp = dp;
+                        s.axes.tp = tp;
+                        s.axes.pp = pp;
+                        s.axes.cp = cp;
+                        s.axes.sp = sp;
+                        s.axes.ep = ep;
+                        shapes.push_back(std::move(s));
+                    }
                 }
             }
         }
@@ -381,7 +400,7 @@ SearchReport search(const SearchOptions& o) {
     std::vector<std::string> shape_errors(shapes.size());
     parallel_for(shapes.size(), o.threads, [&](size_t i, size_t) {
         Layout rep_layout = shapes[i].axes;
-        rep_layout.zero = rep_layout.dp * rep_layout.cp > 1 ? 3 : 0;
+        rep_layout.zero = rep_layout.dp * rep_layout.cp > 1 && rep_layout.ep <= 1 ? 3 : 0;
         rep_layout.recompute = Recompute::full;
         rep_layout.microbatches = P.train.batch / rep_layout.dp;
         if (P.schedule.partition_given) {
@@ -407,7 +426,7 @@ SearchReport search(const SearchOptions& o) {
         std::vector<Layout> layouts;
         const int64_t replica_batch = P.train.batch / ax.dp;
         std::vector<int64_t> zeros = {0};
-        if (ax.dp * ax.cp > 1) zeros = {0, 1, 2, 3};
+        if (ax.dp * ax.cp > 1 && ax.ep <= 1) zeros = {0, 1, 2, 3};
         for (int64_t zero : zeros)
             for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
                 for (auto [kind, v] : schedules_for(ax.pp, blocks))
@@ -745,6 +764,7 @@ nlohmann::json row_json(const SearchRow& row, const std::vector<std::string>& ex
                              {"microbatches", l.microbatches},
                              {"recompute", to_string(l.recompute)}};
     if (!l.partition.empty()) layout["partition"] = l.partition;
+    if (l.ep > 0) layout["ep"] = l.ep;
     std::vector<std::string> set = extra;
     for (std::string& o : overrides_of(l)) set.push_back(std::move(o));
     return {{"layout", layout},
@@ -823,6 +843,7 @@ std::string changes_text(const std::vector<SearchReport>& reports) {
             axis("pp", x.pp, y.pp);
             axis("cp", x.cp, y.cp);
             axis("zero", x.zero, y.zero);
+            axis("ep", x.ep, y.ep);
             axis("microbatches", x.microbatches, y.microbatches);
             if (x.kind != y.kind)
                 moved.push_back(std::string("schedule ") + to_string(x.kind) + " -> " +

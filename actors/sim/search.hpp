@@ -26,6 +26,8 @@ namespace dist::sim {
 struct Layout {
     int64_t dp = 1, tp = 1, pp = 1, cp = 1, zero = 0;
     bool sp = false;
+    /// Expert parallelism, for a model with experts; 0 for one without (not part of its layout).
+    int64_t ep = 0;
     ScheduleKind kind = ScheduleKind::one_f_one_b;
     int64_t virtual_stages = 1, microbatches = 1;
     Recompute recompute = Recompute::none;

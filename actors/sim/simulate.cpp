@@ -84,6 +84,13 @@ double ring_half(double bytes, int32_t n, const LinkSpec& link) {
     return (n - 1) * (link.latency + bytes / n / link.bandwidth);
 }
 
+/// All-to-all of `bytes` per rank among n: each rank keeps 1/n and sends the rest, one
+/// message to each other rank.
+double all_to_all(double bytes, int32_t n, const LinkSpec& link) {
+    if (n <= 1) return 0.0;
+    return (n - 1) * link.latency + bytes * (n - 1) / n / link.bandwidth;
+}
+
 plan::ExecCosts unit_costs() {
     plan::ExecCosts c = plan::zero_costs();
     c.compute = [](const PlanRank&, const PlanAction& a) {
@@ -104,10 +111,11 @@ plan::ExecCosts unit_costs() {
 struct Axes {
     int32_t dp = 1, tp = 1, pp = 1, cp = 1;
     int64_t per_host = 0; // > 0: hosts from these sizes (a bound), else the graph's ranks
+    int32_t ep = 1;       // expert-parallel ranks, ep of a pipeline rank's dp x cp ranks
 };
 
 Axes axes_of(const Graph& g) {
-    return {g.dp, g.tp, g.pp, g.cp, 0};
+    return {g.dp, g.tp, g.pp, g.cp, 0, g.ep};
 }
 
 /// `kinds`: the profile of each pipeline rank on a mesh of several kinds (else `pr` for all).
@@ -162,9 +170,18 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
         auto [d, p, t, k] = coords(r);
         return link_between(p, p, host(0, p, t, 0) == host(ax.dp - 1, p, t, ax.cp - 1));
     };
+    // The expert-parallel group: ep consecutive replicas (dp x cp ranks, cp fastest) of the
+    // rank's (pp, tp); its two ends tell.
+    auto ep_link = [host, coords, link_between, ax](const PlanRank& r) {
+        auto [d, p, t, k] = coords(r);
+        const int32_t first = (d * ax.cp + k) / ax.ep * ax.ep, last = first + ax.ep - 1;
+        return link_between(p, p,
+                            host(first / ax.cp, p, t, first % ax.cp) ==
+                                host(last / ax.cp, p, t, last % ax.cp));
+    };
     const int32_t replicas = ax.dp * ax.cp;
     c.compute = [&g, kind, link_between, ax, host, coords, stage, tp_link, cp_link, replica_link,
-                 replicas](const PlanRank& r, const PlanAction& a) {
+                 ep_link, replicas](const PlanRank& r, const PlanAction& a) {
         const Profile pr = kind(r.pp);
         double rate = pr.flops * pr.efficiency;
         if (a.kind == ActionKind::step) {
@@ -191,6 +208,10 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
         const PlanStage& s = stage(a);
         double tp = s.tp_reductions *
                     ring_allreduce(static_cast<double>(s.tp_reduction_bytes), ax.tp, tp_link(r));
+        // A mixture of experts' dispatch and combine, each way.
+        if (s.all_to_alls > 0)
+            tp += s.all_to_alls *
+                  all_to_all(static_cast<double>(s.all_to_all_bytes), ax.ep, ep_link(r));
         // Context parallelism: the ring's transfers run behind the attention's blocks; only
         // what exceeds the attention's time shows. The backward passes twice the bytes
         // (key/value blocks and their gradients) behind twice the FLOPs.
@@ -218,9 +239,13 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
         LinkSpec l = link_between(from.pp, to.pp, host_of(from) == host_of(to));
         return l.latency + static_cast<double>(stage(a).boundary_bytes) / l.bandwidth;
     };
-    c.reduction = [&g, stage, replica_link, replicas](const PlanRank& r, const PlanAction& a) {
+    c.reduction = [&g, stage, replica_link, ax](const PlanRank& r, const PlanAction& a) {
         const PlanStage& s = stage(a);
         LinkSpec link = replica_link(r);
+        // Routed experts' gradients: among the replicas holding the same experts.
+        const bool experts =
+            a.microbatch >= static_cast<int32_t>(s.buckets.size()) - s.expert_buckets;
+        const int32_t replicas = ax.dp * ax.cp / (experts ? ax.ep : 1);
         switch (a.kind) {
         case ActionKind::gather_forward:
         case ActionKind::gather_backward:
@@ -263,8 +288,9 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     };
     plan::ExecCosts fallback = c;
     const double mem_bw = pr.mem_bw;
-    c.compute = [&g, fallback, seconds, rates, threads, collective, mem_bw](const PlanRank& r,
-                                                                            const PlanAction& a) {
+    const LinkSpec intra = pr.intra, inter = pr.inter;
+    c.compute = [&g, fallback, seconds, rates, threads, collective, mem_bw, intra,
+                 inter](const PlanRank& r, const PlanAction& a) {
         if (a.kind == ActionKind::step) {
             // The optimizer's kernels on the rank's share of its parameters, with the
             // communication the link model prices.
@@ -283,6 +309,19 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         double tp = s.tp_reductions * collective(tp_group, "all_reduce",
                                                  static_cast<double>(s.tp_reduction_bytes), -1.0);
         if (tp < 0) tp = 0;
+        // A mixture of experts' all-to-alls, over the links of the ep group's ends.
+        if (s.all_to_alls > 0) {
+            // (A bound's graph holds two replicas: its group is cut to them.)
+            const int32_t n = g.dp * g.cp;
+            const int32_t first = std::min((r.dp * g.cp + r.cp) / g.ep * g.ep, n - 1);
+            const int32_t last = std::min(first + g.ep - 1, n - 1);
+            const PlanRank& a0 =
+                g.ranks[static_cast<size_t>(g.rank_of(first / g.cp, r.pp, r.tp, first % g.cp))];
+            const PlanRank& a1 =
+                g.ranks[static_cast<size_t>(g.rank_of(last / g.cp, r.pp, r.tp, last % g.cp))];
+            tp += s.all_to_alls * all_to_all(static_cast<double>(s.all_to_all_bytes), g.ep,
+                                             a0.host == a1.host ? intra : inter);
+        }
         switch (a.kind) {
         case ActionKind::forward: return t.forward + tp;
         case ActionKind::backward_input: return t.input + tp;
@@ -307,6 +346,9 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         double bytes = a.kind == ActionKind::gather_forward || a.kind == ActionKind::gather_backward
                            ? static_cast<double>(s.parameters) * g.bytes_per_element
                            : static_cast<double>(s.buckets[static_cast<size_t>(a.microbatch)]);
+        if (a.microbatch >= static_cast<int32_t>(s.buckets.size()) - s.expert_buckets &&
+            a.kind != ActionKind::gather_forward && a.kind != ActionKind::gather_backward)
+            return fallback.reduction(r, a); // a group of its own: the link model's
         return collective(g.replica_group(r), op, bytes, fallback.reduction(r, a));
     };
     c.step_barrier = true;
@@ -326,6 +368,8 @@ void account_memory(const Graph& g, const PlanRank& r, RankReport& rep, int64_t 
         boundary = std::max(boundary, s.boundary_bytes);
         for (int64_t b : s.buckets) bucket = std::max(bucket, b);
         tp_buf = std::max(tp_buf, s.tp_reduction_bytes);
+        // A mixture of experts' send and receive buffers.
+        tp_buf = std::max(tp_buf, 2 * s.all_to_all_bytes);
     }
     // ZeRO's (2 + 2 + K) psi / N_d (Rajbhandari et al. 2020, figure 1): stage 1 divides the
     // optimizer's K bytes per parameter over the N_d replica ranks, 2 also the gradients, 3
@@ -500,6 +544,7 @@ PipelineGraph pipeline_graph(const Program& p, bool actions) {
             out.g.ranks.push_back(rank);
         }
     }
+    out.g.ep = static_cast<int32_t>(p.mesh.ep);
     out.g.microbatch_tokens = p.train.microbatch_size * p.model.context;
     out.g.bytes_per_element = p.train.precision == Precision::bf16 ? 2 : 4;
     out.g.tied_bytes = plan::tied_gradient_bytes(p, order.stage_rank);
@@ -507,9 +552,12 @@ PipelineGraph pipeline_graph(const Program& p, bool actions) {
 }
 
 Axes bound_axes(const Program& p) {
-    return {static_cast<int32_t>(p.mesh.dp), static_cast<int32_t>(p.mesh.tp),
-            static_cast<int32_t>(p.mesh.pp), static_cast<int32_t>(p.mesh.cp),
-            std::max<int64_t>(p.mesh.devices_per_host, 1)};
+    return {static_cast<int32_t>(p.mesh.dp),
+            static_cast<int32_t>(p.mesh.tp),
+            static_cast<int32_t>(p.mesh.pp),
+            static_cast<int32_t>(p.mesh.cp),
+            std::max<int64_t>(p.mesh.devices_per_host, 1),
+            static_cast<int32_t>(p.mesh.ep)};
 }
 
 } // namespace

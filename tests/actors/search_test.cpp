@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <unistd.h>
 
@@ -467,4 +468,55 @@ TEST(MixedMesh, CommandsSayWhatTheyDo) {
     out = run_dist("search " + file.string() + " --top 1 --devices 'h100 x 8,h100 x 4 + a100 x 4'");
     EXPECT_NE(out.find("search: gpt on 8 x h100-sxm"), std::string::npos) << out;
     EXPECT_NE(out.find("search: gpt on 4 x h100-sxm + 4 x a100-80g"), std::string::npos) << out;
+}
+
+// A small Mixtral-shaped model on 8 A100s in two hosts: expert parallelism is searched beside
+// the other axes, pruning loses nothing, and each row's overrides (mesh.ep included) reproduce it.
+const char* small_moe = R"(import "std/moe.dist"
+model = mixtral(vocab: 512, context: 256, layers: 4, heads: 8, kv_heads: 4, width: 256,
+                experts: 8, top_k: 2, hidden: 512)
+mesh {
+    devices: a100 x 8
+    hosts: 2
+    dp: 4
+    pp: 2
+    ep: 2
+}
+schedule {
+    kind: 1f1b
+    microbatches: 4
+}
+train {
+    data: synthetic()
+    batch: 32
+    steps: 1
+    precision: bf16
+}
+)";
+
+TEST(Search, ExpertParallelismIsSearchedAndReproduces) {
+    sim::SearchOptions o = options(script("moe.dist", small_moe));
+    expect_same_best(o);
+    expect_rows_reproduce(o);
+    sim::SearchOptions all = o;
+    all.exhaustive = true;
+    all.top = 100000;
+    sim::SearchReport rep = sim::search(all);
+    ASSERT_TRUE(rep.error.empty()) << rep.error;
+    std::set<int64_t> eps;
+    for (const sim::SearchRow& row : rep.rows) {
+        eps.insert(row.layout.ep);
+        // ep divides the replicas and the 8 experts; ZeRO is not combined with it.
+        EXPECT_EQ(row.layout.dp * row.layout.cp % row.layout.ep, 0);
+        EXPECT_EQ(8 % row.layout.ep, 0);
+        if (row.layout.ep > 1) EXPECT_EQ(row.layout.zero, 0);
+    }
+    EXPECT_TRUE(eps.count(1) && eps.count(2) && eps.count(4) && eps.count(8));
+    // The best row's overrides give a plan with its ep.
+    std::vector<std::string> set = sim::overrides_of(rep.rows.front().layout);
+    EXPECT_EQ(simulated(o.file, set).graph.ep, std::max<int64_t>(rep.rows.front().layout.ep, 1));
+}
+
+TEST(Search, ExpertParallelBoundsNeverExceedTheSimulatedStep) {
+    expect_bounds_hold(script("moe.dist", small_moe));
 }

@@ -1,0 +1,264 @@
+// moe_test.cpp: mixtures of experts and expert parallelism in the checker, the plan and the
+// simulator.
+//
+// Parameter counts are written out here from each model's published architecture (its Hugging
+// Face config) and held against the totals its authors state: Mixtral 8x7B 46.7B with 12.9B
+// active per token (Mistral AI's release), DeepSeekMoE 16B 16.4B with 2.8B active (Dai et al.
+// 2024, arXiv 2401.06066, section 5). Plan figures follow from the layer's definition: a rank
+// holds 1/ep of the routed experts, each of its N tokens sends top_k copies of its activation
+// out and gets them back.
+#include "actors/plan/lower.hpp"
+#include "actors/plan/stages.hpp"
+#include "actors/sim/simulate.hpp"
+#include "lang/check.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+using namespace dist;
+using namespace dist::plan;
+
+namespace {
+
+lang::FrontendOptions opts(std::vector<std::string> overrides = {}) {
+    lang::FrontendOptions o;
+    o.search_roots = {std::filesystem::path(DIST_SOURCE_DIR) / "stdlib"};
+    o.overrides = std::move(overrides);
+    o.check_files = false;
+    return o;
+}
+
+lang::CheckResult check(const std::string& text, std::vector<std::string> overrides = {}) {
+    return lang::check_text("t.dist", text, opts(std::move(overrides)));
+}
+
+// A small Mixtral-shaped model on a CPU mesh of dp replicas.
+std::string tiny(const std::string& mesh = "dp: 4\n    ep: 2",
+                 const std::string& moe_args = "experts: 4, top_k: 2, hidden: 128") {
+    return "import \"std/moe.dist\"\n"
+           "model = mixtral(vocab: 256, context: 64, layers: 2, heads: 4, kv_heads: 2, width: "
+           "64, " +
+           moe_args +
+           ")\n"
+           "mesh {\n    devices: cpu\n    " +
+           mesh +
+           "\n}\n"
+           "train {\n    data: synthetic()\n    batch: 8\n    steps: 5\n}\n";
+}
+
+Program checked(const std::string& text, std::vector<std::string> overrides = {}) {
+    lang::CheckResult r = check(text, std::move(overrides));
+    EXPECT_TRUE(r.ok()) << r.report();
+    return r.ok() ? *r.program : Program{};
+}
+
+Graph lowered(const Program& p) {
+    PlanResult r = lower(p);
+    EXPECT_TRUE(r.ok()) << render_errors(p.file, r.errors);
+    return r.ok() ? *r.graph : Graph{};
+}
+
+const LayerSpec* first_moe(const Program& p) {
+    for (const BlockSpec& b : p.model.blocks)
+        for (const ModelItemSpec& it : b.items)
+            for (const LayerSpec& l : it.layers)
+                if (l.kind == LayerKind::moe) return &l;
+    return nullptr;
+}
+
+} // namespace
+
+TEST(MixtureOfExperts, MixtralCountsEqualThePublishedOnes) {
+    Program p = checked("import \"std/moe.dist\"\nmodel = mixtral_8x7b()\nmesh {\n    devices: "
+                        "h100 x 64\n    tp: 8\n    pp: 8\n}\n"
+                        "train {\n    batch: 8\n    steps: 1\n}\n");
+    // 32 blocks of grouped-query attention (32 query heads, 8 key/value heads of 128), two
+    // RMSNorms and 8 SwiGLU experts of 14336 behind a router; untied embedding and head.
+    const int64_t C = 4096, attention = C * C + 2 * C * 1024 + C * C;
+    const int64_t experts = 8 * 3 * C * 14336, router = 8 * C;
+    const int64_t block = attention + 2 * C + experts + router;
+    const int64_t total = 32 * block + 2 * int64_t{32000} * C + C;
+    EXPECT_EQ(p.model.parameters, total);
+    const int64_t active = total - 32 * (6 * 3 * C * 14336);
+    EXPECT_EQ(p.model.active_parameters, active);
+    EXPECT_NEAR(static_cast<double>(p.model.parameters), 46.7e9, 0.05e9);
+    EXPECT_NEAR(static_cast<double>(p.model.active_parameters), 12.9e9, 0.05e9);
+    const LayerSpec* moe = first_moe(p);
+    ASSERT_NE(moe, nullptr);
+    EXPECT_EQ(moe->name, "layers.0.block_sparse_moe");
+    EXPECT_EQ(moe->router, RouterScore::softmax);
+    EXPECT_TRUE(moe->normalize);
+    EXPECT_EQ(moe->capacity, 0.0); // dropless
+}
+
+TEST(MixtureOfExperts, DeepSeekCountsEqualThePublishedOnesWithADenseFirstBlock) {
+    Program p = checked("import \"std/moe.dist\"\nmodel = deepseek_moe_16b()\nmesh {\n    devices: "
+                        "h100 x 32\n    tp: 8\n    pp: 4\n}\n"
+                        "train {\n    batch: 8\n    steps: 1\n}\n");
+    // 28 blocks of multi-head attention; the first with a dense SwiGLU MLP of 10944, the other
+    // 27 with 64 routed experts of 1408 (6 per token) and 2 shared ones, behind a router.
+    const int64_t C = 2048, attention = 4 * C * C, expert = 3 * C * 1408;
+    const int64_t dense = attention + 2 * C + 3 * C * 10944;
+    const int64_t moe = attention + 2 * C + 64 * expert + 2 * expert + 64 * C;
+    const int64_t total = dense + 27 * moe + 2 * int64_t{102400} * C + C;
+    EXPECT_EQ(p.model.parameters, total);
+    EXPECT_EQ(p.model.active_parameters, total - 27 * 58 * expert);
+    EXPECT_NEAR(static_cast<double>(p.model.parameters), 16.4e9, 0.05e9);
+    EXPECT_NEAR(static_cast<double>(p.model.active_parameters), 2.8e9, 0.05e9);
+    // Two `repeat`s under one label number their blocks on: layers.0 dense, layers.1 ... routed.
+    ASSERT_EQ(p.model.blocks.size(), 28u);
+    EXPECT_EQ(p.model.blocks[0].name, "layers.0");
+    EXPECT_EQ(p.model.blocks[1].name, "layers.1");
+    EXPECT_EQ(p.model.blocks[27].name, "layers.27");
+    EXPECT_EQ(p.model.blocks[0].items[1].layers[1].kind, LayerKind::mlp);
+    EXPECT_EQ(p.model.blocks[1].items[1].layers[1].kind, LayerKind::moe);
+    EXPECT_EQ(p.model.blocks[1].items[1].layers[1].name, "layers.1.mlp");
+    const LayerSpec* m = first_moe(p);
+    ASSERT_NE(m, nullptr);
+    EXPECT_FALSE(m->normalize);
+    EXPECT_EQ(m->shared_experts, 2);
+    EXPECT_EQ(m->shared_hidden, 1408);
+}
+
+TEST(MixtureOfExperts, ExpertParallelismIsCheckedWithLocatedReasons) {
+    auto report = [](const std::string& text) { return check(text).report(); };
+    // ep divides dp x cp, and every layer's experts.
+    std::string r = report(tiny("dp: 2\n    ep: 4"));
+    EXPECT_NE(r.find("t.dist:6:5: error: ep = 4 does not divide the 2 data-parallel ranks"),
+              std::string::npos)
+        << r;
+    r = report(tiny("dp: 6\n    ep: 3"));
+    EXPECT_NE(r.find("ep = 3 does not divide the 4 experts of `layers.0.block_sparse_moe`"),
+              std::string::npos)
+        << r;
+    // ep without experts.
+    std::string dense = tiny("dp: 2\n    ep: 2");
+    dense.replace(dense.find("import \"std/moe.dist\""), 21, "import \"std/llama.dist\"");
+    dense.replace(dense.find("model = mixtral"), 15, "model = llama");
+    dense.replace(dense.find("experts: 4, top_k: 2, hidden: 128"), 33, "hidden: 128");
+    r = report(dense);
+    EXPECT_NE(r.find("and the model has none"), std::string::npos) << r;
+    // ZeRO beside expert parallelism is refused, at `zero`.
+    r = report(tiny("dp: 4\n    ep: 2\n    zero: 1"));
+    EXPECT_NE(r.find("t.dist:7:5: error: ZeRO 1 with expert parallelism is not modelled"),
+              std::string::npos)
+        << r;
+    // The layer's own arguments.
+    r = report(tiny("dp: 1", "experts: 4, top_k: 5, hidden: 128"));
+    EXPECT_NE(r.find("top_k 5 is more than the 4 experts"), std::string::npos) << r;
+    // tp splits each expert's hidden size.
+    r = report(tiny("dp: 1\n    tp: 3", "experts: 4, top_k: 2, hidden: 128"));
+    EXPECT_NE(r.find("hidden size 128 (`layers.0.block_sparse_moe`)"), std::string::npos) << r;
+}
+
+TEST(MixtureOfExperts, TheLayerRefusesBadArgumentsWhereTheyAre) {
+    const std::string head = "model m(v) {\n    e: embedding(v, 64)\n    p: position_embedding(64, "
+                             "64)\n    h: repeat 2 {\n        x: ";
+    const std::string tail = "\n    }\n    l: lm_head(64, v)\n    c: cross_entropy()\n}\n"
+                             "model = m(v: 256)\nmesh {\n    devices: cpu\n}\ntrain {\n"
+                             "    batch: 8\n    steps: 1\n}\n";
+    auto report = [&](const std::string& layer) { return check(head + layer + tail).report(); };
+    // Located at the value: line 5, after the 8 spaces and `x: ` before the layer.
+    const std::string bad = "moe(64, experts: 4, top_k: 1, hidden: 32, router: sigmoi)";
+    std::string r = report(bad);
+    const std::string at = "t.dist:5:" + std::to_string(8 + 3 + bad.find("sigmoi") + 1) + ":";
+    EXPECT_NE(r.find(at + " error: unknown router `sigmoi`"), std::string::npos) << r;
+    r = report("moe(64, experts: 4, top_k: 1, hidden: 32, capacity: -1.0)");
+    EXPECT_NE(r.find("`capacity` must be 0 or more"), std::string::npos) << r;
+    r = report("moe(64, experts: 4, top_k: 1, hidden: 32, shared_hidden: 16)");
+    EXPECT_NE(r.find("`shared_hidden` without `shared` experts"), std::string::npos) << r;
+    EXPECT_TRUE(check(head +
+                      "moe(64, experts: 4, top_k: 1, hidden: 32, router: sigmoid, capacity: 1.25, "
+                      "aux_loss: 0.01, shared: 1, shared_hidden: 16)" +
+                      tail)
+                    .ok());
+    // Outside the blocks, and a `repeat` after the head.
+    std::string outside = head + "moe(64, experts: 4, top_k: 1, hidden: 32)" + tail;
+    outside.replace(outside.find("l: lm_head"), 0,
+                    "z: moe(64, experts: 4, top_k: 1, hidden: 32)\n    ");
+    r = check(outside).report();
+    EXPECT_NE(r.find("a mixture of experts sits in the repeated blocks"), std::string::npos) << r;
+    std::string late = head + "mlp(64, hidden: 32)" + tail;
+    late.replace(late.find("    c: cross_entropy()"), 0,
+                 "    g: repeat 1 {\n        y: mlp(64, hidden: 32)\n    }\n");
+    r = check(late).report();
+    EXPECT_NE(r.find("a model's `repeat`s of blocks come one after another"), std::string::npos)
+        << r;
+}
+
+TEST(MixtureOfExperts, TrainingIsRefusedAtTheLayerNotIgnored) {
+    Program p = checked(tiny());
+    EXPECT_NE(p.train.training_refusal.find("std/moe.dist:"), std::string::npos)
+        << p.train.training_refusal;
+    EXPECT_NE(p.train.training_refusal.find("a mixture of experts is checked, planned and "
+                                            "simulated, not yet trained"),
+              std::string::npos);
+}
+
+TEST(MixtureOfExperts, ARankHoldsItsShareOfTheExpertsAndSendsTopKCopies) {
+    // dp 4, ep 2: each rank holds 2 of the 4 experts of every block; the experts' gradients are
+    // reduced over the dp / ep = 2 ranks that hold the same ones.
+    Program p = checked(tiny());
+    Program whole = checked(tiny("dp: 4"));
+    Graph g = lowered(p), one = lowered(whole);
+    ASSERT_EQ(g.stages.size(), 1u);
+    const LayerSpec& moe = *first_moe(p);
+    const int64_t expert = 3 * 64 * 128; // SwiGLU: three matrices
+    EXPECT_EQ(one.stages[0].parameters - g.stages[0].parameters, 2 /* blocks */ * 2 * expert);
+    EXPECT_EQ(one.stages[0].parameters, p.model.parameters);
+    // A dispatch and a combine per block; each rank's N tokens send top_k copies of C floats.
+    const int64_t N = p.train.microbatch_size * 64;
+    EXPECT_EQ(g.stages[0].all_to_alls, 2 * 2);
+    EXPECT_EQ(g.stages[0].all_to_all_bytes, N * moe.top_k * 64 * 4);
+    EXPECT_EQ(one.stages[0].all_to_alls, 0);
+    int64_t expert_bytes = 0;
+    const size_t dense =
+        g.stages[0].buckets.size() - static_cast<size_t>(g.stages[0].expert_buckets);
+    for (size_t i = dense; i < g.stages[0].buckets.size(); ++i)
+        expert_bytes += g.stages[0].buckets[i];
+    EXPECT_EQ(expert_bytes, 2 * 2 * expert * 4);
+    // ep = dp: every replica holds different experts, and nothing reduces their gradients.
+    Graph all = lowered(checked(tiny("dp: 4\n    ep: 4")));
+    EXPECT_EQ(all.stages[0].expert_buckets, 0);
+    EXPECT_EQ(all.stages[0].parameters, p.model.parameters - 2 * 3 * expert);
+}
+
+TEST(MixtureOfExperts, TheSimulatorPricesTheAllToAllsOnTheGroupsLinks) {
+    // Two hosts of two devices: ep 2 within a host (dp 2 x tp 1 ... replicas 0 and 1 share
+    // host 0) against the same mesh with the all-to-alls removed from the graph.
+    const std::string text = tiny("dp: 2\n    ep: 2");
+    Program p = checked(text);
+    Graph g = lowered(p);
+    sim::SimResult with = sim::simulate(g, p);
+    Graph bare = g;
+    for (PlanStage& s : bare.stages) s.all_to_alls = 0;
+    sim::SimResult without = sim::simulate(bare, p);
+    ASSERT_TRUE(with.ok() && without.ok());
+    auto forward = [](const sim::Timeline& t) {
+        const sim::RankReport& r = t.ranks[0];
+        for (const sim::Span& s : r.spans)
+            if (t.graph.ranks[0].actions[s.action].kind == ActionKind::forward)
+                return s.end - s.start;
+        return 0.0;
+    };
+    const LinkSpec link = p.mesh.profile.intra_host;
+    const double bytes = static_cast<double>(g.stages[0].all_to_all_bytes);
+    const double one = link.latency + bytes / 2 / link.bandwidth; // n - 1 = 1 message of half
+    EXPECT_NEAR(forward(*with.timeline) - forward(*without.timeline), 4 * one, 1e-12);
+    EXPECT_GT(with.timeline->step_time_s, without.timeline->step_time_s);
+}
+
+TEST(MixtureOfExperts, ThePlanningExampleFitsOnlyWithExpertParallelism) {
+    const auto file =
+        std::filesystem::path(DIST_SOURCE_DIR) / "examples" / "mixtral_8x7b_64xh100.dist";
+    lang::CheckResult ok = lang::check_file(file, opts());
+    ASSERT_TRUE(ok.ok()) << ok.report();
+    Graph g = lowered(*ok.program);
+    sim::SimResult s = sim::simulate(g, *ok.program);
+    ASSERT_TRUE(s.ok());
+    EXPECT_TRUE(s.timeline->fits);
+    lang::CheckResult one = lang::check_file(file, opts({"mesh.ep=1"}));
+    EXPECT_NE(one.report().find("the model does not fit"), std::string::npos) << one.report();
+}
