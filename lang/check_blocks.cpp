@@ -300,7 +300,8 @@ bool check_blocks(const BlockSet& blocks, const Definitions& defs, const fs::pat
                           "one kind of device",
                       "`dist sim` and `dist search` take this mesh; train with one kind"});
     }
-    if (blocks.model_ok && program.model.has_experts() && program.train.training_refusal.empty()) {
+    if (blocks.model_ok && program.model.has_experts() && !program.mesh.profile.cpu() &&
+        program.train.training_refusal.empty()) {
         const LayerSpec* moe = nullptr;
         for (const BlockSpec& b : program.model.blocks)
             for (const ModelItemSpec& it : b.items)
@@ -308,9 +309,11 @@ bool check_blocks(const BlockSet& blocks, const Definitions& defs, const fs::pat
                     if (l.kind == LayerKind::moe && !moe) moe = &l;
         program.train.training_refusal = render_diagnostic(
             sources, {moe->loc,
-                      "a mixture of experts is checked, planned and simulated, not yet trained: "
-                      "the runtime has no router, experts or all-to-all",
-                      "`dist check`, `dist plan` and `dist sim` take this model"});
+                      "a mixture of experts trains on `cpu` devices: its router runs on the "
+                      "host, and " +
+                          program.mesh.profile.name + " ranks compute on GPUs",
+                      "`dist check`, `dist plan` and `dist sim` take this model; a mesh of `cpu` "
+                      "devices trains it on this machine's cores"});
     }
     c.generate(blocks.generate);
     if (mesh_ok && schedule_ok && c.ok && blocks.model_ok) {

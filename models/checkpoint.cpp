@@ -21,11 +21,15 @@ namespace dist::models {
 
 namespace {
 
+// Hugging Face's layouts: GPT-2's; Llama's (Mixtral and DeepSeek-MoE extend it with their
+// mixtures of experts); or Dist's own names.
 enum class Family { gpt2, llama, native };
 
 Family family_of(const ModelSpec& spec) {
     if (spec.template_name == "gpt") return Family::gpt2;
-    if (spec.template_name == "llama") return Family::llama;
+    if (spec.template_name == "llama" || spec.template_name == "mixtral" ||
+        spec.template_name == "deepseek_moe")
+        return Family::llama;
     return Family::native;
 }
 
@@ -124,9 +128,42 @@ Mapping mapping_of(const ModelSpec& spec) {
             break;
         case LayerKind::rotary_embedding:
         case LayerKind::cross_entropy: break;
-        case LayerKind::moe:
-            throw std::invalid_argument("`" + l.name +
-                                        "`: a mixture of experts has no checkpoint layout yet");
+        case LayerKind::moe: {
+            // Mixtral: block_sparse_moe.gate, experts.E.w1 (gate) / w3 (up) / w2 (down).
+            // DeepSeek-MoE: mlp.gate, experts.E.gate_proj / up_proj / down_proj, and one
+            // shared_experts MLP of shared x shared_hidden units.
+            const bool glu = l.activation == Activation::swiglu;
+            const bool mixtral = spec.template_name == "mixtral";
+            auto expert = [&](const std::string& internal, const std::string& external,
+                              int64_t hidden) {
+                if (fam != Family::llama) {
+                    whole(internal + ".fc.weight", external + ".fc.weight",
+                          glu ? 2 * hidden : hidden);
+                    whole(internal + ".proj.weight", external + ".proj.weight", l.width);
+                    return;
+                }
+                auto& v = m.pieces[internal + ".fc.weight"];
+                std::string gate = mixtral ? ".w1" : ".gate_proj",
+                            up = mixtral ? ".w3" : ".up_proj";
+                if (glu) {
+                    v.push_back({external + gate + ".weight", 0, hidden, false});
+                    v.push_back({external + up + ".weight", hidden, 2 * hidden, false});
+                } else {
+                    v.push_back({external + up + ".weight", 0, hidden, false});
+                }
+                whole(internal + ".proj.weight",
+                      external + (mixtral ? ".w2" : ".down_proj") + ".weight", l.width);
+            };
+            whole(in + ".router.weight",
+                  ex + (fam == Family::llama ? ".gate" : ".router") + ".weight", l.experts);
+            for (int64_t e = 0; e < l.experts; ++e)
+                expert(in + ".experts." + std::to_string(e), ex + ".experts." + std::to_string(e),
+                       l.hidden);
+            if (l.shared_experts > 0)
+                expert(in + ".shared", ex + (fam == Family::llama ? ".shared_experts" : ".shared"),
+                       l.shared_experts * l.shared_hidden);
+            break;
+        }
         }
     });
     return m;
@@ -214,8 +251,12 @@ nlohmann::json config_of(const ModelSpec& spec) {
     const LayerSpec* mlp = nullptr;
     const LayerSpec* norm = nullptr;
     const LayerSpec* head = nullptr;
+    const LayerSpec* moe = nullptr;
     double theta = 0;
+    int64_t dense = 0; // blocks before the first with experts
     visit_layers(spec, [&](const LayerSpec& l) {
+        if (l.kind == LayerKind::moe && !moe) moe = &l;
+        if (l.kind == LayerKind::mlp && !moe) ++dense;
         if (l.kind == LayerKind::attention && !attn) attn = &l;
         if (l.kind == LayerKind::mlp && !mlp) mlp = &l;
         if ((l.kind == LayerKind::layer_norm || l.kind == LayerKind::rms_norm) && !norm) norm = &l;
@@ -243,6 +284,40 @@ nlohmann::json config_of(const ModelSpec& spec) {
                 {"torch_dtype", "float32"},
                 {"dist_template", args}};
     case Family::llama:
+        if (moe) {
+            nlohmann::json c = {{"vocab_size", spec.vocab},
+                                {"max_position_embeddings", spec.context},
+                                {"hidden_size", spec.width},
+                                {"num_hidden_layers", layers},
+                                {"num_attention_heads", attn->heads},
+                                {"num_key_value_heads", attn->kv_heads},
+                                {"head_dim", attn->head_dim},
+                                {"rms_norm_eps", norm->eps},
+                                {"rope_theta", theta},
+                                {"hidden_act", "silu"},
+                                {"num_experts_per_tok", moe->top_k},
+                                {"tie_word_embeddings", head->tied},
+                                {"torch_dtype", "float32"},
+                                {"dist_template", args}};
+            if (spec.template_name == "mixtral") {
+                c["architectures"] = {"MixtralForCausalLM"};
+                c["model_type"] = "mixtral";
+                c["intermediate_size"] = moe->hidden;
+                c["num_local_experts"] = moe->experts;
+                c["router_aux_loss_coef"] = moe->aux_loss;
+            } else {
+                c["architectures"] = {"DeepseekForCausalLM"};
+                c["model_type"] = "deepseek";
+                c["intermediate_size"] = mlp ? mlp->hidden : moe->hidden;
+                c["moe_intermediate_size"] = moe->hidden;
+                c["n_routed_experts"] = moe->experts;
+                c["n_shared_experts"] = moe->shared_experts;
+                c["first_k_dense_replace"] = dense;
+                c["norm_topk_prob"] = moe->normalize;
+                c["aux_loss_alpha"] = moe->aux_loss;
+            }
+            return c;
+        }
         return {{"architectures", {"LlamaForCausalLM"}},
                 {"model_type", "llama"},
                 {"vocab_size", spec.vocab},

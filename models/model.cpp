@@ -8,9 +8,10 @@ namespace dist::models {
 Model::Model(const ModelSpec& spec, uint64_t seed, Recompute recompute, transport::Collectives* tp)
     : spec_(spec), stage_(spec, StageSpan::whole(spec), seed, recompute, tp) {}
 
-double Model::forward(int64_t mb, const Tensor& tokens, const Tensor& targets) {
+double Model::forward(int64_t mb, const Tensor& tokens, const Tensor& targets, double loss_weight) {
     Batch& batch = batches_[mb];
     batch = {tokens, targets};
+    batch.loss_weight = loss_weight;
     Tensor x = stage_.forward(mb, tokens, batch);
     loss_shape_[mb] = x.shape();
     double sum = 0.0;

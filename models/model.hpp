@@ -32,7 +32,9 @@ class Model {
           transport::Collectives* tp = nullptr);
 
     /// tokens, targets (B,T) i32 -> the mean of the B*T token losses.
-    double forward(int64_t mb, const Tensor& tokens, const Tensor& targets);
+    /// `loss_weight`: the weight backward will give this microbatch's loss (Batch::loss_weight).
+    double forward(int64_t mb, const Tensor& tokens, const Tensor& targets,
+                   double loss_weight = 1.0);
     /// Adds the gradients of `weight` x (this microbatch's mean loss).
     void backward(int64_t mb, double weight);
     /// The two halves of backward, over the whole model: the input gradients first, then the
@@ -52,6 +54,8 @@ class Model {
     double loss(const Tensor& tokens, const Tensor& targets);
 
     ParameterStore& params() { return stage_.params(); }
+    /// What the model's mixtures of experts saw since the last call.
+    ExpertStats take_expert_stats() { return stage_.take_expert_stats(); }
     const ParameterStore& params() const { return stage_.params(); }
     const ModelSpec& spec() const { return spec_; }
 

@@ -57,6 +57,9 @@ struct Parameter {
     /// Its gradient is this tensor-parallel rank's part of a sum over the group (a norm or
     /// the positions, computed on a sequence shard): the runtime all-reduces it over tp.
     bool sequence_partial = false;
+    /// A routed expert's weight: under expert parallelism its gradient is summed over the
+    /// expert-data-parallel group, not the data-parallel one.
+    bool expert = false;
     Init init;
     bool decay = true; // weight decay applies (matrices), or not (biases and norm gains)
 };

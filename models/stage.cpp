@@ -53,7 +53,7 @@ const LayerSpec* find_layer(const std::vector<ModelItemSpec>& items, LayerKind k
 
 Stage::Stage(const ModelSpec& spec, StageSpan span, uint64_t seed, Recompute recompute,
              transport::Collectives* tp, kernels::Backend* device, bool sequence_parallel,
-             transport::Collectives* cp)
+             transport::Collectives* cp, transport::Collectives* ep)
     : span_(span), device_(device ? device : &kernels::cpu_backend()),
       params_(device_->allocator()) {
     auto blocks = static_cast<int64_t>(spec.blocks.size());
@@ -65,6 +65,7 @@ Stage::Stage(const ModelSpec& spec, StageSpan span, uint64_t seed, Recompute rec
     ctx.tp = tp;
     ctx.sequence_parallel = sequence_parallel;
     ctx.cp = cp;
+    ctx.ep = ep;
     ctx.backend = device_;
     if (const LayerSpec* rotary = find_layer(spec.pre, LayerKind::rotary_embedding))
         ctx.rotary_theta = rotary->theta;
@@ -136,6 +137,12 @@ Tensor Stage::infer(const Tensor& input, const InferContext& ctx) {
 
 void Stage::end_session(int64_t session) {
     for (auto& u : units_) u->end_session(session);
+}
+
+ExpertStats Stage::take_expert_stats() {
+    ExpertStats stats;
+    for (auto& u : units_) u->take_expert_stats(stats);
+    return stats;
 }
 
 void Stage::discard(int64_t mb) {

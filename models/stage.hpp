@@ -52,7 +52,7 @@ class Stage {
     Stage(const ModelSpec& spec, StageSpan span, uint64_t seed,
           Recompute recompute = Recompute::none, transport::Collectives* tp = nullptr,
           kernels::Backend* device = nullptr, bool sequence_parallel = false,
-          transport::Collectives* cp = nullptr);
+          transport::Collectives* cp = nullptr, transport::Collectives* ep = nullptr);
 
     /// The first stage reads tokens (B,T) i32, the others activations (B,T,C). Returns the
     /// activations for the next stage, or on the last stage the per-token losses (B,T).
@@ -65,6 +65,8 @@ class Stage {
     void backward_weight(int64_t mb);
     /// Drops the state a forward kept for `mb`.
     void discard(int64_t mb);
+    /// What the stage's mixtures of experts saw since the last call (empty without experts).
+    ExpertStats take_expert_stats();
     /// The forward of every unit but the last (the loss): logits on the last stage.
     Tensor forward_without_loss(int64_t mb, const Tensor& input, const Batch& batch);
 

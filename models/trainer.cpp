@@ -57,6 +57,25 @@ std::string metrics_json(const StepMetrics& m) {
                         {"tokens", m.tokens},
                         {"step_time_s", m.step_time_s},
                         {"tokens_per_s", m.tokens_per_s}};
+    if (!m.experts.empty()) {
+        // Tokens per expert (copies admitted, summed over the layers), the copies dropped at
+        // capacity, and the auxiliary loss's mean over the layers and microbatches (the value
+        // its coefficient adds to the objective, per layer).
+        j["expert_load"] = m.experts.load;
+        j["dropped_tokens"] = m.experts.dropped;
+        j["routed_tokens"] = m.experts.routed;
+        j["aux_loss"] = m.experts.aux_terms > 0
+                            ? m.experts.aux_loss / static_cast<double>(m.experts.aux_terms)
+                            : 0.0;
+        // max / mean of the load: 1 is perfectly balanced.
+        double total = 0.0, most = 0.0;
+        for (int64_t l : m.experts.load) {
+            total += static_cast<double>(l);
+            most = std::max(most, static_cast<double>(l));
+        }
+        j["expert_imbalance"] =
+            total > 0 ? most * static_cast<double>(m.experts.load.size()) / total : 0.0;
+    }
     return j.dump();
 }
 
@@ -107,7 +126,8 @@ std::string train(const Program& program, Model& model, const TokenData& data, i
                         inputs.data<int32_t>() + i * mb_rows * T, bytes);
             std::memcpy(mb_tg[static_cast<size_t>(i)].raw(),
                         targets.data<int32_t>() + i * mb_rows * T, bytes);
-            loss += model.forward(i, mb_in[static_cast<size_t>(i)], mb_tg[static_cast<size_t>(i)]) /
+            loss += model.forward(i, mb_in[static_cast<size_t>(i)], mb_tg[static_cast<size_t>(i)],
+                                  1.0 / static_cast<double>(m)) /
                     static_cast<double>(m);
             model.backward(i, 1.0 / static_cast<double>(m));
         }
@@ -130,7 +150,8 @@ std::string train(const Program& program, Model& model, const TokenData& data, i
                        norm,
                        B * T,
                        secs,
-                       secs > 0 ? static_cast<double>(B * T) / secs : 0.0};
+                       secs > 0 ? static_cast<double>(B * T) / secs : 0.0,
+                       model.take_expert_stats()};
         if (on_step && !on_step(sm)) break;
     }
     return {};

@@ -23,6 +23,8 @@ struct StepMetrics {
     int64_t tokens = 0;     // tokens in this step's batch
     double step_time_s = 0.0;
     double tokens_per_s = 0.0;
+    /// A model with experts: what its routers did this step, over every rank and layer.
+    ExpertStats experts;
 };
 
 /// The learning rate of step `step` (0-based): linear warm-up to `lr`, then constant, cosine or

@@ -168,5 +168,6 @@ std::unique_ptr<Unit> make_loss(const LayerSpec& l, UnitContext& ctx);
 std::unique_ptr<Unit> make_norm(const LayerSpec& l, UnitContext& ctx);
 std::unique_ptr<Unit> make_attention(const LayerSpec& l, UnitContext& ctx);
 std::unique_ptr<Unit> make_mlp(const LayerSpec& l, UnitContext& ctx);
+std::unique_ptr<Unit> make_moe(const LayerSpec& l, UnitContext& ctx);
 
 } // namespace dist::models::detail

@@ -39,6 +39,7 @@ class ResidualUnit : public Named {
     Tensor backward_input(int64_t mb, const Tensor& dy) override {
         if (recompute_) {
             Input in = take(inputs_, mb, "recomputed residual");
+            in.batch.recomputed = true;
             body_forward(mb, in.x, in.batch);
         }
         Tensor g = dy;
@@ -61,6 +62,9 @@ class ResidualUnit : public Named {
     }
     void end_session(int64_t session) override {
         for (auto& u : body_) u->end_session(session);
+    }
+    void take_expert_stats(ExpertStats& into) override {
+        for (auto& u : body_) u->take_expert_stats(into);
     }
 
   private:
@@ -86,6 +90,16 @@ class ResidualUnit : public Named {
 
 } // namespace
 
+void ExpertStats::merge(const ExpertStats& o) {
+    if (o.load.empty()) return;
+    if (load.size() < o.load.size()) load.resize(o.load.size(), 0);
+    for (size_t e = 0; e < o.load.size(); ++e) load[e] += o.load[e];
+    dropped += o.dropped;
+    routed += o.routed;
+    aux_loss += o.aux_loss;
+    aux_terms += o.aux_terms;
+}
+
 std::unique_ptr<Unit> make_unit(const LayerSpec& l, UnitContext& ctx) {
     switch (l.kind) {
     case LayerKind::embedding: return make_embedding(l, ctx);
@@ -97,9 +111,7 @@ std::unique_ptr<Unit> make_unit(const LayerSpec& l, UnitContext& ctx) {
     case LayerKind::mlp: return make_mlp(l, ctx);
     case LayerKind::lm_head: return make_head(l, ctx);
     case LayerKind::cross_entropy: return make_loss(l, ctx);
-    case LayerKind::moe:
-        // The checker refuses to train such a model (train.training_refusal).
-        throw std::invalid_argument("`" + l.name + "`: a mixture of experts is not trained yet");
+    case LayerKind::moe: return make_moe(l, ctx);
     }
     return nullptr;
 }

@@ -32,6 +32,25 @@ using kernels::Tensor;
 struct Batch {
     Tensor tokens;  // (B,T) i32
     Tensor targets; // (B,T) i32
+    /// The weight of this microbatch's mean loss in the step's objective (1 / microbatches):
+    /// what a loss a unit adds of its own (a mixture of experts' auxiliary loss) is scaled by.
+    double loss_weight = 1.0;
+    /// A forward run again at backward (recomputation), not a new one.
+    bool recomputed = false;
+};
+
+/// What the mixtures of experts of a stage saw over the microbatches of a step: copies
+/// admitted per expert (the load), copies dropped at capacity, and the sum over microbatches
+/// and layers of the auxiliary loss (unweighted by its coefficient's absence: the value added
+/// to the objective), with how many (layer, microbatch) pairs it sums.
+struct ExpertStats {
+    std::vector<int64_t> load; // per expert, summed over the stage's moe layers
+    int64_t dropped = 0;
+    int64_t routed = 0; // token copies routed (admitted + dropped)
+    double aux_loss = 0.0;
+    int64_t aux_terms = 0;
+    bool empty() const { return load.empty(); }
+    void merge(const ExpertStats& o);
 };
 
 /// Where an inference forward's new tokens sit, and the key/value cache they extend. Rows may
@@ -66,6 +85,9 @@ class Unit {
     virtual Tensor infer(const Tensor& x, const Batch& batch, const InferContext& ctx);
     /// Frees the cache of a session.
     virtual void end_session(int64_t) {}
+    /// Adds what the unit's routers saw since the last call to `into`, and forgets it (units
+    /// without experts add nothing).
+    virtual void take_expert_stats(ExpertStats&) {}
 
     Tensor backward(int64_t mb, const Tensor& dy) {
         Tensor dx = backward_input(mb, dy);
@@ -96,6 +118,9 @@ struct UnitContext {
     /// The context-parallel group: each rank holds two chunks of every sequence (see
     /// ContextParallel in unit_common.hpp). Null, or a group of one: whole sequences.
     transport::Collectives* cp = nullptr;
+    /// The expert-parallel group: a mixture of experts' experts split over its ranks, the
+    /// all-to-alls of its tokens within it. Null, or a group of one: every expert here.
+    transport::Collectives* ep = nullptr;
     /// The device the units compute on, where `params` lives too. Null: the CPU.
     kernels::Backend* backend = nullptr;
     kernels::Backend& device() const { return backend ? *backend : kernels::cpu_backend(); }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace dist::transport {
 
@@ -38,6 +39,11 @@ class Collectives {
     virtual void reduce_scatter(const float* in, int64_t n, float* out) = 0;
     /// data (n): every member ends with the root's data.
     virtual void broadcast(float* data, int64_t n, int root) = 0;
+    /// Each member sends send[g] values to member g and receives recv[g] from it: `in` holds
+    /// what it sends, member by member in order, and `out` receives what each sent it, member
+    /// by member in order. The counts must agree (member g's send[r] is member r's recv[g]).
+    virtual void all_to_all(const float* in, const std::vector<int64_t>& send, float* out,
+                            const std::vector<int64_t>& recv) = 0;
     /// From any thread: ends this member's collective under way, and fails every later one,
     /// with a CollectiveError (a peer has failed and will never join). Backends that abort a
     /// whole group (InProcessGroup::abort) or time out by themselves (Gloo) need nothing here.
@@ -53,6 +59,8 @@ class SoloCollectives final : public Collectives {
     void all_gather(const float* in, int64_t n, float* out) override;
     void reduce_scatter(const float* in, int64_t n, float* out) override;
     void broadcast(float*, int64_t, int) override {}
+    void all_to_all(const float* in, const std::vector<int64_t>& send, float* out,
+                    const std::vector<int64_t>& recv) override;
 };
 
 } // namespace dist::transport

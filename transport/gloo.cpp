@@ -4,6 +4,7 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
@@ -97,6 +98,24 @@ class GlooCollectives final : public Collectives {
             opts.setRoot(root);
             opts.setTag(next_tag());
             gloo::broadcast(opts);
+        });
+    }
+
+    void all_to_all(const float* in, const std::vector<int64_t>& send, float* out,
+                    const std::vector<int64_t>& recv) override {
+        const auto n = static_cast<size_t>(size());
+        if (send.size() != n || recv.size() != n)
+            throw CollectiveError(name_ + ": all_to_all on rank " + std::to_string(rank()) +
+                                  " with counts for " + std::to_string(send.size()) +
+                                  " members of " + std::to_string(n));
+        // Every member takes part even with nothing to send or receive: its peers wait for it.
+        guarded("all_to_all", [&] {
+            gloo::AlltoallvOptions opts(context_);
+            float none = 0.0f;
+            opts.setInput(const_cast<float*>(in ? in : &none), send);
+            opts.setOutput(out ? out : &none, recv);
+            opts.setTag(next_tag());
+            gloo::alltoallv(opts);
         });
     }
 

@@ -14,9 +14,22 @@ void SoloCollectives::reduce_scatter(const float* in, int64_t n, float* out) {
     if (in != out) std::memmove(out, in, static_cast<size_t>(n) * sizeof(float));
 }
 
+void SoloCollectives::all_to_all(const float* in, const std::vector<int64_t>& send, float* out,
+                                 const std::vector<int64_t>& recv) {
+    if (send.size() != 1 || recv.size() != 1 || send[0] != recv[0])
+        throw CollectiveError("all_to_all in a group of one: it sends itself what it receives");
+    if (in != out) std::memmove(out, in, static_cast<size_t>(send[0]) * sizeof(float));
+}
+
 namespace {
 
-enum Kind { all_reduce_kind = 1, all_gather_kind, reduce_scatter_kind, broadcast_kind };
+enum Kind {
+    all_reduce_kind = 1,
+    all_gather_kind,
+    reduce_scatter_kind,
+    broadcast_kind,
+    all_to_all_kind
+};
 
 const char* kind_name(int kind) {
     switch (kind) {
@@ -24,6 +37,7 @@ const char* kind_name(int kind) {
     case all_gather_kind: return "all_gather";
     case reduce_scatter_kind: return "reduce_scatter";
     case broadcast_kind: return "broadcast";
+    case all_to_all_kind: return "all_to_all";
     }
     return "?";
 }
@@ -85,6 +99,41 @@ class InProcessCollectives final : public Collectives {
         if (rank_ != root)
             std::memcpy(data, group_.slots_[root].in, static_cast<size_t>(n) * sizeof(float));
         group_.barrier(rank_, "broadcast");
+    }
+
+    void all_to_all(const float* in, const std::vector<int64_t>& send, float* out,
+                    const std::vector<int64_t>& recv) override {
+        const auto n = static_cast<size_t>(size());
+        if (send.size() != n || recv.size() != n)
+            throw CollectiveError(group_.name() + ": all_to_all on rank " + std::to_string(rank_) +
+                                  " with counts for " + std::to_string(send.size()) + " and " +
+                                  std::to_string(recv.size()) + " members of " + std::to_string(n));
+        InProcessGroup::Slot slot{in, out, static_cast<int64_t>(n), all_to_all_kind, 0, 0};
+        slot.send = send.data();
+        group_.arrive(rank_, slot, "all_to_all");
+        // Every member reads its blocks from the senders' buffers, each at the offset the
+        // sender's own counts give.
+        const auto& slots = group_.slots_;
+        std::string mismatch;
+        int64_t at = 0;
+        for (size_t g = 0; g < n; ++g) {
+            const int64_t* theirs = slots[g].send;
+            if (theirs[rank_] != recv[g]) {
+                mismatch = group_.name() + ": all_to_all: rank " + std::to_string(g) + " sends " +
+                           std::to_string(theirs[rank_]) + " values to rank " +
+                           std::to_string(rank_) + ", which expects " + std::to_string(recv[g]);
+                break;
+            }
+            int64_t from = 0;
+            for (int r = 0; r < rank_; ++r) from += theirs[r];
+            if (recv[g] > 0)
+                std::memcpy(out + at, slots[g].in + from,
+                            static_cast<size_t>(recv[g]) * sizeof(float));
+            at += recv[g];
+        }
+        if (!mismatch.empty()) group_.abort(mismatch);
+        group_.barrier(rank_, "all_to_all");
+        if (!mismatch.empty()) throw CollectiveError(mismatch);
     }
 
   private:

@@ -46,6 +46,7 @@ class InProcessGroup {
         int kind = 0;
         int op = 0;
         int root = 0;
+        const int64_t* send = nullptr; // all_to_all: the counts for each member
     };
     /// Publishes this member's slot, waits for every member, and checks they agree.
     void arrive(int rank, const Slot& slot, const char* call);

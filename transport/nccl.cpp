@@ -81,6 +81,31 @@ class NcclCollectives final : public Collectives {
         });
     }
 
+    void all_to_all(const float* in, const std::vector<int64_t>& send, float* out,
+                    const std::vector<int64_t>& recv) override {
+        if (send.size() != static_cast<size_t>(size_) || recv.size() != static_cast<size_t>(size_))
+            throw CollectiveError(name_ + ": all_to_all on rank " + std::to_string(rank_) +
+                                  " with counts for " + std::to_string(send.size()) +
+                                  " members of " + std::to_string(size_));
+        run("all_to_all", [&] {
+            // One send and one receive per peer, grouped so that NCCL runs them together.
+            DIST_NCCL_CHECK(ncclGroupStart());
+            int64_t s = 0, r = 0;
+            for (int g = 0; g < size_; ++g) {
+                const auto c = static_cast<size_t>(g);
+                if (send[c] > 0)
+                    DIST_NCCL_CHECK(ncclSend(in + s, static_cast<size_t>(send[c]), ncclFloat, g,
+                                             comm_, stream_));
+                if (recv[c] > 0)
+                    DIST_NCCL_CHECK(ncclRecv(out + r, static_cast<size_t>(recv[c]), ncclFloat, g,
+                                             comm_, stream_));
+                s += send[c];
+                r += recv[c];
+            }
+            DIST_NCCL_CHECK(ncclGroupEnd());
+        });
+    }
+
   private:
     template <typename F> void run(const char* call, F&& f) {
         try {

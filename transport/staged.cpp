@@ -1,6 +1,7 @@
 // staged.cpp: device data through host collectives.
 #include "transport/staged.hpp"
 
+#include <algorithm>
 #include <vector>
 
 namespace dist::transport {
@@ -35,6 +36,16 @@ class HostStaged final : public Collectives {
         float* h = down(data, n, a_);
         host_->broadcast(h, n, root);
         up(h, n, data);
+    }
+    void all_to_all(const float* in, const std::vector<int64_t>& send, float* out,
+                    const std::vector<int64_t>& recv) override {
+        int64_t sent = 0, received = 0;
+        for (int64_t c : send) sent += c;
+        for (int64_t c : recv) received += c;
+        float* h = down(in, sent, a_);
+        b_.resize(static_cast<size_t>(std::max<int64_t>(received, 1)));
+        host_->all_to_all(h, send, b_.data(), recv);
+        up(b_.data(), received, out);
     }
     void abort() override { host_->abort(); }
 

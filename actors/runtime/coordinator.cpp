@@ -181,6 +181,16 @@ void step_done(coordinator_pointer self) {
         for (size_t i = 0; i + 2 < o.timings.size(); i += 3)
             t.push_back({static_cast<size_t>(o.timings[i]), o.timings[i + 1], o.timings[i + 2]});
         report.traffic[static_cast<size_t>(o.rank)] = decode(o.traffic);
+        if (o.experts.size() >= 4) {
+            models::ExpertStats e;
+            e.dropped = static_cast<int64_t>(o.experts[0]);
+            e.routed = static_cast<int64_t>(o.experts[1]);
+            e.aux_loss = o.experts[2];
+            e.aux_terms = static_cast<int64_t>(o.experts[3]);
+            for (size_t i = 4; i < o.experts.size(); ++i)
+                e.load.push_back(static_cast<int64_t>(o.experts[i]));
+            report.metrics.experts.merge(e);
+        }
     }
     secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - st.step_start).count();
     const StepOutcome& any = st.replies.front();

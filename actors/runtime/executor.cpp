@@ -69,13 +69,13 @@ struct RankExecutor::StageState {
     std::map<int32_t, Tensor> inputs, outputs, grad_in, grad_out;
     std::map<int32_t, std::vector<int64_t>> loss_shape;
 
-    StageState(const plan::PlanStage& s, const Program& p, transport::Collectives* tp,
-               transport::Collectives* cp, kernels::Backend& device)
+    StageState(const plan::PlanStage& s, const Program& p, const RankComms& comms,
+               kernels::Backend& device)
         : info(s),
           stage(p.model,
                 models::StageSpan{s.first_block, s.first_block + s.blocks, s.embedding, s.head},
-                static_cast<uint64_t>(p.train.seed), p.schedule.recompute, tp, &device, p.mesh.sp,
-                cp) {}
+                static_cast<uint64_t>(p.train.seed), p.schedule.recompute, comms.tp, &device,
+                p.mesh.sp, comms.cp, comms.ep) {}
 
     void clear() {
         inputs.clear();
@@ -95,6 +95,10 @@ class RankExecutor::Reducer {
   public:
     /// `scatter`: ZeRO 2, each bucket reduce-scattered, every member keeping the average of
     /// its share of each parameter (zero_share); else all-reduced and averaged whole.
+    /// With split_experts (expert parallelism), the plan's last expert_buckets buckets of a
+    /// stage hold its routed experts' gradients, summed over the expert-data-parallel group
+    /// (null: a group of one) and averaged over the whole data-parallel one, as every member of
+    /// an expert group has added its tokens' share already; the other buckets hold the rest.
     Reducer(transport::Collectives* dp, std::map<int32_t, std::unique_ptr<StageState>>& stages,
             kernels::Backend& device, bool scatter)
         : dp_(dp), stages_(stages), scatter_(scatter), device_(device),
@@ -106,6 +110,11 @@ class RankExecutor::Reducer {
         }
         cv_.notify_all();
         thread_.join();
+    }
+
+    void split_experts(transport::Collectives* edp) {
+        split_ = true;
+        edp_ = edp;
     }
 
     void enqueue(int32_t stage, int32_t bucket) {
@@ -170,31 +179,52 @@ class RankExecutor::Reducer {
 
     void reduce(int32_t stage, int32_t bucket) {
         StageState& s = *stages_.at(stage);
-        auto& params = s.stage.params().all();
-        int64_t total = 0;
-        for (const auto& p : params) total += p.grad.numel();
+        auto& all = s.stage.params().all();
         auto k = static_cast<int64_t>(std::max<size_t>(1, s.info.buckets.size()));
-        int64_t begin = total * bucket / k, end = total * (bucket + 1) / k;
         if (scatter_) {
-            reduce_scatter(params, begin, end);
+            int64_t total = 0;
+            for (const auto& p : all) total += p.grad.numel();
+            reduce_scatter(all, total * bucket / k, total * (bucket + 1) / k);
             return;
         }
+        // The bucket's group and its share of which parameters.
+        transport::Collectives* group = dp_;
+        std::vector<models::Parameter*> params;
+        if (split_) {
+            const int64_t experts = s.info.expert_buckets, dense = k - experts;
+            const bool expert = bucket >= dense;
+            if (expert) {
+                group = edp_;
+                bucket -= static_cast<int32_t>(dense);
+                k = experts;
+            } else {
+                k = dense;
+            }
+            for (auto& p : all)
+                if (p.expert == expert) params.push_back(&p);
+        } else {
+            for (auto& p : all) params.push_back(&p);
+        }
+        int64_t total = 0;
+        for (const auto* p : params) total += p->grad.numel();
+        int64_t begin = total * bucket / k, end = total * (bucket + 1) / k;
+        if (end == begin) return;
         if (buffer_.numel() != end - begin) buffer_ = device_.empty({end - begin});
         float* buffer = buffer_.data<float>();
         // Pack the bucket's range of the flattened gradients, reduce, unpack averaged.
         auto walk = [&](auto&& visit) {
             int64_t offset = 0;
-            for (auto& p : params) {
-                int64_t n = p.grad.numel();
+            for (auto* p : params) {
+                int64_t n = p->grad.numel();
                 int64_t lo = std::max(begin, offset), hi = std::min(end, offset + n);
-                if (lo < hi) visit(p.grad.data<float>() + (lo - offset), lo - begin, hi - lo);
+                if (lo < hi) visit(p->grad.data<float>() + (lo - offset), lo - begin, hi - lo);
                 offset += n;
             }
         };
         walk([&](float* g, int64_t at, int64_t n) {
             device_.copy_block(g, n, buffer + at, n, 1, n);
         });
-        dp_->all_reduce(buffer, end - begin, transport::ReduceOp::sum);
+        if (group) group->all_reduce(buffer, end - begin, transport::ReduceOp::sum);
         float inv = 1.0f / static_cast<float>(dp_->size());
         walk([&](float* g, int64_t at, int64_t n) {
             device_.copy_block(buffer + at, n, g, n, 1, n);
@@ -248,6 +278,8 @@ class RankExecutor::Reducer {
     transport::Collectives* dp_;
     std::map<int32_t, std::unique_ptr<StageState>>& stages_;
     bool scatter_;
+    bool split_ = false;
+    transport::Collectives* edp_ = nullptr;
     Tensor share_; // this member's summed share of a scattered bucket
     std::mutex mutex_;
     std::condition_variable cv_;
@@ -354,10 +386,11 @@ RankExecutor::RankExecutor(const Program& program, const plan::Graph& graph, int
         if (plan::is_compute(a.kind) && !stages_.count(a.stage))
             stages_.emplace(
                 a.stage, std::make_unique<StageState>(graph.stages.at(static_cast<size_t>(a.stage)),
-                                                      program, comms.tp, comms.cp, *device_));
+                                                      program, comms, *device_));
     if (comms_.dp && comms_.dp->size() > 1) {
         zero_ = graph.zero;
         reducer_ = std::make_unique<Reducer>(comms_.dp, stages_, *device_, zero_ >= 2);
+        if (graph.ep > 1) reducer_->split_experts(comms_.edp);
     }
     if (zero_ >= 1) {
         // Each member keeps the AdamW moments of its share of every parameter only.
@@ -498,6 +531,7 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
         }
         kernels::Backend& dev = *device_;
         models::Batch batch{dev.here(mb_tokens), dev.here(mb_targets)};
+        batch.loss_weight = 1.0 / static_cast<double>(graph_.microbatches);
         Tensor input = st.info.embedding          ? batch.tokens
                        : st.inputs.count(mb) != 0 ? take(st.inputs, mb, "input", s)
                                                   : take(state(s - 1).outputs, mb, "output", s - 1);
@@ -621,7 +655,7 @@ void RankExecutor::sum_tied_gradients() {
 }
 
 double RankExecutor::gradient_norm(bool& loss_nonfinite, double loss_sum) {
-    std::vector<kernels::Backend::Part> grads;
+    std::vector<kernels::Backend::Part> grads, experts;
     for (auto& [i, s] : stages_) {
         const auto& copies = s->stage.tied_copies();
         for (auto& p : s->stage.params().all()) {
@@ -629,6 +663,11 @@ double RankExecutor::gradient_norm(bool& loss_nonfinite, double loss_sum) {
             // replicated over the tensor-parallel ranks only on the first of them.
             if (std::find(copies.begin(), copies.end(), p.name) != copies.end()) continue;
             if (p.shard.whole() && me_.tp != 0) continue;
+            // Under expert parallelism the members of an expert group hold different experts.
+            if (p.expert && comms_.ep) {
+                experts.push_back({p.grad.data<float>(), p.grad.numel()});
+                continue;
+            }
             // Under ZeRO each member counts its share, reduced over the group below.
             if (zero_ >= 1 && p.m.numel() > 0)
                 grads.push_back({p.grad.data<float>() + p.state_begin, p.m.numel()});
@@ -637,6 +676,11 @@ double RankExecutor::gradient_norm(bool& loss_nonfinite, double loss_sum) {
         }
     }
     double sq = device_->sum_squares_of(grads);
+    if (comms_.ep) {
+        auto held = static_cast<float>(experts.empty() ? 0.0 : device_->sum_squares_of(experts));
+        comms_.ep->all_reduce(&held, 1, transport::ReduceOp::sum);
+        sq += held;
+    }
     if (zero_ >= 1) {
         float share = static_cast<float>(sq);
         comms_.dp->all_reduce(&share, 1, transport::ReduceOp::sum);
@@ -659,6 +703,19 @@ void RankExecutor::finish_step(int64_t step, RankStepResult& result) {
     // copies of the first and last stage (Megatron-LM's embedding group).
     sum_tied_gradients();
     sum_sequence_partial_gradients();
+    if (graph_.ep > 1 && !comms_.edp && comms_.dp && comms_.dp->size() > 1) {
+        // Every expert here has one holder in the data-parallel group (dp x cp = ep): its
+        // gradient already sums every member's tokens, and only the average is left.
+        const double inv = 1.0 / static_cast<double>(comms_.dp->size());
+        for (auto& [i, s] : stages_)
+            for (auto& p : s->stage.params().all())
+                if (p.expert) device_->scale(p.grad.data<float>(), p.grad.numel(), inv);
+    }
+    // What the routers saw, counted once per replica group of tensor-parallel ranks.
+    for (auto& [i, s] : stages_) {
+        models::ExpertStats seen = s->stage.take_expert_stats();
+        if (me_.tp == 0) result.experts.merge(seen);
+    }
     bool loss_nonfinite = false;
     result.grad_norm = gradient_norm(loss_nonfinite, result.loss_sum);
     update_began_ = std::chrono::steady_clock::now();

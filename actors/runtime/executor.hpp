@@ -37,6 +37,10 @@ struct RankComms {
     /// The two pipeline ranks, with the same (dp, tp), that hold the token embedding and the
     /// tied head, when they differ.
     transport::Collectives* tied = nullptr;
+    /// Expert parallelism (mesh ep > 1): the ep ranks of a (pp, tp) position's dp x cp that
+    /// share a mixture of experts' experts, and the ranks that hold the same experts.
+    transport::Collectives* ep = nullptr;
+    transport::Collectives* edp = nullptr;
 };
 
 /// When one action ran, relative to the start of the step (for the trace and the measured
@@ -57,6 +61,8 @@ struct RankStepResult {
     /// "" when the optimizer updated the weights; else the value that was not finite ("loss"
     /// or "gradient norm"), and no weight of the rank was touched this step.
     std::string nonfinite;
+    /// What this rank's mixtures of experts saw (tp rank 0 only; empty without experts).
+    models::ExpertStats experts;
 };
 
 /// What went wrong on a rank: its number, the action it was running, and the cause.

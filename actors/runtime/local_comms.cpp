@@ -80,6 +80,11 @@ class LocalComms::AwayHint final : public transport::Collectives {
         ucx_.away();
         inner_.broadcast(data, n, root);
     }
+    void all_to_all(const float* in, const std::vector<int64_t>& send, float* out,
+                    const std::vector<int64_t>& recv) override {
+        ucx_.away();
+        inner_.all_to_all(in, send, out, recv);
+    }
 
   private:
     transport::Collectives& inner_;
@@ -215,6 +220,20 @@ std::vector<std::pair<std::vector<int32_t>, std::string>> groups_of(const plan::
     }
     std::vector<std::pair<std::vector<int32_t>, std::string>> out = {
         {tp, "tp group"}, {dp, "dp group"}, {model, "model group"}, {cp, "cp group"}};
+    if (graph.ep > 1) {
+        // Expert parallelism within one (pp, tp) position's dp x cp ranks, numbered
+        // q = dp_index cp + cp_index: ep consecutive q share the experts (the all-to-alls), and
+        // the q equal modulo ep hold the same experts (their gradients' reduction).
+        auto q = [&](const plan::PlanRank& r) { return r.dp * graph.cp + r.cp; };
+        std::vector<int32_t> ep{5}, edp{6};
+        for (const auto& r : graph.ranks) {
+            if (r.pp != me.pp || r.tp != me.tp) continue;
+            if (q(r) / graph.ep == q(me) / graph.ep) ep.push_back(r.rank);
+            if (q(r) % graph.ep == q(me) % graph.ep) edp.push_back(r.rank);
+        }
+        out.push_back({ep, "ep group"});
+        out.push_back({edp, "expert dp group"});
+    }
     if (!graph.stages.empty()) {
         int32_t first = graph.stages.front().pp, last = graph.stages.back().pp;
         if (first != last && (me.pp == first || me.pp == last))
@@ -302,15 +321,26 @@ RankComms LocalComms::for_rank(int32_t rank) {
     const plan::PlanRank& me = graph_.ranks.at(static_cast<size_t>(rank));
     RankComms c;
     c.p2p = endpoints_.at(rank).get();
-    auto groups = groups_of(graph_, me);
-    c.tp = member(groups[0].first, rank);
-    c.dp = member(groups[1].first, rank);
-    c.model = member(groups[2].first, rank);
-    c.cp = member(groups[3].first, rank);
-    if (groups.size() > 4) c.tied = member(groups[4].first, rank);
+    for (auto& [key, name] : groups_of(graph_, me)) {
+        transport::Collectives* g = member(key, rank);
+        if (name == "tp group")
+            c.tp = g;
+        else if (name == "dp group")
+            c.dp = g;
+        else if (name == "model group")
+            c.model = g;
+        else if (name == "cp group")
+            c.cp = g;
+        else if (name == "tied embedding group")
+            c.tied = g;
+        else if (name == "ep group")
+            c.ep = g;
+        else if (name == "expert dp group")
+            c.edp = g;
+    }
     auto far = ucx_.find(rank);
     if (far == ucx_.end()) return c;
-    for (transport::Collectives** g : {&c.tp, &c.dp, &c.model, &c.cp, &c.tied}) {
+    for (transport::Collectives** g : {&c.tp, &c.dp, &c.model, &c.cp, &c.tied, &c.ep, &c.edp}) {
         if (!*g) continue;
         auto& hint = hints_[{rank, *g}];
         if (!hint) hint = std::make_unique<AwayHint>(**g, *far->second);

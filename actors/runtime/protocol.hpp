@@ -65,12 +65,15 @@ struct StepOutcome {
     /// This step's traffic with other processes: per peer, its rank, then per direction sent
     /// (messages, bytes, seconds) and received (messages, bytes, seconds).
     std::vector<double> traffic;
+    /// RankStepResult::experts: dropped, routed, aux sum, aux terms, then the load per expert
+    /// (empty without experts).
+    std::vector<double> experts;
 };
 
 template <class Inspector> typename Inspector::result_type inspect(Inspector& f, StepOutcome& x) {
     return f(caf::meta::type_name("StepOutcome"), x.rank, x.ok, x.action, x.cause, x.loss_sum,
              x.loss_microbatches, x.grad_norm, x.lr, x.step_time_s, x.nonfinite, x.timings,
-             x.traffic);
+             x.traffic, x.experts);
 }
 
 /// A rank's traffic as the flat list StepOutcome carries, and back.

@@ -74,6 +74,12 @@ worker_actor::behavior_type worker(worker_actor::pointer, RankExecutor* ex,
             o.lr = r.lr;
             o.step_time_s = r.step_time_s;
             o.nonfinite = r.nonfinite;
+            if (!r.experts.empty()) {
+                const models::ExpertStats& e = r.experts;
+                o.experts = {static_cast<double>(e.dropped), static_cast<double>(e.routed),
+                             e.aux_loss, static_cast<double>(e.aux_terms)};
+                for (int64_t l : e.load) o.experts.push_back(static_cast<double>(l));
+            }
             for (const auto& t : r.timings)
                 o.timings.insert(o.timings.end(),
                                  {static_cast<double>(t.action), t.start_s, t.end_s});

@@ -32,6 +32,7 @@ namespace dist::tests::cluster {
 
 inline const std::string gpt_script = dist::tests::tiny_gpt_script(400);
 inline const std::string llama_script = dist::tests::tiny_llama_script(400);
+inline const std::string moe_script = dist::tests::tiny_moe_script(400);
 
 inline std::string slurp(const fs::path& p) {
     std::ifstream in(p);
@@ -50,6 +51,7 @@ struct Dir {
         fs::create_directories(path);
         std::ofstream(path / "gpt.dist") << gpt_script;
         std::ofstream(path / "llama.dist") << llama_script;
+        std::ofstream(path / "moe.dist") << moe_script;
     }
     ~Dir() { fs::remove_all(path); }
     std::string operator/(const std::string& f) const { return (path / f).string(); }

@@ -52,6 +52,10 @@ std::vector<std::string> with_zero(int stage, std::vector<std::string> sets) {
     sets.push_back("mesh.zero=" + std::to_string(stage));
     return sets;
 }
+std::vector<std::string> with_ep(int ep, std::vector<std::string> sets) {
+    sets.push_back("mesh.ep=" + std::to_string(ep));
+    return sets;
+}
 std::vector<std::string> with_cp(std::vector<std::string> sets) {
     sets.push_back("mesh.cp=2");
     return sets;
@@ -79,6 +83,8 @@ TEST(Cluster, SameLossesOverTwoAndFourProcessesAsInOne) {
         {"dp2 tp2 zero 3", "gpt.dist", with_zero(3, mesh_sets(2, 2, 1, "1f1b", 2)), 4},
         {"tp2 sp pp2", "gpt.dist", with_sp(mesh_sets(1, 2, 2, "1f1b", 2)), 4},
         {"cp2 tp2", "llama.dist", with_cp(mesh_sets(1, 2, 1, "1f1b", 2)), 4},
+        // Experts split over the dp ranks: Gloo's all-to-all between processes.
+        {"moe dp4 ep2", "moe.dist", with_ep(2, mesh_sets(4, 1, 1, "1f1b", 1)), 4},
     };
     for (const Mesh& m : meshes) {
         std::string one = dir / "one.jsonl";

@@ -48,4 +48,25 @@ train {
 )";
 }
 
+inline std::string tiny_moe_script(int steps) {
+    return R"(import "std/moe.dist"
+model = mixtral(vocab: 32, context: 8, layers: 2, heads: 4, kv_heads: 2, width: 16, experts: 4,
+                top_k: 2, hidden: 16, theta: 10000.0)
+mesh {
+    devices: cpu
+}
+train {
+    data: synthetic()
+    batch: 8
+    steps: )" +
+           std::to_string(steps) +
+           R"(
+    seed: 13
+    optimizer {
+        lr: 1e-2
+    }
+}
+)";
+}
+
 } // namespace dist::tests

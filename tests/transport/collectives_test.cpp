@@ -167,6 +167,40 @@ TEST_P(CollectivesTest, BroadcastCopiesTheRootsData) {
         for (int64_t i = 0; i < 5; ++i) ASSERT_EQ(data[static_cast<size_t>(r)][i], value(root, i));
 }
 
+// Member s sends (s + 2 d) % 3 values to member d (some of them none): member d receives,
+// sender by sender, exactly the values s put in its block for d, whatever the other blocks.
+TEST_P(CollectivesTest, AllToAllDeliversEachBlockToItsMemberInSenderOrder) {
+    Group g(GetParam());
+    const int n = g.size();
+    auto count = [](int s, int d) { return static_cast<int64_t>((s + 2 * d) % 3); };
+    auto val = [](int s, int d, int64_t i) { return static_cast<float>(1000 * s + 10 * d + i); };
+    std::vector<std::vector<float>> got(static_cast<size_t>(n));
+    g.run([&](int r, Collectives& c) {
+        std::vector<int64_t> send, recv;
+        std::vector<float> in;
+        int64_t total = 0;
+        for (int d = 0; d < n; ++d) {
+            send.push_back(count(r, d));
+            recv.push_back(count(d, r));
+            total += count(d, r);
+            for (int64_t i = 0; i < count(r, d); ++i) in.push_back(val(r, d, i));
+        }
+        in.push_back(0.0f); // never an empty buffer
+        auto& out = got[static_cast<size_t>(r)];
+        out.assign(static_cast<size_t>(total) + 1, -1.0f);
+        c.all_to_all(in.data(), send, out.data(), recv);
+    });
+    for (int d = 0; d < n; ++d) {
+        size_t at = 0;
+        for (int s = 0; s < n; ++s)
+            for (int64_t i = 0; i < count(s, d); ++i)
+                ASSERT_EQ(got[static_cast<size_t>(d)][at++], val(s, d, i))
+                    << "member " << d << " from " << s;
+        EXPECT_EQ(got[static_cast<size_t>(d)][at], -1.0f)
+            << "member " << d << ": wrote past its data";
+    }
+}
+
 TEST_P(CollectivesTest, ManyCallsInARowStayInStep) {
     Group g(GetParam());
     std::vector<float> last(static_cast<size_t>(g.size()));
@@ -196,6 +230,31 @@ INSTANTIATE_TEST_SUITE_P(Backends, CollectivesTest,
                          backend_name);
 
 // ----- failures (in-process only: the solo group cannot fail) --------------------------------
+
+TEST(InProcessGroup, AllToAllCountsThatDisagreeAreAnErrorOnEveryMember) {
+    InProcessGroup group(2, "ep group 0", std::chrono::milliseconds(5000));
+    auto a = group.member(0), b = group.member(1);
+    std::vector<float> in(4, 1.0f), out(4, 0.0f);
+    // Member 0 sends 2 values to member 1, which expects 3.
+    auto first = std::async(std::launch::async, [&] {
+        std::vector<float> mine(4, 0.0f);
+        a->all_to_all(in.data(), {1, 2}, mine.data(), {1, 1});
+    });
+    auto second = std::async(std::launch::async, [&] {
+        b->all_to_all(in.data(), {1, 1}, out.data(), {3, 1});
+    });
+    for (auto* f : {&first, &second}) {
+        try {
+            f->get();
+            ADD_FAILURE() << "the all-to-all went through";
+        } catch (const CollectiveError& e) {
+            EXPECT_NE(
+                std::string(e.what()).find("rank 0 sends 2 values to rank 1, which expects 3"),
+                std::string::npos)
+                << e.what();
+        }
+    }
+}
 
 TEST(InProcessGroup, AbortWakesEveryWaitingMember) {
     InProcessGroup group(3, "tp group 0");
