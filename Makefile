@@ -36,7 +36,7 @@ demo: deps build
 
 # Canonical formatting of the hand-written C++ and of the shipped .dist scripts.
 CXX_SOURCES = $(shell git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' 2>/dev/null)
-DIST_SOURCES = $(shell git ls-files 'examples/*.dist' 'stdlib/*.dist' 'bench/*.dist' 2>/dev/null)
+DIST_SOURCES = $(shell git ls-files 'examples/*.dist' 'stdlib/*.dist' 'bench/*.dist' 'docs/*.dist' 2>/dev/null)
 
 format:
 	clang-format -i $(CXX_SOURCES)
@@ -80,6 +80,11 @@ tsan:
 
 clean:
 	rm -rf $(BUILD) build-fuzz build-asan build-tsan
+
+.PHONY: tutorial
+# Runs every command of docs/tutorial, writes its output into its chapter, redraws the pictures.
+tutorial: build
+	DIST_TUTORIAL_REWRITE=1 $(BUILD)/bin/lang_tests --gtest_filter='Tutorial.*'
 
 # The pictures of docs/schedules.md: every schedule on 4 pipeline ranks, 8 microbatches, at the
 # unit costs of the zero-bubble paper.

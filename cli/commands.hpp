@@ -76,4 +76,24 @@ int run_generate(const CommonOptions& o, const std::string& load, const std::str
 int run_eval(const CommonOptions& o, const std::string& load, const std::string& data, bool json,
              std::ostream& out, std::ostream& err);
 
+struct TokenizeOptions {
+    std::string tokenizer;           // a folder with GPT-2's vocab.json and merges.txt
+    std::vector<std::string> inputs; // text files, one document each
+    std::string out;                 // the llm.c .bin file to write
+    bool eot = false;                // each document preceded by <|endoftext|>
+};
+/// Text to token ids with GPT-2's byte-level BPE, written as an llm.c .bin file that
+/// `train { data: ... }` reads.
+int run_tokenize(const TokenizeOptions& t, std::ostream& out, std::ostream& err);
+
+struct PlotOptions {
+    std::vector<std::string> files;  // metrics files (`dist run --metrics`), one curve each
+    std::vector<std::string> labels; // one per file; empty: the files' names
+    std::string y = "loss";          // the value drawn against the step
+    std::string title;               // "" for "<y> by step"
+    std::string svg;                 // where the chart goes
+};
+/// One chart of a value by step for one or several runs, with a legend.
+int run_plot(const PlotOptions& p, std::ostream& out, std::ostream& err);
+
 } // namespace dist::cli

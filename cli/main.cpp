@@ -116,6 +116,32 @@ int main(int argc, char** argv) {
     eval->add_option("--data", eval_data, "a text file, or llm.c tokens (.bin)")->required();
     eval->add_flag("--json", json, "print {\"loss\": ..., \"tokens\": ...}");
 
+    dist::cli::TokenizeOptions tokenize_options;
+    CLI::App* tokenize = app.add_subcommand(
+        "tokenize", "text files to GPT-2 token ids in llm.c's .bin format (train { data: ... })");
+    tokenize->add_option("INPUT", tokenize_options.inputs, "text files, one document each")
+        ->required();
+    tokenize
+        ->add_option("--tokenizer", tokenize_options.tokenizer,
+                     "a folder with GPT-2's vocab.json and merges.txt")
+        ->required();
+    tokenize->add_option("--out", tokenize_options.out, "the .bin file to write")->required();
+    tokenize->add_flag("--eot", tokenize_options.eot,
+                       "begin each document with <|endoftext|>, as llm.c's data scripts do");
+
+    dist::cli::PlotOptions plot_options;
+    CLI::App* plot = app.add_subcommand(
+        "plot", "draw the loss (or another value) by step of one or several runs' metrics");
+    plot->add_option("METRICS", plot_options.files, "files written by `dist run --metrics`")
+        ->required();
+    plot->add_option("--svg", plot_options.svg, "the chart to write (SVG)")->required();
+    plot->add_option(
+        "--y", plot_options.y,
+        "the value to draw: loss (default), tokens_per_s, grad_norm, lr, aux_loss, ...");
+    plot->add_option("--label", plot_options.labels,
+                     "a curve's name in the legend, one per file in order (default: file names)");
+    plot->add_option("--title", plot_options.title, "the chart's title");
+
     std::string repl_file;
     std::vector<std::string> repl_overrides;
     bool echo = false;
@@ -151,6 +177,8 @@ int main(int argc, char** argv) {
                                        std::cout, std::cerr);
     if (*eval) return dist::cli::run_eval(common, eval_load, eval_data, json, std::cout, std::cerr);
     if (*repl) return dist::cli::run_repl(repl_file, repl_overrides, echo);
+    if (*tokenize) return dist::cli::run_tokenize(tokenize_options, std::cout, std::cerr);
+    if (*plot) return dist::cli::run_plot(plot_options, std::cout, std::cerr);
     if (*run) {
         if (procs > 0) {
             // The same command line without --procs, for each process.

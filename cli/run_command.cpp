@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -147,6 +148,25 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
             out << sim::comparison_line(median, measured.bubble_fraction, *predicted.timeline,
                                         p.mesh.profile.name)
                 << "\n";
+        if (const models::ExpertStats& x = last_step->metrics.experts; !x.empty()) {
+            // The routers of the last step: the busiest expert against the mean, which the
+            // simulator takes to be 1 (every expert as busy as the others).
+            int64_t total = 0, most = 0;
+            for (int64_t l : x.load) {
+                total += l;
+                most = std::max(most, l);
+            }
+            char line[256];
+            std::snprintf(line, sizeof line,
+                          "experts: the busiest took %.2fx the mean of the last step's token "
+                          "copies (`dist sim` assumes 1.00x); %lld of %lld copies dropped",
+                          total > 0
+                              ? static_cast<double>(most) * static_cast<double>(x.load.size()) /
+                                    static_cast<double>(total)
+                              : 0.0,
+                          static_cast<long long>(x.dropped), static_cast<long long>(x.routed));
+            out << line << "\n";
+        }
         const std::string kind = to_string(graph.schedule);
         const std::string measured_name = "measured: dist run (" + kind + ", last step)";
         const std::string predicted_name =

@@ -1,6 +1,8 @@
 // tokenizer.cpp: GPT-2's byte-level BPE.
 #include "models/tokenizer.hpp"
 
+#include "models/unicode_classes.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -32,37 +34,64 @@ size_t utf8_length(unsigned char c) {
     return c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
 }
 
-bool is_space(unsigned char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-}
-bool is_letter(unsigned char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80;
-}
-bool is_digit(unsigned char c) {
-    return c >= '0' && c <= '9';
+// One character of the text: its code point, or `invalid` for a byte that starts no valid
+// UTF-8 sequence (kept as it is: the bytes of any text round trip).
+constexpr char32_t invalid = 0xFFFFFFFF;
+
+std::pair<char32_t, size_t> decode_at(const std::string& text, size_t i) {
+    auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+    const unsigned char c = byte(i);
+    if (c < 0x80) return {c, 1};
+    size_t len = c >= 0xF0 && c < 0xF5 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
+    if (len == 0 || i + len > text.size()) return {invalid, 1};
+    char32_t cp = c & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
+    for (size_t k = 1; k < len; ++k) {
+        if ((byte(i + k) & 0xC0) != 0x80) return {invalid, 1};
+        cp = (cp << 6) | (byte(i + k) & 0x3F);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are not characters.
+    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+        (cp >= 0xD800 && cp <= 0xDFFF))
+        return {invalid, 1};
+    return {cp, len};
 }
 
-// GPT-2's split: 's 't 're 've 'm 'll 'd | ?letters | ?digits | ?other | spaces(?!\S) | spaces.
-std::vector<std::string> split_words(const std::string& text) {
+enum class Kind { letter, number, space, other };
+
+Kind kind_of(char32_t cp) {
+    if (cp == invalid) return Kind::other;
+    if (unicode::is_letter(cp)) return Kind::letter;
+    if (unicode::is_number(cp)) return Kind::number;
+    if (unicode::is_space(cp)) return Kind::space;
+    return Kind::other;
+}
+
+} // namespace
+
+// GPT-2's pattern 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+,
+// applied left to right as a regular expression engine does.
+std::vector<std::string> BpeTokenizer::split(const std::string& text) {
+    // The characters, with where each starts.
+    std::vector<Kind> kinds;
+    std::vector<size_t> at;
+    for (size_t i = 0; i < text.size();) {
+        auto [cp, len] = decode_at(text, i);
+        kinds.push_back(kind_of(cp));
+        at.push_back(i);
+        i += len;
+    }
+    const size_t n = kinds.size();
+    at.push_back(text.size());
     std::vector<std::string> words;
-    size_t i = 0, n = text.size();
-    auto run = [&](size_t j, auto pred) {
-        while (j < n) {
-            unsigned char c = static_cast<unsigned char>(text[j]);
-            if (!pred(c)) break;
-            j += c >= 0x80 ? utf8_length(c) : 1;
-        }
-        return std::min(j, n);
-    };
+    size_t i = 0;
     while (i < n) {
-        unsigned char c = static_cast<unsigned char>(text[i]);
-        if (c == '\'') {
+        if (text[at[i]] == '\'') {
             bool matched = false;
             for (const char* suffix : {"s", "t", "re", "ve", "m", "ll", "d"}) {
                 std::string s(suffix);
-                if (text.compare(i + 1, s.size(), s) == 0) {
-                    words.push_back(text.substr(i, s.size() + 1));
-                    i += s.size() + 1;
+                if (text.compare(at[i] + 1, s.size(), s) == 0) {
+                    words.push_back(text.substr(at[i], s.size() + 1));
+                    i += s.size() + 1; // ASCII: one character per byte
                     matched = true;
                     break;
                 }
@@ -70,28 +99,20 @@ std::vector<std::string> split_words(const std::string& text) {
             if (matched) continue;
         }
         size_t start = i, j = i;
-        if (c == ' ' && i + 1 < n && !is_space(static_cast<unsigned char>(text[i + 1]))) {
-            ++j; // the leading space belongs to the word after it
-            c = static_cast<unsigned char>(text[j]);
-        }
-        if (is_letter(c)) {
-            j = run(j, is_letter);
-        } else if (is_digit(c)) {
-            j = run(j, is_digit);
-        } else if (!is_space(c)) {
-            j = run(j,
-                    [](unsigned char x) { return !is_space(x) && !is_letter(x) && !is_digit(x); });
-        } else {
-            // White space: a run, leaving its last character to what follows (a space joins the
-            // next word; any other is a word of its own).
-            j = run(j, is_space);
-            if (j < n && j - start > 1) --j;
-        }
-        words.push_back(text.substr(start, j - start));
+        // A space joins the word after it, of whatever kind, unless that is white space too.
+        if (text[at[i]] == ' ' && i + 1 < n && kinds[i + 1] != Kind::space) ++j;
+        const Kind k = kinds[j];
+        while (j < n && kinds[j] == k) ++j;
+        // White space followed by more text leaves its last character to what follows (a
+        // space joins the next word; any other is a word of its own).
+        if (k == Kind::space && j < n && j - start > 1) --j;
+        words.push_back(text.substr(at[start], at[j] - at[start]));
         i = j;
     }
     return words;
 }
+
+namespace {
 
 std::string read_file(const std::string& path, std::string& error) {
     std::ifstream in(path, std::ios::binary);
@@ -193,7 +214,7 @@ std::vector<std::string> BpeTokenizer::bpe(const std::string& word) const {
 
 std::vector<int32_t> BpeTokenizer::encode(const std::string& text) const {
     std::vector<int32_t> ids;
-    for (const std::string& word : split_words(text)) {
+    for (const std::string& word : split(text)) {
         for (const std::string& piece : bpe(word)) {
             auto it = ids_.find(piece);
             if (it == ids_.end())

@@ -182,7 +182,7 @@ std::string print(const Graph& g, int width) {
             const size_t dense = s.buckets.size() - static_cast<size_t>(s.expert_buckets);
             int64_t total = 0, experts = 0;
             for (size_t i = 0; i < s.buckets.size(); ++i)
-                (i < dense ? total : experts) += s.buckets[i];
+                (s.expert_bucket(static_cast<int64_t>(i)) ? experts : total) += s.buckets[i];
             const char* group = g.cp > 1 ? "dp x cp" : "dp";
             std::snprintf(buf, sizeof buf,
                           "            %s: %zu gradient bucket%s (%.2f MB), each %s once final\n",

@@ -115,6 +115,12 @@ struct PlanStage {
     int32_t expert_buckets = 0;
     std::vector<PlanShard> shards; // tensors split over tp (empty when tp = 1)
 
+    /// Whether bucket `i` holds routed experts' gradients (one of the last expert_buckets).
+    bool expert_bucket(int64_t i) const {
+        return expert_buckets > 0 &&
+               i >= static_cast<int64_t>(buckets.size()) - static_cast<int64_t>(expert_buckets);
+    }
+
     bool operator==(const PlanStage&) const = default;
 };
 

@@ -192,7 +192,7 @@ class RankExecutor::Reducer {
         std::vector<models::Parameter*> params;
         if (split_) {
             const int64_t experts = s.info.expert_buckets, dense = k - experts;
-            const bool expert = bucket >= dense;
+            const bool expert = s.info.expert_bucket(bucket);
             if (expert) {
                 group = edp_;
                 bucket -= static_cast<int32_t>(dense);

