@@ -84,7 +84,7 @@ clean:
 .PHONY: tutorial
 # Runs every command of docs/tutorial, writes its output into its chapter, redraws the pictures.
 tutorial: build
-	DIST_TUTORIAL_REWRITE=1 $(BUILD)/bin/lang_tests --gtest_filter='Tutorial.*'
+	DIST_TUTORIAL_REWRITE=1 $(BUILD)/bin/tutorial_tests --gtest_filter='Tutorial.*'
 
 # The pictures of docs/schedules.md: every schedule on 4 pipeline ranks, 8 microbatches, at the
 # unit costs of the zero-bubble paper.

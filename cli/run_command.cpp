@@ -7,6 +7,7 @@
 #include "actors/runtime/measured.hpp"
 #include "actors/runtime/session.hpp"
 #include "actors/sim/simulate.hpp"
+#include "kernels/tensor.hpp"
 #include "models/atomic_file.hpp"
 #include "models/trainer.hpp"
 
@@ -127,7 +128,11 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
                     : "")
             << "\n"
             << std::flush;
+    // From here the host allocator's peak is the training's (the parameters and their state are
+    // in place already).
+    kernels::Allocator::cpu().reset_peak();
     e = session.run();
+    const size_t measured_peak = kernels::Allocator::cpu().peak_bytes_in_use();
     if (tty && session.lead()) err << "\n";
     if (!e.message.empty()) {
         err << "error: " << e.message << "\n";
@@ -148,6 +153,22 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
             out << sim::comparison_line(median, measured.bubble_fraction, *predicted.timeline,
                                         p.mesh.profile.name)
                 << "\n";
+        if (predicted.ok() && p.mesh.profile.cpu() && session.processes() == 1) {
+            // Every rank lives in this process, on the host allocator: its peak against the sum
+            // of the ranks' predicted peaks.
+            double sum = 0;
+            for (const sim::RankReport& rr : predicted.timeline->ranks)
+                sum += static_cast<double>(rr.peak_memory_bytes);
+            char line[256];
+            std::snprintf(line, sizeof line,
+                          "memory: measured %.1f MB at the peak of the tensors of %zu rank%s, "
+                          "predicted %.1f MB (%.2fx)",
+                          static_cast<double>(measured_peak) / 1e6,
+                          predicted.timeline->ranks.size(),
+                          predicted.timeline->ranks.size() == 1 ? "" : "s", sum / 1e6,
+                          measured_peak > 0 ? sum / static_cast<double>(measured_peak) : 0.0);
+            out << line << "\n";
+        }
         if (const models::ExpertStats& x = last_step->metrics.experts; !x.empty()) {
             // The routers of the last step: the busiest expert against the mean, which the
             // simulator takes to be 1 (every expert as busy as the others).

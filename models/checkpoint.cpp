@@ -283,57 +283,46 @@ nlohmann::json config_of(const ModelSpec& spec) {
                 {"tie_word_embeddings", head->tied},
                 {"torch_dtype", "float32"},
                 {"dist_template", args}};
-    case Family::llama:
-        if (moe) {
-            nlohmann::json c = {{"vocab_size", spec.vocab},
-                                {"max_position_embeddings", spec.context},
-                                {"hidden_size", spec.width},
-                                {"num_hidden_layers", layers},
-                                {"num_attention_heads", attn->heads},
-                                {"num_key_value_heads", attn->kv_heads},
-                                {"head_dim", attn->head_dim},
-                                {"rms_norm_eps", norm->eps},
-                                {"rope_theta", theta},
-                                {"hidden_act", "silu"},
-                                {"num_experts_per_tok", moe->top_k},
-                                {"tie_word_embeddings", head->tied},
-                                {"torch_dtype", "float32"},
-                                {"dist_template", args}};
-            if (spec.template_name == "mixtral") {
-                c["architectures"] = {"MixtralForCausalLM"};
-                c["model_type"] = "mixtral";
-                c["intermediate_size"] = moe->hidden;
-                c["num_local_experts"] = moe->experts;
-                c["router_aux_loss_coef"] = moe->aux_loss;
-            } else {
-                c["architectures"] = {"DeepseekForCausalLM"};
-                c["model_type"] = "deepseek";
-                c["intermediate_size"] = mlp ? mlp->hidden : moe->hidden;
-                c["moe_intermediate_size"] = moe->hidden;
-                c["n_routed_experts"] = moe->experts;
-                c["n_shared_experts"] = moe->shared_experts;
-                c["first_k_dense_replace"] = dense;
-                c["norm_topk_prob"] = moe->normalize;
-                c["aux_loss_alpha"] = moe->aux_loss;
-            }
-            return c;
+    case Family::llama: {
+        // Llama's fields; Mixtral and DeepSeek-MoE add their experts'.
+        nlohmann::json c = {{"architectures", {"LlamaForCausalLM"}},
+                            {"model_type", "llama"},
+                            {"vocab_size", spec.vocab},
+                            {"max_position_embeddings", spec.context},
+                            {"hidden_size", spec.width},
+                            {"intermediate_size", mlp   ? mlp->hidden
+                                                  : moe ? moe->hidden
+                                                        : 0},
+                            {"num_hidden_layers", layers},
+                            {"num_attention_heads", attn->heads},
+                            {"num_key_value_heads", attn->kv_heads},
+                            {"head_dim", attn->head_dim},
+                            {"rms_norm_eps", norm->eps},
+                            {"rope_theta", theta},
+                            {"hidden_act", "silu"},
+                            {"tie_word_embeddings", head->tied},
+                            {"torch_dtype", "float32"},
+                            {"dist_template", args}};
+        if (!moe) return c;
+        c["num_experts_per_tok"] = moe->top_k;
+        if (spec.template_name == "mixtral") {
+            c["architectures"] = {"MixtralForCausalLM"};
+            c["model_type"] = "mixtral";
+            c["intermediate_size"] = moe->hidden;
+            c["num_local_experts"] = moe->experts;
+            c["router_aux_loss_coef"] = moe->aux_loss;
+        } else {
+            c["architectures"] = {"DeepseekForCausalLM"};
+            c["model_type"] = "deepseek";
+            c["moe_intermediate_size"] = moe->hidden;
+            c["n_routed_experts"] = moe->experts;
+            c["n_shared_experts"] = moe->shared_experts;
+            c["first_k_dense_replace"] = dense;
+            c["norm_topk_prob"] = moe->normalize;
+            c["aux_loss_alpha"] = moe->aux_loss;
         }
-        return {{"architectures", {"LlamaForCausalLM"}},
-                {"model_type", "llama"},
-                {"vocab_size", spec.vocab},
-                {"max_position_embeddings", spec.context},
-                {"hidden_size", spec.width},
-                {"intermediate_size", mlp->hidden},
-                {"num_hidden_layers", layers},
-                {"num_attention_heads", attn->heads},
-                {"num_key_value_heads", attn->kv_heads},
-                {"head_dim", attn->head_dim},
-                {"rms_norm_eps", norm->eps},
-                {"rope_theta", theta},
-                {"hidden_act", "silu"},
-                {"tie_word_embeddings", head->tied},
-                {"torch_dtype", "float32"},
-                {"dist_template", args}};
+        return c;
+    }
     case Family::native: break;
     }
     return {{"model_type", "dist"},

@@ -20,7 +20,7 @@ double Model::forward(int64_t mb, const Tensor& tokens, const Tensor& targets, d
     return sum / static_cast<double>(x.numel());
 }
 
-void Model::backward_input(int64_t mb, double weight) {
+Tensor Model::loss_gradient(int64_t mb, double weight) {
     auto it = loss_shape_.find(mb);
     if (it == loss_shape_.end()) throw std::logic_error("backward before forward");
     Tensor g(it->second);
@@ -28,7 +28,11 @@ void Model::backward_input(int64_t mb, double weight) {
     float* d = g.data<float>();
     for (int64_t i = 0; i < g.numel(); ++i) d[i] = w;
     loss_shape_.erase(it);
-    stage_.backward_input(mb, g);
+    return g;
+}
+
+void Model::backward_input(int64_t mb, double weight) {
+    stage_.backward_input(mb, loss_gradient(mb, weight));
 }
 
 void Model::backward_weight(int64_t mb) {
@@ -56,8 +60,8 @@ double Model::loss(const Tensor& tokens, const Tensor& targets) {
 }
 
 void Model::backward(int64_t mb, double weight) {
-    backward_input(mb, weight);
-    backward_weight(mb);
+    stage_.backward(mb, loss_gradient(mb, weight));
+    batches_.erase(mb);
 }
 
 } // namespace dist::models

@@ -60,6 +60,9 @@ class Model {
     const ModelSpec& spec() const { return spec_; }
 
   private:
+    /// The gradient of microbatch `mb`'s per-token losses: each token's `weight` / tokens.
+    Tensor loss_gradient(int64_t mb, double weight);
+
     ModelSpec spec_;
     Stage stage_; // the whole model as one stage
     std::map<int64_t, Batch> batches_;

@@ -119,6 +119,19 @@ Tensor Stage::backward_input(int64_t mb, const Tensor& dy) {
     return g;
 }
 
+Tensor Stage::backward(int64_t mb, const Tensor& dy) {
+    Tensor g = dy;
+    for (size_t i = units_.size(); i-- > 0;) {
+        g = with_hooks(i, UnitHooks::Phase::backward_input,
+                       [&] { return units_[i]->backward_input(mb, g); });
+        with_hooks(i, UnitHooks::Phase::backward_weight, [&] {
+            units_[i]->backward_weight(mb);
+            return 0;
+        });
+    }
+    return g;
+}
+
 void Stage::backward_weight(int64_t mb) {
     for (size_t i = 0; i < units_.size(); ++i)
         with_hooks(i, UnitHooks::Phase::backward_weight, [&] {

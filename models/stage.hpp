@@ -63,6 +63,10 @@ class Stage {
     Tensor backward_input(int64_t mb, const Tensor& dy);
     /// Adds the parameter gradients of microbatch `mb` and frees its state.
     void backward_weight(int64_t mb);
+    /// Both halves, unit by unit from the last: each unit adds its weight gradients and frees
+    /// what it kept right after its input gradient, so that a whole backward holds one unit's
+    /// state at a time rather than every unit's until the end. Returns the input gradient.
+    Tensor backward(int64_t mb, const Tensor& dy);
     /// Drops the state a forward kept for `mb`.
     void discard(int64_t mb);
     /// What the stage's mixtures of experts saw since the last call (empty without experts).

@@ -567,8 +567,10 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
                      ? take(st.grad_in, mb, "output gradient", s)
                      : take(state(s + 1).grad_out, mb, "input gradient", s + 1);
         }
-        Tensor dx = st.stage.backward_input(mb, dy);
-        if (a.kind == ActionKind::backward) st.stage.backward_weight(mb);
+        // A whole backward frees each unit's state as it goes; a split one keeps what the
+        // weight gradients need until their action.
+        Tensor dx = a.kind == ActionKind::backward ? st.stage.backward(mb, dy)
+                                                   : st.stage.backward_input(mb, dy);
         if (!st.info.embedding) st.grad_out[mb] = dx;
         break;
     }

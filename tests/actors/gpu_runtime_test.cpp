@@ -146,7 +146,8 @@ TEST_P(GpuEquivalence, LossesNormsAndWeightsMatchTheCpu) {
     if (c.dp * c.tp > 1 && kernels::gpu_count() == 1) {
         EXPECT_EQ(job.device_collectives(), "staged");
     }
-    auto [losses, norms, error] = tests::run_job(job, p.train.steps, std::chrono::seconds(60));
+    auto [losses, norms, error, experts] =
+        tests::run_job(job, p.train.steps, std::chrono::seconds(60));
     ASSERT_EQ(error, "");
     ASSERT_EQ(losses.size(), ref_losses.size());
     for (size_t i = 0; i < losses.size(); ++i) {

@@ -184,8 +184,7 @@ TEST(ExpertGradients, CapacityDropsTheCopiesBeyondItInTokenOrder) {
 
 // ----- expert parallelism against ep 1 --------------------------------------------------------
 
-tests::JobCurve train(const std::string& text, const std::vector<std::string>& overrides,
-                      models::ExpertStats* last = nullptr) {
+tests::JobCurve train(const std::string& text, const std::vector<std::string>& overrides) {
     Program p = tests::checked_script(text, overrides);
     plan::PlanResult planned = plan::lower(p);
     EXPECT_TRUE(planned.ok()) << plan::render_errors("t.dist", planned.errors);
@@ -193,18 +192,7 @@ tests::JobCurve train(const std::string& text, const std::vector<std::string>& o
     models::TokenData data;
     EXPECT_EQ(models::load_data(p.train.data, p.model, data), "");
     runtime::Job job(p, *planned.graph, data);
-    tests::JobCurve c;
-    runtime::JobOptions o;
-    o.end_step = p.train.steps;
-    o.watchdog = std::chrono::seconds(30);
-    o.on_step = [&](const runtime::StepReport& r) {
-        c.losses.push_back(r.metrics.loss);
-        c.norms.push_back(r.metrics.grad_norm);
-        if (last) *last = r.metrics.experts;
-        return true;
-    };
-    c.error = job.run(o);
-    return c;
+    return tests::run_job(job, p.train.steps, std::chrono::seconds(30));
 }
 
 struct EpCase {
@@ -227,8 +215,8 @@ TEST_P(ExpertParallel, GivesTheLossesAndNormsOfEp1) {
     one.push_back("mesh.ep=1");
     split.push_back("mesh.ep=" + std::to_string(c.ep));
     tests::JobCurve ref = train(text, one);
-    models::ExpertStats stats;
-    tests::JobCurve got = train(text, split, &stats);
+    tests::JobCurve got = train(text, split);
+    const models::ExpertStats& stats = got.experts;
     ASSERT_EQ(ref.error, "");
     ASSERT_EQ(got.error, "");
     ASSERT_EQ(got.losses.size(), 3u);

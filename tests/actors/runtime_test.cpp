@@ -74,7 +74,8 @@ TEST_P(Equivalence, LossesAndWeightsMatchOneDevice) {
     ASSERT_EQ(models::load_data(p.train.data, p.model, data), "");
 
     runtime::Job job(p, *planned.graph, data);
-    auto [losses, norms, error] = tests::run_job(job, p.train.steps, std::chrono::seconds(30));
+    auto [losses, norms, error, experts] =
+        tests::run_job(job, p.train.steps, std::chrono::seconds(30));
     ASSERT_EQ(error, "");
     ASSERT_EQ(losses.size(), ref.losses.size());
     for (size_t i = 0; i < losses.size(); ++i)

@@ -1,50 +1,25 @@
 // cli_data_test.cpp: `dist tokenize` and `dist plot` as a user runs them.
+#include "tests/common/dist_command.hpp"
+#include "tests/common/gpt2_bytes.hpp"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <array>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-#include <sys/wait.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-    int status = -1;
-    std::string out, err;
-};
+using Result = dist::tests::DistResult;
+using dist::tests::slurp;
 
 Result run(const std::string& args) {
-    fs::path err_file = fs::temp_directory_path() / ("dist-cli-data-" + std::to_string(::getpid()));
-    std::string cmd = std::string(DIST_BINARY) + " " + args + " 2>" + err_file.string();
-    Result r;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    if (!p) return r;
-    std::array<char, 4096> buf{};
-    size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-    int st = ::pclose(p);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    std::ifstream in(err_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    r.err = ss.str();
-    fs::remove(err_file);
-    return r;
-}
-
-std::string slurp(const fs::path& p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
+    return dist::tests::run_dist(args);
 }
 
 struct Dir {
@@ -58,29 +33,13 @@ struct Dir {
     std::string operator/(const std::string& f) const { return (path / f).string(); }
 };
 
-// GPT-2's stand-in character for a byte, from its definition: printable Latin-1 bytes stand for
-// themselves, the other 68 take code points 256, 257, ... in byte order.
-std::string byte_char(int b) {
-    int next = 256, cp = 0;
-    for (int c = 0; c <= b; ++c) {
-        bool printable = (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || c >= 174;
-        cp = printable ? c : next++;
-    }
-    std::string s;
-    if (cp < 0x80) {
-        s += static_cast<char>(cp);
-    } else {
-        s += static_cast<char>(0xC0 | (cp >> 6));
-        s += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-    return s;
-}
+using dist::tests::gpt2_byte_char;
 
 // A vocabulary of the 256 bytes (id = byte), "he" (256) and, when asked, <|endoftext|> (257).
 void write_tokenizer(const fs::path& dir, bool eot) {
     fs::create_directories(dir);
     nlohmann::json vocab = nlohmann::json::object();
-    for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+    for (int b = 0; b < 256; ++b) vocab[gpt2_byte_char(b)] = b;
     vocab["he"] = 256;
     if (eot) vocab["<|endoftext|>"] = 257;
     std::ofstream(dir / "vocab.json") << vocab.dump();

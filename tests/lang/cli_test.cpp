@@ -1,6 +1,7 @@
 // cli_test.cpp: the `dist` executable as a user runs it: exit statuses, where output goes, and
 // `fmt --write` replacing a file whole or not at all.
 #include "kernels/devices.hpp"
+#include "tests/common/dist_command.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -19,36 +20,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-    int status = -1;
-    std::string out; // stdout
-    std::string err; // stderr
-};
+using Result = dist::tests::DistResult;
+using dist::tests::slurp;
 
 Result run(const std::string& args) {
-    fs::path err_file = fs::temp_directory_path() / ("dist-cli-" + std::to_string(::getpid()));
-    std::string cmd = std::string(DIST_BINARY) + " " + args + " 2>" + err_file.string();
-    Result r;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    if (!p) return r;
-    std::array<char, 4096> buf{};
-    size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-    int st = ::pclose(p);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    std::ifstream in(err_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    r.err = ss.str();
-    fs::remove(err_file);
-    return r;
-}
-
-std::string slurp(const fs::path& p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
+    return dist::tests::run_dist(args);
 }
 
 } // namespace

@@ -58,6 +58,9 @@ std::string without_timings(std::string s) {
          "measured # ms, predicted $2 (#x)"},
         {std::regex(R"(bubble: measured [0-9.]+%)"), "bubble: measured #%"},
         {std::regex(R"(\([0-9.]+ s\))"), "(# s)"},
+        // Which buffers are alive together depends on the threads' timing.
+        {std::regex(R"(measured [0-9.]+ MB at the peak)"), "measured # MB at the peak"},
+        {std::regex(R"(MB \([0-9.]+x\))"), "MB (#x)"},
         // Routing follows the weights, whose last bits differ between machines.
         {std::regex(R"(busiest took [0-9.]+x)"), "busiest took #x"},
     };

@@ -112,3 +112,29 @@ TEST(Stage, TheTiedCopyStartsEqualToTheEmbedding) {
     EXPECT_NE(last.params().find("h.1.ln_1.weight"), nullptr);
     EXPECT_THROW(Stage(spec, {1, 3, false, true}, 3), std::invalid_argument);
 }
+
+// A whole backward frees each unit's state right after the unit: it never holds much more than
+// the forward kept, and with full recomputation (each residual group keeps only its input) it
+// holds a fraction of that. Measured on the host allocator, which counts every live tensor.
+TEST(Stage, AWholeBackwardFreesEachUnitsStateAsItGoes) {
+    const std::string line = "gpt(vocab: 256, context: 64, layers: 4, heads: 4, width: 128)";
+    auto& host = kernels::Allocator::cpu();
+    auto peaks = [&](Recompute recompute) {
+        ModelSpec spec = spec_of(line);
+        Data d = data(16, 64, 256, 3);
+        Model m(spec, 1, recompute);
+        const size_t base = host.bytes_in_use();
+        m.forward(0, d.tokens, d.targets);
+        const size_t kept = host.bytes_in_use() - base;
+        host.reset_peak();
+        m.backward(0, 1.0);
+        return std::pair<double, double>(static_cast<double>(kept),
+                                         static_cast<double>(host.peak_bytes_in_use() - base));
+    };
+    auto [kept, backward] = peaks(Recompute::none);
+    auto [kept_recomputed, backward_recomputed] = peaks(Recompute::full);
+    EXPECT_LT(backward, 1.2 * kept) << "kept " << kept << " bytes, backward peaked at " << backward;
+    EXPECT_LT(kept_recomputed, 0.25 * kept);
+    EXPECT_LT(backward_recomputed, 0.5 * backward)
+        << "recomputed backward peaked at " << backward_recomputed << ", the other at " << backward;
+}

@@ -1,6 +1,8 @@
 // tokenizer_test.cpp: GPT-2's byte-level BPE on small vocabularies built by hand.
 #include "models/tokenizer.hpp"
 
+#include "tests/common/gpt2_bytes.hpp"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -13,27 +15,10 @@ using namespace dist::models;
 
 namespace {
 
-// GPT-2's stand-in characters for bytes, written out from its definition: printable Latin-1
-// bytes stand for themselves, the other 68 take code points 256, 257, ... in byte order.
+using dist::tests::gpt2_byte_char;
+
 std::string byte_char(int b) {
-    static std::vector<std::string> table = [] {
-        std::vector<std::string> t(256);
-        int next = 256;
-        for (int c = 0; c < 256; ++c) {
-            bool printable = (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || c >= 174;
-            int cp = printable ? c : next++;
-            std::string s;
-            if (cp < 0x80) {
-                s += static_cast<char>(cp);
-            } else {
-                s += static_cast<char>(0xC0 | (cp >> 6));
-                s += static_cast<char>(0x80 | (cp & 0x3F));
-            }
-            t[static_cast<size_t>(c)] = s;
-        }
-        return t;
-    }();
-    return table[static_cast<size_t>(b)];
+    return gpt2_byte_char(b);
 }
 
 } // namespace
