@@ -153,6 +153,24 @@ struct Linear {
     void backward_weight(const Tensor& dy, const Tensor& x) const;
 };
 
+/// An MLP's two linears, the first of `hidden` units (twice that for SwiGLU: the gate's rows,
+/// then the up projection's) and the second back to `width`, each split by hidden units when
+/// `tp` splits the layer; `local_hidden` is this rank's share.
+struct MlpLinears {
+    Linear fc, proj;
+    int64_t local_hidden = 0;
+};
+MlpLinears make_mlp_linears(UnitContext& ctx, const std::string& name, int64_t width,
+                            int64_t hidden, Activation act, bool bias, const TensorParallel& tp);
+
+/// An MLP's activation, h (rows, 2 hidden for SwiGLU, else hidden) -> g (rows, hidden). GPT-2's
+/// tanh GELU keeps its tanh values in `th` (allocated here), so that its backward needs no tanh.
+Tensor activation_forward(kernels::Backend& be, Activation act, const Tensor& h, int64_t hidden,
+                          Tensor& th);
+/// dg (rows, hidden) -> dh, the gradient of h, from h (and `th` for the tanh GELU).
+Tensor activation_backward(kernels::Backend& be, Activation act, const Tensor& h, const Tensor& th,
+                           const Tensor& dg, int64_t hidden);
+
 /// A linear layer's parameters (and its bias's, sharded along the output dimension the same
 /// way when the weight is split by rows; whole when split by columns).
 Linear make_linear(UnitContext& ctx, const std::string& name, int64_t in, int64_t out, bool bias,

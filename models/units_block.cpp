@@ -523,39 +523,78 @@ class AttentionUnit : public Named {
 
 // ----- MLP ----------------------------------------------------------------------------------
 
+} // namespace
+
+MlpLinears make_mlp_linears(UnitContext& ctx, const std::string& name, int64_t width,
+                            int64_t hidden, Activation act, bool bias, const TensorParallel& tp) {
+    auto [h0, h1] = tp.part(hidden);
+    const bool glu = act == Activation::swiglu;
+    Shard rows, cols;
+    if (tp.split) {
+        rows = glu ? Shard{0, {{h0, h1}, {hidden + h0, hidden + h1}}} : Shard::range(0, h0, h1);
+        cols = Shard::range(1, h0, h1);
+    }
+    MlpLinears m;
+    m.fc = make_linear(ctx, name + ".fc", width, glu ? 2 * hidden : hidden, bias, 0.02, rows);
+    m.proj = make_linear(ctx, name + ".proj", hidden, width, bias, residual_std(ctx), cols);
+    m.local_hidden = h1 - h0;
+    return m;
+}
+
+Tensor activation_forward(kernels::Backend& be, Activation act, const Tensor& h, int64_t hidden,
+                          Tensor& th) {
+    Tensor g = be.empty(with_last(h, hidden));
+    const float* in = h.data<float>();
+    float* out = g.data<float>();
+    const int64_t n = h.numel();
+    switch (act) {
+    case Activation::swiglu: be.swiglu_forward(in, rows(h), hidden, out); break;
+    case Activation::gelu_tanh:
+        th = be.empty(h.shape());
+        be.gelu_forward_keeping(in, n, out, th.data<float>());
+        break;
+    case Activation::gelu: be.gelu_erf_forward(in, n, out); break;
+    case Activation::relu: be.relu_forward(in, n, out); break;
+    }
+    return g;
+}
+
+Tensor activation_backward(kernels::Backend& be, Activation act, const Tensor& h, const Tensor& th,
+                           const Tensor& dg, int64_t hidden) {
+    // Written whole by GELU's backward; the others accumulate into zeros.
+    Tensor dh = act == Activation::gelu_tanh ? be.empty(h.shape()) : be.zeros(h.shape());
+    const float* in = h.data<float>();
+    float* out = dh.data<float>();
+    const int64_t n = h.numel();
+    switch (act) {
+    case Activation::swiglu: be.swiglu_backward(in, dg.data<float>(), rows(h), hidden, out); break;
+    case Activation::gelu_tanh:
+        be.gelu_backward_kept(in, th.data<float>(), dg.data<float>(), n, out);
+        break;
+    case Activation::gelu: be.gelu_erf_backward(in, dg.data<float>(), n, out); break;
+    case Activation::relu: be.relu_backward(in, dg.data<float>(), n, out); break;
+    }
+    return dh;
+}
+
+namespace {
+
 class MlpUnit : public Named {
   public:
     MlpUnit(const LayerSpec& l, UnitContext& ctx)
         : Named(l.name, ctx.device()), tp_(ctx, l.shard == ShardDim::hidden), sp_(ctx),
           act_(l.activation) {
-        auto [h0, h1] = tp_.part(l.hidden);
-        hidden_ = h1 - h0;
-        bool glu = act_ == Activation::swiglu;
-        Shard rows, cols;
-        if (tp_.split) {
-            // SwiGLU's first linear stacks the gate's rows, then the up projection's.
-            rows = glu ? Shard{0, {{h0, h1}, {l.hidden + h0, l.hidden + h1}}}
-                       : Shard::range(0, h0, h1);
-            cols = Shard::range(1, h0, h1);
-        }
-        int64_t fc_out = glu ? 2 * l.hidden : l.hidden;
-        fc_ = make_linear(ctx, l.name + ".fc", l.width, fc_out, l.bias, 0.02, rows);
-        proj_ =
-            make_linear(ctx, l.name + ".proj", l.hidden, l.width, l.bias, residual_std(ctx), cols);
+        MlpLinears m = make_mlp_linears(ctx, l.name, l.width, l.hidden, act_, l.bias, tp_);
+        fc_ = m.fc;
+        proj_ = m.proj;
+        hidden_ = m.local_hidden;
     }
 
     Tensor forward(int64_t mb, const Tensor& shard, const Batch&) override {
         Tensor x = sp_.gather(shard, be_);
         Tensor h = fc_.forward(x);
-        Tensor g = be_.empty(with_last(x, hidden_));
         Tensor th;
-        if (act_ == Activation::gelu_tanh) {
-            // GPT-2's GELU keeps its tanh values: the backward then needs no tanh of its own.
-            th = be_.empty(h.shape());
-            be_.gelu_forward_keeping(h.data<float>(), h.numel(), g.data<float>(), th.data<float>());
-        } else {
-            activate(h, g);
-        }
+        Tensor g = activation_forward(be_, act_, h, hidden_, th);
         saved_[mb] = {sp_.on ? shard : x, h, g, {}, {}, th}; // as attention keeps its input
         return proj_.forward_row_parallel(g, tp_, &sp_);
     }
@@ -565,21 +604,8 @@ class MlpUnit : public Named {
         Tensor dy = sp_.gather(dy_shard, be_);
         s.x = sp_.gather(s.x, be_);
         Tensor dg = proj_.backward_input(dy);
-        // Written whole by GELU's backward; the others accumulate into zeros.
-        Tensor dh = act_ == Activation::gelu_tanh ? be_.empty(s.h.shape()) : be_.zeros(s.h.shape());
-        int64_t N = rows(s.h);
-        switch (act_) {
-        case Activation::swiglu:
-            be_.swiglu_backward(s.h.data<float>(), dg.data<float>(), N, hidden_, dh.data<float>());
-            break;
-        case Activation::gelu_tanh:
-            be_.gelu_backward_kept(s.h.data<float>(), s.th.data<float>(), dg.data<float>(),
-                                   s.h.numel(), dh.data<float>());
-            s.th = Tensor(); // no longer needed
-            break;
-        case Activation::gelu:
-        case Activation::relu: activation_backward(s.h, dg, dh); break;
-        }
+        Tensor dh = activation_backward(be_, act_, s.h, s.th, dg, hidden_);
+        s.th = Tensor(); // no longer needed
         s.dy = dy;
         s.dh = dh;
         return sp_.finish(fc_.backward_input(dh), tp_, be_);
@@ -594,24 +620,6 @@ class MlpUnit : public Named {
     void discard(int64_t mb) override { saved_.erase(mb); }
 
   private:
-    void activate(const Tensor& h, Tensor& g) const {
-        const float* in = h.data<float>();
-        float* out = g.data<float>();
-        int64_t n = h.numel();
-        switch (act_) {
-        case Activation::swiglu: be_.swiglu_forward(in, rows(h), hidden_, out); break;
-        case Activation::gelu_tanh: be_.gelu_forward(in, n, out); break;
-        case Activation::gelu: be_.gelu_erf_forward(in, n, out); break;
-        case Activation::relu: be_.relu_forward(in, n, out); break;
-        }
-    }
-    void activation_backward(const Tensor& h, const Tensor& dg, Tensor& dh) const {
-        if (act_ == Activation::relu)
-            be_.relu_backward(h.data<float>(), dg.data<float>(), h.numel(), dh.data<float>());
-        else
-            be_.gelu_erf_backward(h.data<float>(), dg.data<float>(), h.numel(), dh.data<float>());
-    }
-
     struct Saved {
         Tensor x, h, g, dy, dh, th;
     };

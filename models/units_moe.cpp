@@ -45,60 +45,24 @@ struct Ffn {
     Ffn(UnitContext& ctx, const std::string& name, int64_t width, int64_t full_hidden, Activation a,
         const TensorParallel& tp)
         : act(a), be(&ctx.device()) {
-        auto [h0, h1] = tp.part(full_hidden);
-        hidden = h1 - h0;
-        bool glu = a == Activation::swiglu;
-        Shard rows, cols;
-        if (tp.split) {
-            rows = glu ? Shard{0, {{h0, h1}, {full_hidden + h0, full_hidden + h1}}}
-                       : Shard::range(0, h0, h1);
-            cols = Shard::range(1, h0, h1);
-        }
-        fc = make_linear(ctx, name + ".fc", width, glu ? 2 * full_hidden : full_hidden, false, 0.02,
-                         rows);
-        proj = make_linear(ctx, name + ".proj", full_hidden, width, false, residual_std(ctx), cols);
+        MlpLinears m = make_mlp_linears(ctx, name, width, full_hidden, a, false, tp);
+        fc = m.fc;
+        proj = m.proj;
+        hidden = m.local_hidden;
     }
 
     Tensor forward(const Tensor& x, Saved& s) const {
         s.x = x;
         s.h = fc.forward(x);
-        s.g = be->empty(with_last(x, hidden));
-        const float* in = s.h.data<float>();
-        float* out = s.g.data<float>();
-        const int64_t n = s.h.numel();
-        switch (act) {
-        case Activation::swiglu: be->swiglu_forward(in, rows(s.h), hidden, out); break;
-        case Activation::gelu_tanh:
-            s.th = be->empty(s.h.shape());
-            be->gelu_forward_keeping(in, n, out, s.th.data<float>());
-            break;
-        case Activation::gelu: be->gelu_erf_forward(in, n, out); break;
-        case Activation::relu: be->relu_forward(in, n, out); break;
-        }
+        s.g = activation_forward(*be, act, s.h, hidden, s.th);
         return proj.forward(s.g);
     }
 
     /// This rank's partial input gradient; keeps what backward_weight needs.
     Tensor backward_input(const Tensor& dy, Saved& s) const {
-        Tensor dg = proj.backward_input(dy);
-        Tensor dh = act == Activation::gelu_tanh ? be->empty(s.h.shape()) : be->zeros(s.h.shape());
-        const float* h = s.h.data<float>();
-        const int64_t n = s.h.numel();
-        switch (act) {
-        case Activation::swiglu:
-            be->swiglu_backward(h, dg.data<float>(), rows(s.h), hidden, dh.data<float>());
-            break;
-        case Activation::gelu_tanh:
-            be->gelu_backward_kept(h, s.th.data<float>(), dg.data<float>(), n, dh.data<float>());
-            break;
-        case Activation::gelu:
-            be->gelu_erf_backward(h, dg.data<float>(), n, dh.data<float>());
-            break;
-        case Activation::relu: be->relu_backward(h, dg.data<float>(), n, dh.data<float>()); break;
-        }
+        s.dh = activation_backward(*be, act, s.h, s.th, proj.backward_input(dy), hidden);
         s.dy = dy;
-        s.dh = dh;
-        return fc.backward_input(dh);
+        return fc.backward_input(s.dh);
     }
 
     void backward_weight(Saved& s) const {

@@ -1,5 +1,7 @@
 // cli_sim_test.cpp: `dist sim` as a user runs it: the JSON fields of DESIGN.md, the pictures
 // written to files, and the exit statuses.
+#include "tests/common/dist_command.hpp"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -15,22 +17,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-    int status = -1;
-    std::string out;
-};
+using Result = dist::tests::DistResult;
 
+// `dist ARGS`, stdout and stderr together in `out`.
 Result run(const std::string& args) {
-    std::string cmd = std::string(DIST_BINARY) + " " + args + " 2>&1";
-    Result r;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    if (!p) return r;
-    std::array<char, 4096> buf{};
-    size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-    int st = ::pclose(p);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return r;
+    return dist::tests::run_shell(std::string(DIST_BINARY) + " " + args + " 2>&1");
 }
 
 } // namespace

@@ -7,6 +7,8 @@
 //   `.svg` is a drawing). DIST_GOLDEN_REWRITE=1 rewrites the expected files.
 //
 // Real training steps and timings change from run to run: those tests assert on structure.
+#include "tests/common/dist_command.hpp"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -23,17 +25,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-    int status = -1;
-    std::string out; // standard output and standard error, as they interleave
-};
+// out: standard output and standard error, as they interleave.
+using Result = dist::tests::DistResult;
 
-std::string slurp(const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
+using dist::tests::slurp;
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
     for (size_t at = 0; (at = s.find(from, at)) != std::string::npos; at += to.size())
@@ -45,16 +40,8 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 Result run_in(const fs::path& dir, const std::string& args, const std::string& input) {
     fs::path in_file = dir / ".stdin";
     std::ofstream(in_file, std::ios::binary) << input;
-    std::string cmd = "cd '" + dir.string() + "' && " + DIST_BINARY + " " + args + " < '" +
-                      in_file.string() + "' 2>&1";
-    Result r;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    if (!p) return r;
-    std::array<char, 4096> buf{};
-    size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-    int st = ::pclose(p);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    Result r = dist::tests::run_shell("cd '" + dir.string() + "' && " + DIST_BINARY + " " + args +
+                                      " < '" + in_file.string() + "' 2>&1");
     fs::remove(in_file);
     return r;
 }

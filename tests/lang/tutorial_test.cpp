@@ -11,6 +11,8 @@
 // DIST_TUTORIAL_REWRITE=1 (`make tutorial`) writes every command's output into its chapter
 // instead of comparing, and redraws the pictures in docs/tutorial/img; otherwise the pictures
 // go to a temporary folder and the committed ones stay as they are.
+#include "tests/common/dist_command.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,25 +30,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string slurp(const fs::path& p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
+using dist::tests::slurp;
 // stdout and stderr of `ENV dist ARGS` run from the source folder, and its exit status.
 std::pair<int, std::string> run(const std::string& args, const std::string& env = "") {
-    std::string cmd =
-        "cd '" + std::string(DIST_SOURCE_DIR) + "' && " + env + DIST_BINARY + " " + args + " 2>&1";
-    std::string out;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    if (!p) return {-1, ""};
-    std::array<char, 4096> buf{};
-    size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-    int st = ::pclose(p);
-    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+    auto r = dist::tests::run_shell("cd '" + std::string(DIST_SOURCE_DIR) + "' && " + env +
+                                    DIST_BINARY + " " + args + " 2>&1");
+    return {r.status, r.out};
 }
 
 // The figures that depend on the machine's speed and load, masked before comparing.
