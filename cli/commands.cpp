@@ -104,7 +104,8 @@ int run_eval(const CommonOptions& o, const std::string& load, const std::string&
     spec.format = fs::path(data_file).extension() == ".bin" ? DataFormat::tokens : DataFormat::text;
     models::TokenData data;
     std::string error = models::load_data(spec, p.model, data);
-    models::Model model(p.model, static_cast<uint64_t>(p.train.seed));
+    models::Model model(p.model, static_cast<uint64_t>(p.train.seed), Recompute::none, nullptr,
+                        p.train.precision);
     if (error.empty()) error = models::load_weights(load, model);
     if (!error.empty()) {
         err << "error: " << error << "\n";

@@ -62,7 +62,8 @@ int run_generate(const CommonOptions& o, const std::string& load, const std::str
         err << "error: no prompt: give --prompt TEXT or lines on standard input\n";
         return 2;
     }
-    models::Model whole(p.model, static_cast<uint64_t>(p.train.seed));
+    models::Model whole(p.model, static_cast<uint64_t>(p.train.seed), Recompute::none, nullptr,
+                        p.train.precision);
     if (std::string e = models::load_weights(load, whole); !e.empty()) {
         err << "error: " << e << "\n";
         return 1;

@@ -106,8 +106,7 @@ void ReplSession::cmd_memory() {
     }
     const sim::RankReport& top = fullest(t);
     out_ << "(activations: at the worst moment, " << top.peak_inflight_microbatches
-         << " microbatches in flight on rank " << top.rank
-         << "; optimizer: AdamW's moments and an fp32 copy)\n"
+         << " microbatches in flight on rank " << top.rank << "; optimizer: AdamW's two moments)\n"
          << sim::memory_model_text(t.graph);
     if (t.memory_limit_bytes <= 0) {
         out_ << "no memory limit: the hardware profile gives none\n";

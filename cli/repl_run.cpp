@@ -54,7 +54,8 @@ void ReplSession::cmd_run(const std::string& args) {
                   "(`set model.layers 2`) or the mesh (`set mesh.dp 1`)");
         return;
     }
-    out_ << "training " << steps << (steps == 1 ? " step" : " steps") << " on " << mesh_line(p)
+    out_ << "training " << steps << (steps == 1 ? " step" : " steps")
+         << (p.train.precision == Precision::bf16 ? " in bf16" : "") << " on " << mesh_line(p)
          << "\n"
          << std::flush;
     // One process, whatever the environment says: the REPL explores on this machine.

@@ -121,7 +121,8 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
     if (session.lead())
         out << "training " << model_label(p) << " (" << p.model.parameters << " parameters) on "
             << (first > 0 ? "steps " + std::to_string(first + 1) + " to " : "steps 1 to ") << last
-            << ", " << p.train.batch << " x " << p.model.context << " tokens each, on "
+            << ", " << p.train.batch << " x " << p.model.context << " tokens each, "
+            << (p.train.precision == Precision::bf16 ? "in bf16, " : "") << "on "
             << mesh_label(p, graph)
             << (session.processes() > 1
                     ? ", in " + std::to_string(session.processes()) + " processes"

@@ -48,7 +48,8 @@ namespace embed {
 
 std::string load_model(const Program& p, const std::string& dir,
                        std::unique_ptr<models::Model>& out) {
-    auto model = std::make_unique<models::Model>(p.model, static_cast<uint64_t>(p.train.seed));
+    auto model = std::make_unique<models::Model>(p.model, static_cast<uint64_t>(p.train.seed),
+                                                 Recompute::none, nullptr, p.train.precision);
     std::string error = models::load_weights(dir, *model);
     if (error.empty()) out = std::move(model);
     return error;

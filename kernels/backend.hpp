@@ -127,6 +127,12 @@ class Backend {
     virtual void add(const float* a, const float* b, int64_t n, float* out) = 0;
     /// x (n) = value.
     virtual void fill(float* x, int64_t n, float value) = 0;
+    /// Mixed precision (train.precision bf16): x (n) rounded to the nearest bf16 in place (ties
+    /// to even, NaN kept), still held as float; and the conversions to and from bf16 storage
+    /// (uint16_t bits), the second exact.
+    virtual void round_bf16(float* x, int64_t n) = 0;
+    virtual void to_bf16(const float* x, int64_t n, uint16_t* out) = 0;
+    virtual void from_bf16(const uint16_t* x, int64_t n, float* out) = 0;
     /// out (N,C) += bias (C) on every row.
     virtual void add_rows(const float* bias, int64_t N, int64_t C, float* out) = 0;
     /// rows x width floats: dst[r * dst_stride + c] = src[r * src_stride + c].

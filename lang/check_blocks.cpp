@@ -209,11 +209,12 @@ void BlockChecker::memory_floor() {
     }
     int64_t worst = *std::max_element(per_rank.begin(), per_rank.end());
     p.memory.parameters_per_device = worst;
-    // ZeRO's (2 + 2 + K) psi / N_d: weights, gradients and AdamW state per parameter (f32:
-    // 4 + 4 + 8; bf16: 2 + 2 + 12, the master weights and moments in f32), each divided over
-    // the N_d = dp x cp ranks of a replica from stage 3, 2 and 1 on.
+    // ZeRO's (2 + 2 + K) psi / N_d with what the runtime holds per parameter: 4 + 4 + 8 in
+    // either precision (bf16 computes with its f32 master weights cast where they are used and
+    // keeps f32 gradients, docs/training.md), each divided over the N_d = dp x cp ranks of a
+    // replica from stage 3, 2 and 1 on.
     const double nd = static_cast<double>(m.dp * m.cp);
-    const double w = p.train.precision == Precision::bf16 ? 2.0 : 4.0;
+    const double w = 4.0;
     const double k = static_cast<double>(p.memory.bytes_per_parameter) - 2 * w;
     const double per_param =
         w / (m.zero >= 3 ? nd : 1.0) + w / (m.zero >= 2 ? nd : 1.0) + k / (m.zero >= 1 ? nd : 1.0);

@@ -77,14 +77,6 @@ void BlockChecker::train(const Block* block) {
     static const std::vector<std::string> precisions = {"f32", "bf16"};
     if (auto pr = r.choice("precision", precisions, "precision"))
         t.precision = pick<Precision>(precisions, *pr);
-    if (t.precision == Precision::bf16 && t.training_refusal.empty())
-        t.training_refusal = render_diagnostic(
-            sources, {r.loc_of("precision"),
-                      "training runs in f32 on every device for now; `precision: bf16` is "
-                      "planned and simulated (2-byte weights and activations, the bf16 peak), "
-                      "not trained",
-                      "`--set train.precision=f32` to train; `dist sim` and `dist plan` take "
-                      "bf16 as written"});
     t.clip = r.real("clip", 0.0, false).value_or(0.0);
     static const std::vector<std::string> policies = {"stop", "skip"};
     if (auto pol = r.choice("on_nonfinite", policies, "policy"))
@@ -124,6 +116,8 @@ void BlockChecker::train(const Block* block) {
 
     BlockReader c(r.block("checkpoint"), "train.checkpoint", defs.globals, diags);
     t.checkpoint.every = c.integer("every", 1).value_or(0);
+    if (auto d = c.choice("dtype", precisions, "dtype"))
+        t.checkpoint.dtype = pick<Precision>(precisions, *d);
     auto ckdir = c.string("dir");
     if (ckdir) {
         if (ckdir->empty()) {
@@ -133,7 +127,8 @@ void BlockChecker::train(const Block* block) {
             fs::path d(*ckdir);
             t.checkpoint.dir = (d.is_relative() ? dir / d : d).lexically_normal().string();
         }
-    } else if (c.present() && !c.failed()) {
+    } else if (c.present() && !c.failed() && c.field("every")) {
+        // `dtype` alone may go with `dist run --save`, which names the folder.
         diags.error(c.loc(), "`checkpoint` needs `dir`, the folder to save into");
         ok = false;
     }

@@ -299,6 +299,8 @@ struct LrScheduleSpec {
 struct CheckpointSpec {
     int64_t every = 0; // 0: only at the end, when a folder is given
     std::string dir;
+    /// The weights' type in model.safetensors (the optimizer state is f32 whatever it is).
+    Precision dtype = Precision::f32;
 };
 
 struct EvalSpec {

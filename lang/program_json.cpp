@@ -271,7 +271,10 @@ json to_json(const Program& p) {
           {"min_lr", t.lr_schedule.min_lr}}},
         {"clip", t.clip},
         {"on_nonfinite", to_string(t.on_nonfinite)},
-        {"checkpoint", {{"every", t.checkpoint.every}, {"dir", t.checkpoint.dir}}},
+        {"checkpoint",
+         {{"every", t.checkpoint.every},
+          {"dir", t.checkpoint.dir},
+          {"dtype", to_string(t.checkpoint.dtype)}}},
         {"eval",
          {{"every", t.eval.every}, {"data", data_json(t.eval.data)}, {"batches", t.eval.batches}}}};
     json gen = {{"temperature", p.generate.temperature},

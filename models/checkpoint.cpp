@@ -389,7 +389,26 @@ std::string settle_pending(const fs::path& dir) {
 
 } // namespace
 
-std::string save_checkpoint(const std::string& dir, Model& model, int64_t step, uint64_t seed) {
+namespace {
+
+// An f32 record's values rounded to BF16, in place.
+void to_bf16(TensorRecord& r) {
+    const size_t n = r.bytes.size() / 4;
+    std::vector<uint8_t> out(n * 2);
+    for (size_t i = 0; i < n; ++i) {
+        float x;
+        std::memcpy(&x, r.bytes.data() + 4 * i, 4);
+        const uint16_t b = kernels::f32_to_bf16(x);
+        std::memcpy(out.data() + 2 * i, &b, 2);
+    }
+    r.dtype = TensorDType::bf16;
+    r.bytes = std::move(out);
+}
+
+} // namespace
+
+std::string save_checkpoint(const std::string& dir, Model& model, int64_t step, uint64_t seed,
+                            bool bf16_weights) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) return "cannot create the folder `" + dir + "`: " + ec.message();
@@ -400,7 +419,10 @@ std::string save_checkpoint(const std::string& dir, Model& model, int64_t step, 
     for (auto& p : model.params().all()) {
         auto it = m.pieces.find(p.name);
         if (it == m.pieces.end()) return "no checkpoint name for parameter `" + p.name + "`";
-        for (const auto& piece : it->second) weights.tensors.push_back(export_piece(p, piece));
+        for (const auto& piece : it->second) {
+            weights.tensors.push_back(export_piece(p, piece));
+            if (bf16_weights) to_bf16(weights.tensors.back());
+        }
         for (auto [suffix, t] : {std::pair{".m", &p.m}, std::pair{".v", &p.v}}) {
             TensorRecord r{p.name + suffix, TensorDType::f32, t->shape(), {}};
             r.bytes.resize(t->bytes());

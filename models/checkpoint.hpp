@@ -19,8 +19,11 @@
 namespace dist::models {
 
 /// Writes the model (and, when `step` > 0, the optimizer state and step) into `dir`, creating
-/// it. "" on success.
-std::string save_checkpoint(const std::string& dir, Model& model, int64_t step, uint64_t seed);
+/// it. "" on success. With `bf16_weights` model.safetensors holds the weights rounded to BF16
+/// (half the bytes; the optimizer state stays f32, and a run resumed from it starts from the
+/// rounded weights).
+std::string save_checkpoint(const std::string& dir, Model& model, int64_t step, uint64_t seed,
+                            bool bf16_weights = false);
 
 /// Loads weights from `dir`: a Dist checkpoint or a Hugging Face model folder, whichever of its
 /// layouts it has: model.safetensors, shards named by model.safetensors.index.json, PyTorch's

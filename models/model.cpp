@@ -5,8 +5,10 @@
 
 namespace dist::models {
 
-Model::Model(const ModelSpec& spec, uint64_t seed, Recompute recompute, transport::Collectives* tp)
-    : spec_(spec), stage_(spec, StageSpan::whole(spec), seed, recompute, tp) {}
+Model::Model(const ModelSpec& spec, uint64_t seed, Recompute recompute, transport::Collectives* tp,
+             Precision precision)
+    : spec_(spec), stage_(spec, StageSpan::whole(spec), seed, recompute, tp, nullptr, false,
+                          nullptr, nullptr, precision) {}
 
 double Model::forward(int64_t mb, const Tensor& tokens, const Tensor& targets, double loss_weight) {
     Batch& batch = batches_[mb];

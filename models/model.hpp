@@ -27,9 +27,10 @@ class Model {
     /// With a tensor-parallel group `tp` of more than one rank, this is the model of rank
     /// tp->rank(): the layers the script shards hold their part of the split parameters and
     /// reduce through `tp`, whose members must run the same calls in the same order. Losses and
-    /// the gradients of replicated parameters are then the same on every member.
+    /// the gradients of replicated parameters are then the same on every member. With
+    /// Precision::bf16 it computes in bf16 (see Stage).
     Model(const ModelSpec& spec, uint64_t seed, Recompute recompute = Recompute::none,
-          transport::Collectives* tp = nullptr);
+          transport::Collectives* tp = nullptr, Precision precision = Precision::f32);
 
     /// tokens, targets (B,T) i32 -> the mean of the B*T token losses.
     /// `loss_weight`: the weight backward will give this microbatch's loss (Batch::loss_weight).

@@ -29,7 +29,8 @@ void add_items(const std::vector<ModelItemSpec>& items, UnitContext& ctx, bool r
         }
         if (item.residual) {
             std::string name = item.name.empty() ? body.front()->name() + "+" : item.name;
-            out.push_back(make_residual(std::move(name), std::move(body), ctx.device(), recompute));
+            out.push_back(
+                make_residual(std::move(name), std::move(body), ctx.device(), recompute, ctx.bf16));
             std::vector<Parameter*> all;
             for (auto& r : body_reads) all.insert(all.end(), r.begin(), r.end());
             reads.push_back(std::move(all));
@@ -53,9 +54,9 @@ const LayerSpec* find_layer(const std::vector<ModelItemSpec>& items, LayerKind k
 
 Stage::Stage(const ModelSpec& spec, StageSpan span, uint64_t seed, Recompute recompute,
              transport::Collectives* tp, kernels::Backend* device, bool sequence_parallel,
-             transport::Collectives* cp, transport::Collectives* ep)
+             transport::Collectives* cp, transport::Collectives* ep, Precision precision)
     : span_(span), device_(device ? device : &kernels::cpu_backend()),
-      params_(device_->allocator()) {
+      params_(device_->allocator()), bf16_(precision == Precision::bf16) {
     auto blocks = static_cast<int64_t>(spec.blocks.size());
     if (span.begin_block < 0 || span.end_block > blocks || span.begin_block > span.end_block)
         throw std::invalid_argument("stage of blocks [" + std::to_string(span.begin_block) + ", " +
@@ -67,6 +68,7 @@ Stage::Stage(const ModelSpec& spec, StageSpan span, uint64_t seed, Recompute rec
     ctx.cp = cp;
     ctx.ep = ep;
     ctx.backend = device_;
+    ctx.bf16 = bf16_;
     if (const LayerSpec* rotary = find_layer(spec.pre, LayerKind::rotary_embedding))
         ctx.rotary_theta = rotary->theta;
     if (span.first) {
@@ -96,26 +98,40 @@ template <typename F> auto Stage::with_hooks(size_t unit, UnitHooks::Phase phase
     return out;
 }
 
+void Stage::round(const Tensor& t, size_t unit) const {
+    // The loss's per-token losses stay float; so do tokens and undefined gradients.
+    if (!bf16_ || !t.defined() || t.dtype() != kernels::DType::f32) return;
+    if (span_.last && unit + 1 == units_.size()) return;
+    device_->round_bf16(t.data<float>(), t.numel());
+}
+
 Tensor Stage::forward(int64_t mb, const Tensor& input, const Batch& batch) {
     Tensor x = input;
-    for (size_t i = 0; i < units_.size(); ++i)
+    for (size_t i = 0; i < units_.size(); ++i) {
         x = with_hooks(i, UnitHooks::Phase::forward,
                        [&] { return units_[i]->forward(mb, x, batch); });
+        round(x, i);
+    }
     return x;
 }
 
 Tensor Stage::forward_without_loss(int64_t mb, const Tensor& input, const Batch& batch) {
     Tensor x = input;
     size_t n = units_.size() - (span_.last && !units_.empty() ? 1 : 0);
-    for (size_t i = 0; i < n; ++i) x = units_[i]->forward(mb, x, batch);
+    for (size_t i = 0; i < n; ++i) {
+        x = units_[i]->forward(mb, x, batch);
+        round(x, i);
+    }
     return x;
 }
 
 Tensor Stage::backward_input(int64_t mb, const Tensor& dy) {
     Tensor g = dy;
-    for (size_t i = units_.size(); i-- > 0;)
+    for (size_t i = units_.size(); i-- > 0;) {
         g = with_hooks(i, UnitHooks::Phase::backward_input,
                        [&] { return units_[i]->backward_input(mb, g); });
+        round(g, 0);
+    }
     return g;
 }
 
@@ -124,6 +140,7 @@ Tensor Stage::backward(int64_t mb, const Tensor& dy) {
     for (size_t i = units_.size(); i-- > 0;) {
         g = with_hooks(i, UnitHooks::Phase::backward_input,
                        [&] { return units_[i]->backward_input(mb, g); });
+        round(g, 0);
         with_hooks(i, UnitHooks::Phase::backward_weight, [&] {
             units_[i]->backward_weight(mb);
             return 0;
@@ -144,7 +161,10 @@ Tensor Stage::infer(const Tensor& input, const InferContext& ctx) {
     Batch batch{input, {}};
     Tensor x = input;
     size_t n = units_.size() - (span_.last && !units_.empty() ? 1 : 0);
-    for (size_t i = 0; i < n; ++i) x = units_[i]->infer(x, batch, ctx);
+    for (size_t i = 0; i < n; ++i) {
+        x = units_[i]->infer(x, batch, ctx);
+        round(x, i);
+    }
     return x;
 }
 

@@ -48,11 +48,14 @@ class Stage {
     /// Throws std::invalid_argument for a span outside the model. The stage's parameters live
     /// and its units compute on `device` (null: the CPU); its inputs must be there too.
     /// With `sequence_parallel` (and a tp group of more than one) the stage's activations
-    /// between layers, its input and its output are this rank's 1/tp of the tokens.
+    /// between layers, its input and its output are this rank's 1/tp of the tokens. With
+    /// Precision::bf16 the units compute in bf16 (UnitContext::bf16), and the stage rounds every
+    /// unit's output and input gradient to bf16 but the per-token losses.
     Stage(const ModelSpec& spec, StageSpan span, uint64_t seed,
           Recompute recompute = Recompute::none, transport::Collectives* tp = nullptr,
           kernels::Backend* device = nullptr, bool sequence_parallel = false,
-          transport::Collectives* cp = nullptr, transport::Collectives* ep = nullptr);
+          transport::Collectives* cp = nullptr, transport::Collectives* ep = nullptr,
+          Precision precision = Precision::f32);
 
     /// The first stage reads tokens (B,T) i32, the others activations (B,T,C). Returns the
     /// activations for the next stage, or on the last stage the per-token losses (B,T).
@@ -96,6 +99,8 @@ class Stage {
 
   private:
     template <typename F> auto with_hooks(size_t unit, UnitHooks::Phase phase, F&& run);
+    /// With bf16: a unit's output (unless it is the loss's) or input gradient rounded in place.
+    void round(const Tensor& t, size_t unit) const;
 
     StageSpan span_;
     kernels::Backend* device_;
@@ -104,6 +109,7 @@ class Stage {
     std::vector<std::string> tied_copies_;
     std::vector<std::vector<Parameter*>> unit_params_;
     UnitHooks* hooks_ = nullptr;
+    bool bf16_ = false;
 };
 
 } // namespace dist::models

@@ -33,10 +33,51 @@ template <typename Saved> Saved take(std::map<int64_t, Saved>& m, int64_t mb, co
     return s;
 }
 
+/// Mixed precision in bf16 the way Megatron-LM and llm.c run it, with float arithmetic: what a
+/// unit computes with and hands on is rounded to bf16 at the points where a bf16 run stores a
+/// tensor (each matmul's operands and output, each layer's output and input gradient), every
+/// sum accumulates in float, and what a unit keeps for its backward is held in bf16 storage
+/// (exactly, its values being bf16 already). Weights are cast where they are used, as
+/// torch.autocast does: the float parameters are the master copy, never held twice. Off, every
+/// function leaves its argument as it is.
+struct Bf16 {
+    kernels::Backend* be = nullptr;
+    bool on = false;
+
+    /// t's elements rounded to bf16, in place.
+    void round(const Tensor& t) const {
+        if (on && t.defined()) be->round_bf16(t.data<float>(), t.numel());
+    }
+    /// What a unit keeps of a float tensor for its backward: a bf16 copy when on.
+    Tensor keep(const Tensor& t) const {
+        if (!on || !t.defined() || t.dtype() != kernels::DType::f32) return t;
+        Tensor k = be->empty(t.shape(), kernels::DType::bf16);
+        be->to_bf16(t.data<float>(), t.numel(), k.data<uint16_t>());
+        return k;
+    }
+    /// A kept tensor as float again (a float one as it is).
+    Tensor use(const Tensor& t) const {
+        if (!t.defined() || t.dtype() != kernels::DType::bf16) return t;
+        Tensor f = be->empty(t.shape());
+        be->from_bf16(t.data<uint16_t>(), t.numel(), f.data<float>());
+        return f;
+    }
+    /// The values of `p` a unit computes with: its own, or when on a rounded copy of them.
+    Tensor weights(const Parameter& p) const {
+        if (!on) return p.value;
+        Tensor w = p.value.clone();
+        be->round_bf16(w.data<float>(), w.numel());
+        return w;
+    }
+};
+
 /// A unit with a name, computing on one device.
 class Named : public Unit {
   public:
-    Named(std::string name, kernels::Backend& device) : name_(std::move(name)), be_(device) {}
+    Named(std::string name, kernels::Backend& device, bool bf16 = false)
+        : name_(std::move(name)), be_(device), bf16_{&device, bf16} {}
+    Named(std::string name, const UnitContext& ctx)
+        : Named(std::move(name), ctx.device(), ctx.bf16) {}
     const std::string& name() const override { return name_; }
 
   protected:
@@ -49,6 +90,7 @@ class Named : public Unit {
 
     std::string name_;
     kernels::Backend& be_;
+    Bf16 bf16_;
 };
 
 /// This rank's place in the tensor-parallel group. `split` is whether the layer at hand is
@@ -126,6 +168,9 @@ struct Linear {
     Parameter* weight = nullptr;
     Parameter* bias = nullptr;
     kernels::Backend* be = nullptr;
+    /// With bf16 on: the input (in place), the weight, the output and the input gradient are
+    /// rounded to bf16; the products accumulate in float.
+    Bf16 bf16;
 
     // From the gradient, whose shape is the weight's: the weight's values may be away (ZeRO 3
     // gathers them only for the forward and the input gradient).

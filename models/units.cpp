@@ -24,8 +24,8 @@ namespace {
 class ResidualUnit : public Named {
   public:
     ResidualUnit(std::string name, std::vector<std::unique_ptr<Unit>> body,
-                 kernels::Backend& device, bool recompute)
-        : Named(std::move(name), device), body_(std::move(body)), recompute_(recompute) {}
+                 kernels::Backend& device, bool recompute, bool bf16)
+        : Named(std::move(name), device, bf16), body_(std::move(body)), recompute_(recompute) {}
 
     Tensor forward(int64_t mb, const Tensor& x, const Batch& batch) override {
         Tensor h = body_forward(mb, x, batch);
@@ -43,7 +43,10 @@ class ResidualUnit : public Named {
             body_forward(mb, in.x, in.batch);
         }
         Tensor g = dy;
-        for (auto it = body_.rbegin(); it != body_.rend(); ++it) g = (*it)->backward_input(mb, g);
+        for (auto it = body_.rbegin(); it != body_.rend(); ++it) {
+            g = (*it)->backward_input(mb, g);
+            bf16_.round(g);
+        }
         return sum(dy, g);
     }
     void backward_weight(int64_t mb) override {
@@ -57,7 +60,10 @@ class ResidualUnit : public Named {
 
     Tensor infer(const Tensor& x, const Batch& batch, const InferContext& ctx) override {
         Tensor h = x;
-        for (auto& u : body_) h = u->infer(h, batch, ctx);
+        for (auto& u : body_) {
+            h = u->infer(h, batch, ctx);
+            bf16_.round(h);
+        }
         return sum(x, h);
     }
     void end_session(int64_t session) override {
@@ -71,11 +77,15 @@ class ResidualUnit : public Named {
     Tensor sum(const Tensor& a, const Tensor& b) {
         Tensor y = be_.empty(a.shape());
         be_.add(a.data<float>(), b.data<float>(), a.numel(), y.data<float>());
+        bf16_.round(y);
         return y;
     }
     Tensor body_forward(int64_t mb, const Tensor& x, const Batch& batch) {
         Tensor h = x;
-        for (auto& u : body_) h = u->forward(mb, h, batch);
+        for (auto& u : body_) {
+            h = u->forward(mb, h, batch);
+            bf16_.round(h);
+        }
         return h;
     }
 
@@ -117,8 +127,9 @@ std::unique_ptr<Unit> make_unit(const LayerSpec& l, UnitContext& ctx) {
 }
 
 std::unique_ptr<Unit> make_residual(std::string name, std::vector<std::unique_ptr<Unit>> body,
-                                    kernels::Backend& device, bool recompute) {
-    return std::make_unique<ResidualUnit>(std::move(name), std::move(body), device, recompute);
+                                    kernels::Backend& device, bool recompute, bool bf16) {
+    return std::make_unique<ResidualUnit>(std::move(name), std::move(body), device, recompute,
+                                          bf16);
 }
 
 } // namespace dist::models

@@ -121,6 +121,11 @@ struct UnitContext {
     /// The expert-parallel group: a mixture of experts' experts split over its ranks, the
     /// all-to-alls of its tokens within it. Null, or a group of one: every expert here.
     transport::Collectives* ep = nullptr;
+    /// Mixed precision (train.precision bf16): the units compute with bf16 values (weights,
+    /// activations and their gradients rounded to bf16, arithmetic and accumulation in float)
+    /// and keep their saved activations in bf16; parameters, gradients and AdamW state stay
+    /// float (see Bf16 in unit_common.hpp).
+    bool bf16 = false;
     /// The device the units compute on, where `params` lives too. Null: the CPU.
     kernels::Backend* backend = nullptr;
     kernels::Backend& device() const { return backend ? *backend : kernels::cpu_backend(); }
@@ -136,7 +141,9 @@ std::unique_ptr<Unit> make_unit(const LayerSpec& layer, UnitContext& ctx);
 
 /// y = x + f(x) over a group of units on `device`. With `recompute`, the group keeps only its
 /// input after forward and runs the body again at backward (full activation recomputation).
+/// With `bf16` the sums (forward and backward) are rounded to bf16.
 std::unique_ptr<Unit> make_residual(std::string name, std::vector<std::unique_ptr<Unit>> body,
-                                    kernels::Backend& device, bool recompute = false);
+                                    kernels::Backend& device, bool recompute = false,
+                                    bool bf16 = false);
 
 } // namespace dist::models

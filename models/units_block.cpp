@@ -94,21 +94,27 @@ Tensor ContextParallel::scatter_sum(const Tensor& x, kernels::Backend& be) const
 
 Tensor Linear::forward(const Tensor& x, bool add_bias) const {
     Tensor y = be->empty(with_last(x, out_features()));
-    be->matmul_forward(x.data<float>(), weight->value.data<float>(),
-                       bias && add_bias ? bias->value.data<float>() : nullptr, rows(x),
-                       in_features(), out_features(), y.data<float>());
+    bf16.round(x);
+    Tensor w = bf16.weights(*weight);
+    Tensor b = bias && add_bias ? bf16.weights(*bias) : Tensor();
+    be->matmul_forward(x.data<float>(), w.data<float>(), b.defined() ? b.data<float>() : nullptr,
+                       rows(x), in_features(), out_features(), y.data<float>());
+    bf16.round(y);
     return y;
 }
 
 void Linear::add_bias_to(Tensor& y) const {
     if (!bias) return;
-    be->add_rows(bias->value.data<float>(), rows(y), out_features(), y.data<float>());
+    be->add_rows(bf16.weights(*bias).data<float>(), rows(y), out_features(), y.data<float>());
+    bf16.round(y);
 }
 
 Tensor Linear::backward_input(const Tensor& dy) const {
     Tensor dx = be->zeros(with_last(dy, in_features()));
-    be->matmul_backward_input(dy.data<float>(), weight->value.data<float>(), rows(dy),
+    bf16.round(dy);
+    be->matmul_backward_input(dy.data<float>(), bf16.weights(*weight).data<float>(), rows(dy),
                               in_features(), out_features(), dx.data<float>());
+    bf16.round(dx);
     return dx;
 }
 
@@ -122,6 +128,7 @@ Linear make_linear(UnitContext& ctx, const std::string& name, int64_t in, int64_
                    double std, const Shard& shard) {
     Linear l;
     l.be = &ctx.device();
+    l.bf16 = {l.be, ctx.bf16};
     l.weight =
         &ctx.params.add(name + ".weight", {out, in}, Init::normal(std), true, ctx.seed, shard);
     if (bias)
@@ -141,7 +148,7 @@ namespace {
 class NormUnit : public Named {
   public:
     NormUnit(const LayerSpec& l, UnitContext& ctx)
-        : Named(l.name, ctx.device()), rms_(l.kind == LayerKind::rms_norm), eps_(l.eps) {
+        : Named(l.name, ctx), rms_(l.kind == LayerKind::rms_norm), eps_(l.eps) {
         weight_ = &ctx.params.add(l.name + ".weight", {l.width}, Init::ones(), false, ctx.seed);
         if (!rms_ && l.bias)
             bias_ = &ctx.params.add(l.name + ".bias", {l.width}, Init::zeros(), false, ctx.seed);
@@ -154,41 +161,43 @@ class NormUnit : public Named {
     Tensor forward(int64_t mb, const Tensor& x, const Batch&) override {
         int64_t N = rows(x), C = x.shape().back();
         Tensor y = be_.empty(x.shape()), mean = be_.empty({N}), rstd = be_.empty({N});
+        Tensor w = bf16_.weights(*weight_), b = bias_ ? bf16_.weights(*bias_) : Tensor();
         if (rms_)
-            be_.rmsnorm_forward(x.data<float>(), weight_->value.data<float>(), N, C, eps_,
-                                y.data<float>(), rstd.data<float>());
+            be_.rmsnorm_forward(x.data<float>(), w.data<float>(), N, C, eps_, y.data<float>(),
+                                rstd.data<float>());
         else
-            be_.layernorm_forward(x.data<float>(), weight_->value.data<float>(),
-                                  bias_ ? bias_->value.data<float>() : nullptr, N, C, eps_,
+            be_.layernorm_forward(x.data<float>(), w.data<float>(),
+                                  b.defined() ? b.data<float>() : nullptr, N, C, eps_,
                                   y.data<float>(), mean.data<float>(), rstd.data<float>());
-        saved_[mb] = {x, mean, rstd, {}};
+        saved_[mb] = {bf16_.keep(x), mean, rstd, {}};
         return y;
     }
     Tensor backward_input(int64_t mb, const Tensor& dy) override {
         Saved& s = saved_.at(mb);
-        int64_t N = rows(s.x), C = s.x.shape().back();
-        Tensor dx = be_.zeros(s.x.shape());
+        Tensor x = bf16_.use(s.x), w = bf16_.weights(*weight_);
+        int64_t N = rows(x), C = x.shape().back();
+        Tensor dx = be_.zeros(x.shape());
         if (rms_)
-            be_.rmsnorm_backward_input(dy.data<float>(), s.x.data<float>(),
-                                       weight_->value.data<float>(), s.rstd.data<float>(), N, C,
-                                       dx.data<float>());
+            be_.rmsnorm_backward_input(dy.data<float>(), x.data<float>(), w.data<float>(),
+                                       s.rstd.data<float>(), N, C, dx.data<float>());
         else
-            be_.layernorm_backward_input(dy.data<float>(), s.x.data<float>(),
-                                         weight_->value.data<float>(), s.mean.data<float>(),
-                                         s.rstd.data<float>(), N, C, dx.data<float>());
-        s.dy = dy;
+            be_.layernorm_backward_input(dy.data<float>(), x.data<float>(), w.data<float>(),
+                                         s.mean.data<float>(), s.rstd.data<float>(), N, C,
+                                         dx.data<float>());
+        s.dy = bf16_.keep(dy);
         return dx;
     }
     void backward_weight(int64_t mb) override {
         Saved s = take(saved_, mb, "norm");
-        int64_t N = rows(s.x), C = s.x.shape().back();
+        Tensor x = bf16_.use(s.x), dy = bf16_.use(s.dy);
+        int64_t N = rows(x), C = x.shape().back();
         if (rms_)
-            be_.rmsnorm_backward_weight(s.dy.data<float>(), s.x.data<float>(), s.rstd.data<float>(),
-                                        N, C, weight_->grad.data<float>());
+            be_.rmsnorm_backward_weight(dy.data<float>(), x.data<float>(), s.rstd.data<float>(), N,
+                                        C, weight_->grad.data<float>());
         else
-            be_.layernorm_backward_weight(
-                s.dy.data<float>(), s.x.data<float>(), s.mean.data<float>(), s.rstd.data<float>(),
-                N, C, weight_->grad.data<float>(), bias_ ? bias_->grad.data<float>() : nullptr);
+            be_.layernorm_backward_weight(dy.data<float>(), x.data<float>(), s.mean.data<float>(),
+                                          s.rstd.data<float>(), N, C, weight_->grad.data<float>(),
+                                          bias_ ? bias_->grad.data<float>() : nullptr);
     }
 
     void discard(int64_t mb) override { saved_.erase(mb); }
@@ -209,7 +218,7 @@ class NormUnit : public Named {
 class AttentionUnit : public Named {
   public:
     AttentionUnit(const LayerSpec& l, UnitContext& ctx)
-        : Named(l.name, ctx.device()), tp_(ctx, l.shard == ShardDim::heads), sp_(ctx), cp_(ctx),
+        : Named(l.name, ctx), tp_(ctx, l.shard == ShardDim::heads), sp_(ctx), cp_(ctx),
           D_(l.head_dim), theta_(ctx.rotary_theta) {
         auto [h0, h1] = tp_.part(l.heads);
         auto [k0, k1] = tp_.part(l.kv_heads);
@@ -241,28 +250,38 @@ class AttentionUnit : public Named {
         if (theta_ > 0) {
             be_.rope_forward(q.data<float>(), B, T, H_, D_, theta_, 0, q.data<float>());
             be_.rope_forward(k.data<float>(), B, T, KV_, D_, theta_, 0, k.data<float>());
+            bf16_.round(q);
+            bf16_.round(k);
         }
         Tensor a = be_.empty({B, T, H_ * D_}), lse = be_.empty({B, H_, T});
         be_.attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), B, T, H_, KV_, D_,
                               a.data<float>(), lse.data<float>());
+        Tensor y = out_.forward_row_parallel(a, tp_, &sp_); // rounds a first when bf16 is on
         // With sp the input is kept as this rank's shard and gathered again for the backward
         // (Megatron-LM's choice: one more all-gather for 1/tp of the memory).
-        saved_[mb] = {sp_.on ? shard : x, q, k, v, a, lse, {}, {}};
-        return out_.forward_row_parallel(a, tp_, &sp_);
+        saved_[mb] = {bf16_.keep(sp_.on ? shard : x),
+                      bf16_.keep(q),
+                      bf16_.keep(k),
+                      bf16_.keep(v),
+                      bf16_.keep(a),
+                      lse,
+                      {},
+                      {}};
+        return y;
     }
 
     Tensor backward_input(int64_t mb, const Tensor& dy_shard) override {
         if (cp_.on) return backward_cp(mb, dy_shard);
         Saved& s = saved_.at(mb);
         Tensor dy = sp_.gather(dy_shard, be_);
-        s.x = sp_.gather(s.x, be_); // the weight gradient's input, whole
-        int64_t B = s.x.dim(0), T = s.x.dim(1);
+        Tensor x = sp_.gather(bf16_.use(s.x), be_); // the weight gradient's input, whole
+        Tensor q = bf16_.use(s.q), k = bf16_.use(s.k), v = bf16_.use(s.v), a = bf16_.use(s.a);
+        int64_t B = x.dim(0), T = x.dim(1);
         Tensor da = out_.backward_input(dy);
-        Tensor dq = be_.zeros(s.q.shape()), dk = be_.zeros(s.k.shape()),
-               dv = be_.zeros(s.v.shape());
-        be_.attention_backward(da.data<float>(), s.q.data<float>(), s.k.data<float>(),
-                               s.v.data<float>(), s.a.data<float>(), s.lse.data<float>(), B, T, H_,
-                               KV_, D_, dq.data<float>(), dk.data<float>(), dv.data<float>());
+        Tensor dq = be_.zeros(q.shape()), dk = be_.zeros(k.shape()), dv = be_.zeros(v.shape());
+        be_.attention_backward(da.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(),
+                               a.data<float>(), s.lse.data<float>(), B, T, H_, KV_, D_,
+                               dq.data<float>(), dk.data<float>(), dv.data<float>());
         Tensor dqkv = be_.empty({B, T, (H_ + 2 * KV_) * D_});
         if (theta_ > 0) {
             Tensor rq = be_.zeros(dq.shape()), rk = be_.zeros(dk.shape());
@@ -272,15 +291,19 @@ class AttentionUnit : public Named {
             dk = rk;
         }
         join(dq, dk, dv, dqkv);
-        s.dy = dy;
-        s.dqkv = dqkv;
-        return sp_.finish(qkv_.backward_input(dqkv), tp_, be_);
+        bf16_.round(dqkv);
+        Tensor dx = sp_.finish(qkv_.backward_input(dqkv), tp_, be_);
+        s.q = s.k = s.v = Tensor(); // no longer needed
+        s.x = bf16_.keep(x);
+        s.dy = bf16_.keep(dy);
+        s.dqkv = bf16_.keep(dqkv);
+        return dx;
     }
 
     void backward_weight(int64_t mb) override {
         Saved s = take(saved_, mb, "attention");
-        out_.backward_weight(s.dy, s.a);
-        qkv_.backward_weight(s.dqkv, s.x);
+        out_.backward_weight(bf16_.use(s.dy), bf16_.use(s.a));
+        qkv_.backward_weight(bf16_.use(s.dqkv), bf16_.use(s.x));
         ring_.erase(mb);
     }
 
@@ -422,6 +445,8 @@ class AttentionUnit : public Named {
         if (theta_ > 0) {
             rope_chunks(q.data<float>(), B, H_, false, nullptr);
             rope_chunks(k.data<float>(), B, KV_, false, nullptr);
+            bf16_.round(q);
+            bf16_.round(k);
         }
         Ring ring{cp_.gather(k, be_), cp_.gather(v, be_), {}};
         Tensor a = be_.empty({B, T2, H_ * D_});
@@ -480,6 +505,7 @@ class AttentionUnit : public Named {
         }
         Tensor dqkv = be_.empty({B, T2, (H_ + 2 * KV_) * D_});
         join(dq, dk, dv, dqkv);
+        bf16_.round(dqkv);
         s.dy = dy;
         s.dqkv = dqkv;
         return sp_.finish(qkv_.backward_input(dqkv), tp_, be_);
@@ -579,11 +605,36 @@ Tensor activation_backward(kernels::Backend& be, Activation act, const Tensor& h
 
 namespace {
 
+// activation_backward from the bf16 copy of its input h that a bf16 MLP keeps: a block of rows
+// at a time from a float copy of the block, so that no float copy of the whole (N, hidden)
+// input is alive beside its bf16 one. GPT-2's GELU computes its tanh again from the block
+// rather than keeping it (as llm.c does), so a bf16 MLP keeps what Korthikanti et al. count.
+Tensor activation_backward_kept(const Bf16& bf16, Activation act, const Tensor& h, const Tensor& dg,
+                                int64_t hidden) {
+    kernels::Backend& be = *bf16.be;
+    const int64_t N = rows(h), W = h.shape().back(), G = dg.shape().back();
+    const int64_t block = std::max<int64_t>(1, (int64_t{1} << 16) / W);
+    Tensor dh = be.empty(h.shape());
+    for (int64_t r = 0; r < N; r += block) {
+        const int64_t n = std::min(block, N - r);
+        Tensor hb = be.empty({n, W}), thb, dgb = be.empty({n, G});
+        be.from_bf16(h.data<uint16_t>() + r * W, n * W, hb.data<float>());
+        if (act == Activation::gelu_tanh) {
+            Tensor out = be.empty({n, W});
+            thb = be.empty({n, W});
+            be.gelu_forward_keeping(hb.data<float>(), n * W, out.data<float>(), thb.data<float>());
+        }
+        be.copy_block(dg.data<float>() + r * G, G, dgb.data<float>(), G, n, G);
+        Tensor d = activation_backward(be, act, hb, thb, dgb, hidden);
+        be.copy_block(d.data<float>(), W, dh.data<float>() + r * W, W, n, W);
+    }
+    return dh;
+}
+
 class MlpUnit : public Named {
   public:
     MlpUnit(const LayerSpec& l, UnitContext& ctx)
-        : Named(l.name, ctx.device()), tp_(ctx, l.shard == ShardDim::hidden), sp_(ctx),
-          act_(l.activation) {
+        : Named(l.name, ctx), tp_(ctx, l.shard == ShardDim::hidden), sp_(ctx), act_(l.activation) {
         MlpLinears m = make_mlp_linears(ctx, l.name, l.width, l.hidden, act_, l.bias, tp_);
         fc_ = m.fc;
         proj_ = m.proj;
@@ -595,26 +646,38 @@ class MlpUnit : public Named {
         Tensor h = fc_.forward(x);
         Tensor th;
         Tensor g = activation_forward(be_, act_, h, hidden_, th);
-        saved_[mb] = {sp_.on ? shard : x, h, g, {}, {}, th}; // as attention keeps its input
-        return proj_.forward_row_parallel(g, tp_, &sp_);
+        // Kept as attention keeps its input; with bf16 each float tensor goes as soon as its
+        // bf16 copy is made, so that at most a few are alive at once.
+        Saved s{bf16_.keep(sp_.on ? shard : x), bf16_.keep(h), {}, {}, {},
+                bf16_.on ? Tensor() : th};
+        h = th = Tensor();
+        Tensor y = proj_.forward_row_parallel(g, tp_, &sp_); // rounds g first when bf16 is on
+        s.g = bf16_.keep(g);
+        saved_[mb] = std::move(s);
+        return y;
     }
 
     Tensor backward_input(int64_t mb, const Tensor& dy_shard) override {
         Saved& s = saved_.at(mb);
         Tensor dy = sp_.gather(dy_shard, be_);
-        s.x = sp_.gather(s.x, be_);
         Tensor dg = proj_.backward_input(dy);
-        Tensor dh = activation_backward(be_, act_, s.h, s.th, dg, hidden_);
-        s.th = Tensor(); // no longer needed
-        s.dy = dy;
-        s.dh = dh;
-        return sp_.finish(fc_.backward_input(dh), tp_, be_);
+        Tensor dh = bf16_.on ? activation_backward_kept(bf16_, act_, s.h, dg, hidden_)
+                             : activation_backward(be_, act_, s.h, s.th, dg, hidden_);
+        dg = Tensor();
+        s.h = s.th = Tensor(); // no longer needed
+        bf16_.round(dh);
+        Tensor x = sp_.gather(bf16_.use(s.x), be_);
+        Tensor dx = sp_.finish(fc_.backward_input(dh), tp_, be_);
+        s.x = bf16_.keep(x);
+        s.dy = bf16_.keep(dy);
+        s.dh = bf16_.keep(dh);
+        return dx;
     }
 
     void backward_weight(int64_t mb) override {
         Saved s = take(saved_, mb, "mlp");
-        proj_.backward_weight(s.dy, s.g);
-        fc_.backward_weight(s.dh, s.x);
+        proj_.backward_weight(bf16_.use(s.dy), bf16_.use(s.g));
+        fc_.backward_weight(bf16_.use(s.dh), bf16_.use(s.x));
     }
 
     void discard(int64_t mb) override { saved_.erase(mb); }

@@ -75,7 +75,7 @@ struct Ffn {
 class MoeUnit : public Named {
   public:
     MoeUnit(const LayerSpec& l, UnitContext& ctx)
-        : Named(l.name, ctx.device()), tp_(ctx, l.shard == ShardDim::hidden), sp_(ctx), ep_(ctx.ep),
+        : Named(l.name, ctx), tp_(ctx, l.shard == ShardDim::hidden), sp_(ctx), ep_(ctx.ep),
           experts_(l.experts), top_k_(l.top_k), sigmoid_(l.router == RouterScore::sigmoid),
           normalize_(l.normalize), capacity_(l.capacity), aux_(l.aux_loss) {
         if (be_.device().kind != kernels::Device::Kind::cpu)
@@ -180,8 +180,9 @@ class MoeUnit : public Named {
         // The router is replicated: its part of dx is whole on every rank, so under tensor
         // parallelism only the first rank adds it before the partial sums are reduced.
         if (!tp_.split || tp_.rank == 0)
-            be_.matmul_backward_input(s.dlogits.data<float>(), router_.weight->value.data<float>(),
-                                      N, C, experts_, dxp);
+            be_.matmul_backward_input(s.dlogits.data<float>(),
+                                      bf16_.weights(*router_.weight).data<float>(), N, C, experts_,
+                                      dxp);
         return sp_.finish(dx, tp_, be_);
     }
 

@@ -29,8 +29,7 @@ void check_tokens(const Tensor& tokens, int64_t vocab, const char* what) {
 class EmbeddingUnit : public Named {
   public:
     EmbeddingUnit(const LayerSpec& l, UnitContext& ctx)
-        : Named(l.name, ctx.device()), tp_(ctx, l.shard == ShardDim::vocab), sp_(ctx),
-          vocab_(l.vocab) {
+        : Named(l.name, ctx), tp_(ctx, l.shard == ShardDim::vocab), sp_(ctx), vocab_(l.vocab) {
         auto [begin, end] = tp_.part(l.vocab);
         begin_ = begin;
         rows_ = end - begin;
@@ -53,11 +52,12 @@ class EmbeddingUnit : public Named {
         return sp_.finish(y, tp_, be_);
     }
     Tensor backward_input(int64_t mb, const Tensor& dy) override {
-        saved_.at(mb).dy = sp_.gather(dy, be_); // every token's gradient, for its row
+        saved_.at(mb).dy = bf16_.keep(sp_.gather(dy, be_)); // every token's gradient, for its row
         return {};
     }
     void backward_weight(int64_t mb) override {
         Saved s = take(saved_, mb, "embedding");
+        s.dy = bf16_.use(s.dy);
         int64_t C = weight_->grad.dim(1), N = s.tokens.numel();
         const int32_t* tok = s.tokens.data<int32_t>();
         if (!tp_.split)
@@ -82,8 +82,7 @@ class EmbeddingUnit : public Named {
 
 class PositionUnit : public Named {
   public:
-    PositionUnit(const LayerSpec& l, UnitContext& ctx)
-        : Named(l.name, ctx.device()), sp_(ctx), cp_(ctx) {
+    PositionUnit(const LayerSpec& l, UnitContext& ctx) : Named(l.name, ctx), sp_(ctx), cp_(ctx) {
         weight_ = &ctx.params.add(l.name + ".weight", {l.context, l.width}, Init::normal(0.02),
                                   true, ctx.seed);
         weight_->sequence_partial = sp_.on;
@@ -96,24 +95,23 @@ class PositionUnit : public Named {
                 throw std::out_of_range("sequence of " + std::to_string(r.position + r.count) +
                                         " tokens is longer than the context of " +
                                         std::to_string(weight_->value.dim(0)));
-        Tensor y = x.clone();
+        Tensor y = x.clone(), wpe = bf16_.weights(*weight_);
         for (const Run& r : runs)
             for (int64_t b = 0; b < (runs.size() == 1 ? 1 : B); ++b)
-                be_.positions_forward(weight_->value.data<float>() + r.position * C,
-                                      runs.size() == 1 ? B : 1, r.count, C,
-                                      y.data<float>() + (b * T + r.token) * C);
+                be_.positions_forward(wpe.data<float>() + r.position * C, runs.size() == 1 ? B : 1,
+                                      r.count, C, y.data<float>() + (b * T + r.token) * C);
         runs_[mb] = runs;
         return y;
     }
     Tensor backward_input(int64_t mb, const Tensor& dy) override {
-        saved_[mb] = dy;
+        saved_[mb] = bf16_.keep(dy);
         return dy;
     }
     Tensor infer(const Tensor& x, const Batch&, const InferContext& ctx) override {
         check_host("positions of a generation");
         int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2), context = weight_->value.dim(0);
-        Tensor y = x.clone();
-        const float* wpe = weight_->value.data<float>();
+        Tensor y = x.clone(), table = bf16_.weights(*weight_);
+        const float* wpe = table.data<float>();
         for (int64_t b = 0; b < B; ++b) {
             for (int64_t t = 0; t < T; ++t) {
                 int64_t pos = ctx.pos0 + t - ctx.start(b);
@@ -128,7 +126,7 @@ class PositionUnit : public Named {
         return y;
     }
     void backward_weight(int64_t mb) override {
-        Tensor dy = take(saved_, mb, "positions");
+        Tensor dy = bf16_.use(take(saved_, mb, "positions"));
         std::vector<Run> runs = take(runs_, mb, "positions");
         const int64_t B = dy.dim(0), T = dy.dim(1), C = dy.dim(2);
         for (const Run& r : runs)
@@ -171,14 +169,14 @@ class PositionUnit : public Named {
 
 class HeadUnit : public Named {
   public:
-    HeadUnit(const LayerSpec& l, UnitContext& ctx)
-        : Named(l.name, ctx.device()), tp_(ctx, false), sp_(ctx) {
+    HeadUnit(const LayerSpec& l, UnitContext& ctx) : Named(l.name, ctx), tp_(ctx, false), sp_(ctx) {
         Shard shard;
         if (l.tied) {
             if (!ctx.embedding) throw std::logic_error("tied head without an embedding");
             // A tied head is split exactly as the embedding it shares.
             head_.weight = ctx.embedding;
             head_.be = &ctx.device();
+            head_.bf16 = {head_.be, ctx.bf16};
             shard = ctx.embedding->shard;
             tp_.split = !shard.whole();
         } else {
@@ -188,6 +186,7 @@ class HeadUnit : public Named {
             head_.weight = &ctx.params.add(l.name + ".weight", {l.vocab, l.width},
                                            Init::normal(0.02), true, ctx.seed, shard);
             head_.be = &ctx.device();
+            head_.bf16 = {head_.be, ctx.bf16};
         }
         if (l.bias)
             head_.bias =
@@ -198,16 +197,18 @@ class HeadUnit : public Named {
     }
     Tensor forward(int64_t mb, const Tensor& shard, const Batch&) override {
         Tensor x = sp_.gather(shard, be_); // the loss takes every token's logits
-        saved_[mb].x = x;
-        return head_.forward(x);
+        Tensor y = head_.forward(x);       // rounds x first when bf16 is on
+        saved_[mb].x = bf16_.keep(x);
+        return y;
     }
     Tensor backward_input(int64_t mb, const Tensor& dy) override {
-        saved_.at(mb).dy = dy;
-        return sp_.finish(head_.backward_input(dy), tp_, be_);
+        Tensor dx = sp_.finish(head_.backward_input(dy), tp_, be_);
+        saved_.at(mb).dy = bf16_.keep(dy);
+        return dx;
     }
     void backward_weight(int64_t mb) override {
         Saved s = take(saved_, mb, "lm_head");
-        head_.backward_weight(s.dy, s.x);
+        head_.backward_weight(bf16_.use(s.dy), bf16_.use(s.x));
     }
 
     void discard(int64_t mb) override { saved_.erase(mb); }
@@ -225,7 +226,7 @@ class HeadUnit : public Named {
 class LossUnit : public Named {
   public:
     LossUnit(const LayerSpec& l, const UnitContext& ctx)
-        : Named(l.name, ctx.device()), tp_(ctx, ctx.logits_size != ctx.logits_vocab),
+        : Named(l.name, ctx), tp_(ctx, ctx.logits_size != ctx.logits_vocab),
           vocab_(ctx.logits_vocab), begin_(ctx.logits_begin) {}
 
     Tensor forward(int64_t mb, const Tensor& logits, const Batch& batch) override {
@@ -238,11 +239,12 @@ class LossUnit : public Named {
         else
             be_.cross_entropy_forward(logits.data<float>(), tgt, B * T, V, losses.data<float>(),
                                       lse.data<float>());
-        saved_[mb] = {logits, lse, batch.targets};
+        saved_[mb] = {bf16_.keep(logits), lse, batch.targets};
         return losses;
     }
     Tensor backward_input(int64_t mb, const Tensor& dlosses) override {
         Saved s = take(saved_, mb, "cross_entropy");
+        s.logits = bf16_.use(s.logits);
         int64_t N = rows(s.logits), V = s.logits.dim(2);
         Tensor dlogits = be_.empty(s.logits.shape());
         const int32_t* tgt = s.targets.data<int32_t>();

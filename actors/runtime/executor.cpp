@@ -37,6 +37,24 @@ Tensor take(std::map<int32_t, Tensor>& m, int32_t mb, const char* what, int32_t 
     return t;
 }
 
+// With bf16 a stage's outputs and input gradients hold bf16 values (the stage rounds them):
+// they cross to the next stage as bf16, exactly and in half the bytes, as the simulator prices
+// them; the receiver widens them to float again.
+Tensor narrowed(const Tensor& t, kernels::Backend& device, bool bf16) {
+    if (!bf16 || t.dtype() != kernels::DType::f32) return t;
+    Tensor n = device.empty(t.shape(), kernels::DType::bf16);
+    device.to_bf16(t.data<float>(), t.numel(), n.data<uint16_t>());
+    return n;
+}
+
+Tensor widened(const Tensor& received, kernels::Backend& device) {
+    Tensor t = device.here(received);
+    if (t.dtype() != kernels::DType::bf16) return t;
+    Tensor w = device.empty(t.shape());
+    device.from_bf16(t.data<uint16_t>(), t.numel(), w.data<float>());
+    return w;
+}
+
 // ZeRO: the elements [lo, hi) of a parameter's n local elements that data-parallel member d of
 // `members` owns: its optimizer state, its reduced gradient (stage 2), its update.
 std::pair<int64_t, int64_t> zero_share(int64_t n, int d, int members) {
@@ -75,7 +93,7 @@ struct RankExecutor::StageState {
           stage(p.model,
                 models::StageSpan{s.first_block, s.first_block + s.blocks, s.embedding, s.head},
                 static_cast<uint64_t>(p.train.seed), p.schedule.recompute, comms.tp, &device,
-                p.mesh.sp, comms.cp, comms.ep) {}
+                p.mesh.sp, comms.cp, comms.ep, p.train.precision) {}
 
     void clear() {
         inputs.clear();
@@ -502,6 +520,7 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
     using plan::ActionKind;
     using transport::Direction;
     const int32_t s = a.stage, mb = a.microbatch;
+    const bool bf16 = program_.train.precision == Precision::bf16;
     auto state = [&](int32_t stage) -> StageState& {
         auto it = stages_.find(stage);
         if (it == stages_.end())
@@ -577,19 +596,20 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
     case ActionKind::backward_weight: state(s).stage.backward_weight(mb); break;
     case ActionKind::send_forward:
         comms_.p2p->send(a.peer, {step, s, mb, Direction::activation},
-                         take(state(s).outputs, mb, "output", s));
+                         narrowed(take(state(s).outputs, mb, "output", s), *device_, bf16));
         break;
     case ActionKind::recv_forward:
         state(s).inputs[mb] =
-            device_->here(comms_.p2p->recv(a.peer, {step, s - 1, mb, Direction::activation}));
+            widened(comms_.p2p->recv(a.peer, {step, s - 1, mb, Direction::activation}), *device_);
         break;
     case ActionKind::send_backward:
-        comms_.p2p->send(a.peer, {step, s, mb, Direction::gradient},
-                         take(state(s).grad_out, mb, "input gradient", s));
+        comms_.p2p->send(
+            a.peer, {step, s, mb, Direction::gradient},
+            narrowed(take(state(s).grad_out, mb, "input gradient", s), *device_, bf16));
         break;
     case ActionKind::recv_backward:
         state(s).grad_in[mb] =
-            device_->here(comms_.p2p->recv(a.peer, {step, s + 1, mb, Direction::gradient}));
+            widened(comms_.p2p->recv(a.peer, {step, s + 1, mb, Direction::gradient}), *device_);
         break;
     case ActionKind::reduce_grad:
     case ActionKind::reduce_scatter:

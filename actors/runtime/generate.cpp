@@ -21,9 +21,9 @@ Generator::Generator(const Program& program, const plan::Graph& graph, const mod
         for (const auto& s : graph.stages) {
             if (s.pp != r.pp) continue;
             models::StageSpan span{s.first_block, s.first_block + s.blocks, s.embedding, s.head};
-            auto stage = std::make_unique<models::Stage>(program.model, span,
-                                                         static_cast<uint64_t>(program.train.seed),
-                                                         Recompute::none, tp);
+            auto stage = std::make_unique<models::Stage>(
+                program.model, span, static_cast<uint64_t>(program.train.seed), Recompute::none, tp,
+                nullptr, false, nullptr, nullptr, program.train.precision);
             models::copy_from_whole(whole.params(), stage->params());
             stages_[static_cast<size_t>(s.index)].push_back({r.rank, std::move(stage)});
         }

@@ -237,7 +237,8 @@ struct Session::Impl {
     models::Model& whole() {
         if (!whole_model)
             whole_model =
-                std::make_unique<models::Model>(program.model, seed(), program.schedule.recompute);
+                std::make_unique<models::Model>(program.model, seed(), program.schedule.recompute,
+                                                nullptr, program.train.precision);
         return *whole_model;
     }
     bool handle(const StepReport& rep);
@@ -380,7 +381,8 @@ std::string Session::Impl::take_step(const StepReport& rep, bool& go_on) {
         kept = keep;
     }
     if (checkpoint) {
-        std::string e = models::save_checkpoint(save_dir, whole(), m.step, seed());
+        std::string e = models::save_checkpoint(save_dir, whole(), m.step, seed(),
+                                                program.train.checkpoint.dtype == Precision::bf16);
         if (!e.empty()) return e;
         saved = save_dir;
     }

@@ -114,7 +114,7 @@ std::string memory_model_text(const plan::Graph& g) {
     std::string state, acts;
     if (g.zero > 0 && nd > 1)
         state = "weights, gradients and optimizer by ZeRO stage " + std::to_string(g.zero) +
-                "'s (2 + 2 + K) psi / N_d over N_d = " + std::to_string(nd) +
+                "'s (4 + 4 + 8) psi / N_d over N_d = " + std::to_string(nd) +
                 " (Rajbhandari et al. 2020)";
     if (state.empty() && !g.sp && g.cp == 1) return "";
     acts = "activations by Korthikanti et al. 2022";

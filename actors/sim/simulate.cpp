@@ -359,7 +359,6 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
 /// `replicas`: the dp x cp ranks that share a replica's state under ZeRO (the graph's own,
 /// except for a bound's graph of one replica).
 void account_memory(const Graph& g, const PlanRank& r, RankReport& rep, int64_t replicas) {
-    const int64_t bpe = g.bytes_per_element;
     int64_t params = 0, boundary = 0, bucket = 0, tp_buf = 0;
     for (const PlanStage& s : g.stages) {
         if (s.pp != r.pp) continue;
@@ -379,10 +378,13 @@ void account_memory(const Graph& g, const PlanRank& r, RankReport& rep, int64_t 
     for (const PlanStage& s : g.stages)
         if (s.pp == r.pp) unit = std::max(unit, s.largest_unit_parameters);
     const int32_t zero = nd > 1 ? g.zero : 0; // alone, a rank has nothing to shard over
+    // The runtime's 4 + 4 + 8 bytes in either precision: bf16 computes with the f32 master
+    // weights cast where they are used, and keeps f32 gradients (docs/training.md).
+    const int64_t w = 4, k = 8;
     rep.parameters_bytes =
-        zero >= 3 ? params * bpe / nd + std::min(params, 2 * unit) * bpe : params * bpe;
-    rep.gradients_bytes = zero >= 2 ? params * bpe / nd : params * bpe;
-    rep.optimizer_bytes = params * (16 - 2 * bpe) / (zero >= 1 ? nd : 1);
+        zero >= 3 ? params * w / nd + std::min(params, 2 * unit) * w : params * w;
+    rep.gradients_bytes = zero >= 2 ? params * w / nd : params * w;
+    rep.optimizer_bytes = params * k / (zero >= 1 ? nd : 1);
     bool p2p = false;
     for (const PlanAction& a : r.actions) p2p = p2p || plan::is_p2p(a.kind);
     // A send and a receive buffer each way, the largest bucket, one tensor-parallel buffer.

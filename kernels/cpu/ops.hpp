@@ -152,4 +152,11 @@ template <typename T> double sum_squares(const T* x, int64_t n);
 /// x (n) *= s.
 template <typename T> void scale(T* x, int64_t n, double s);
 
+/// bf16 (mixed precision), round to nearest even with NaN kept a NaN, as f32_to_bf16 in
+/// kernels/tensor.hpp but vectorised and threaded: x (n) rounded in place and kept as float;
+/// x (n) -> out (n) bf16 bits; bf16 bits -> float (exact).
+void round_bf16(float* x, int64_t n);
+void to_bf16(const float* x, int64_t n, uint16_t* out);
+void from_bf16(const uint16_t* x, int64_t n, float* out);
+
 } // namespace dist::kernels::cpu

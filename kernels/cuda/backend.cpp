@@ -151,6 +151,13 @@ class CudaBackend final : public Backend {
         run(cuda::add(current(a), b, n, out));
     }
     void fill(float* x, int64_t n, float value) override { run(cuda::fill(current(x), n, value)); }
+    void round_bf16(float* x, int64_t n) override { run(cuda::round_bf16(current(x), n)); }
+    void to_bf16(const float* x, int64_t n, uint16_t* out) override {
+        run(cuda::to_bf16(current(x), n, out));
+    }
+    void from_bf16(const uint16_t* x, int64_t n, float* out) override {
+        run(cuda::from_bf16(current(x), n, out));
+    }
     void add_rows(const float* bias, int64_t N, int64_t C, float* out) override {
         run(cuda::add_rows(current(bias), N, C, out));
     }

@@ -152,6 +152,12 @@ __global__ void from_bf16_kernel(const uint16_t* x, int64_t n, float* out) {
         out[i] = __bfloat162float(__ushort_as_bfloat16(x[i]));
 }
 
+__global__ void round_bf16_kernel(float* x, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x)
+        x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+}
+
 __global__ void add_bias_kernel(float* out, const float* bias, int64_t N, int64_t OC) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N * OC;
          i += int64_t(gridDim.x) * blockDim.x)
@@ -188,6 +194,12 @@ std::string to_bf16(const float* x, int64_t n, uint16_t* out) {
 
 std::string from_bf16(const uint16_t* x, int64_t n, float* out) {
     from_bf16_kernel<<<blocks_for(n, 256), 256>>>(x, n, out);
+    DIST_LAUNCHED();
+    return {};
+}
+
+std::string round_bf16(float* x, int64_t n) {
+    round_bf16_kernel<<<blocks_for(n, 256), 256>>>(x, n);
     DIST_LAUNCHED();
     return {};
 }

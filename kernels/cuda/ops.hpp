@@ -115,6 +115,8 @@ std::string clip_by_norm(const double* sum_sq, double max_norm, int64_t n, float
 std::string to_bf16(const float* x, int64_t n, uint16_t* out);
 /// x (n) bf16 bits -> out (n) float (exact).
 std::string from_bf16(const uint16_t* x, int64_t n, float* out);
+/// x (n) float rounded to the nearest bf16 in place (kept as float).
+std::string round_bf16(float* x, int64_t n);
 
 /// inp (N,C), weight (OC,C) in bf16, bias (OC) float or null -> out (N,OC) float, written.
 std::string matmul_forward_bf16(const uint16_t* inp, const uint16_t* weight, const float* bias,

@@ -231,6 +231,18 @@ template <int I> class StandIn final : public kernels::Backend {
         check("fill", {x});
         cpu().fill(x, n, value);
     }
+    void round_bf16(float* x, int64_t n) override {
+        check("round_bf16", {x});
+        cpu().round_bf16(x, n);
+    }
+    void to_bf16(const float* x, int64_t n, uint16_t* out) override {
+        check("to_bf16", {x, out});
+        cpu().to_bf16(x, n, out);
+    }
+    void from_bf16(const uint16_t* x, int64_t n, float* out) override {
+        check("from_bf16", {x, out});
+        cpu().from_bf16(x, n, out);
+    }
     void add_rows(const float* bias, int64_t N, int64_t C, float* out) override {
         check("add_rows", {bias, out});
         cpu().add_rows(bias, N, C, out);

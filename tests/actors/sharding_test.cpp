@@ -61,9 +61,10 @@ TEST(Zero, TheFitCheckDividesTheStateAsTheStageSays) {
               std::string::npos)
         << plain.report();
     EXPECT_NE(plain.report().find("(`zero: 3` in mesh)"), std::string::npos) << plain.report();
-    // bf16 keeps 2 + 2 bytes of weights and gradients and K = 12 of f32 master weights and
-    // moments; stage z divides the last 3 - z + 1 parts over the 64 ranks.
-    const double per_param[] = {0, 2 + 2 + 12.0 / 64, 2 + 14.0 / 64, 16.0 / 64};
+    // bf16 keeps what f32 keeps: 4 + 4 bytes of weights (the f32 master, cast where it is
+    // used) and gradients and K = 8 of moments; stage z divides the last 3 - z + 1 parts over
+    // the 64 ranks.
+    const double per_param[] = {0, 4 + 4 + 8.0 / 64, 4 + 12.0 / 64, 16.0 / 64};
     for (int z = 1; z <= 3; ++z) {
         lang::CheckResult r = check(fsdp, {"mesh.zero=" + std::to_string(z)});
         ASSERT_TRUE(r.ok()) << "zero " << z << ": " << r.report();
@@ -129,8 +130,8 @@ TEST(Zero, SimulatedMemoryFollowsTheFormulaPerStage) {
     EXPECT_NEAR(at[2].gradients_bytes, at[0].gradients_bytes / nd, 1);
     EXPECT_EQ(at[2].parameters_bytes, at[0].parameters_bytes);
     // Stage 3 keeps 1/64 of the weights and the two largest units it gathers: twice the
-    // largest, the head (128256 x 4096, with the final norm's 4096) in bf16.
-    const int64_t unit = (128256LL * 4096 + 4096) * 2;
+    // largest, the head (128256 x 4096, with the final norm's 4096) in f32.
+    const int64_t unit = (128256LL * 4096 + 4096) * 4;
     EXPECT_NEAR(at[3].parameters_bytes, at[0].parameters_bytes / nd + 2 * unit, 1);
     EXPECT_EQ(at[3].activations_bytes, at[0].activations_bytes);
     EXPECT_LT(at[3].peak_memory_bytes, at[2].peak_memory_bytes);
@@ -210,9 +211,8 @@ TEST(ContextParallel, SplitsEachSequenceAndPassesKeysAndValuesAroundTheRing) {
               std::string::npos)
         << count.report();
     EXPECT_NE(count.report().find("set `dp: 2`"), std::string::npos) << count.report();
-    // Training takes cp, with sp too (runtime_test.cpp): only the example's bf16 is refused.
-    EXPECT_NE(two.train.training_refusal.find("`precision: bf16`"), std::string::npos)
-        << two.train.training_refusal;
+    // Training takes cp, with sp too (runtime_test.cpp), and the example's bf16.
+    EXPECT_EQ(two.train.training_refusal, "");
 }
 
 TEST(Examples, TheNewScalesPlanAndSimulate) {
@@ -224,6 +224,6 @@ TEST(Examples, TheNewScalesPlanAndSimulate) {
         EXPECT_NE(sim::text_report(t).find("(memory model: "), std::string::npos) << file;
     }
     EXPECT_NE(sim::text_report(simulated(checked(fsdp)))
-                  .find("ZeRO stage 3's (2 + 2 + K) psi / N_d over N_d = 64"),
+                  .find("ZeRO stage 3's (4 + 4 + 8) psi / N_d over N_d = 64"),
               std::string::npos);
 }

@@ -176,6 +176,25 @@ TEST(Cluster, ActivationsBetweenProcessesAreCountedInTheMetrics) {
     EXPECT_NE(trace.find(act), std::string::npos) << trace;
 }
 
+// In bf16 the same activations and gradients cross between the processes in 2 bytes an element
+// (they hold bf16 values already), half of f32's 4, through UCX's wire.
+TEST(Cluster, Bf16ActivationsCrossBetweenProcessesInHalfTheBytes) {
+    Dir dir("traffic16");
+    std::vector<std::string> sets = mesh_sets(1, 1, 2, "1f1b", 2);
+    sets.push_back("train.precision=bf16");
+    auto args = run_args(dir / "gpt.dist", sets, dir / "m.jsonl", 2);
+    args.insert(args.end(), {"--procs", "2"});
+    Proc job(args, {}, dir / "out", dir / "err");
+    ASSERT_EQ(job.wait(120s), 0) << slurp(dir / "err");
+    std::string metrics = slurp(dir / "m.jsonl");
+    for (const char* what : {"sent_activations", "sent_gradients"}) {
+        const std::string bytes = "\"" + std::string(what) +
+                                  "\":{\"bytes\":" + std::to_string(2 * 4 * 8 * 16 * 2) +
+                                  ",\"messages\":2";
+        EXPECT_NE(metrics.find(bytes), std::string::npos) << metrics;
+    }
+}
+
 // Ctrl-C on the launcher ends every process.
 TEST(Cluster, InterruptingTheLauncherLeavesNoProcess) {
     Dir dir("interrupt");

@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <thread>
 #include <vector>
@@ -119,6 +121,28 @@ TEST_F(CudaBackend, ElementwiseOpsMatchTheCpu) {
     EXPECT_NEAR(gpu_->sum(da.data<float>(), n), cpu_.sum(a.data<float>(), n), 1e-3);
     EXPECT_NEAR(gpu_->sum_squares(da.data<float>(), n) / cpu_.sum_squares(a.data<float>(), n), 1.0,
                 1e-9);
+}
+
+// Mixed precision's rounding and conversions give the CPU's bits exactly.
+TEST_F(CudaBackend, Bf16RoundingIsTheCpusBitForBit) {
+    const int64_t n = 4099;
+    Tensor a = host({n}, 11);
+    a.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+    a.data<float>()[1] = -std::numeric_limits<float>::infinity();
+    a.data<float>()[2] = 1.0f + std::ldexp(1.0f, -8); // a tie
+    Tensor da = dev(a);
+    Tensor r = a.clone(), gr = da.clone();
+    cpu_.round_bf16(r.data<float>(), n);
+    gpu_->round_bf16(gr.data<float>(), n);
+    Tensor g = gr.on_host();
+    EXPECT_EQ(std::memcmp(g.raw(), r.raw(), r.bytes()), 0);
+    Tensor h({n}, DType::bf16), gh({n}, DType::bf16, gpu_->allocator());
+    cpu_.to_bf16(a.data<float>(), n, h.data<uint16_t>());
+    gpu_->to_bf16(da.data<float>(), n, gh.data<uint16_t>());
+    EXPECT_EQ(std::memcmp(gh.on_host().raw(), h.raw(), h.bytes()), 0);
+    Tensor back = gr.clone();
+    gpu_->from_bf16(gh.data<uint16_t>(), n, back.data<float>());
+    EXPECT_EQ(std::memcmp(back.on_host().raw(), r.raw(), r.bytes()), 0);
 }
 
 TEST_F(CudaBackend, VocabularySplitEmbeddingAndLossMatchTheCpu) {

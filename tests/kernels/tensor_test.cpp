@@ -1,12 +1,15 @@
 // tensor_test.cpp: tensors, buffer reuse by the allocator, bf16 conversion.
+#include "kernels/cpu/ops.hpp"
 #include "kernels/tensor.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <stdexcept>
+#include <vector>
 
 using namespace dist::kernels;
 
@@ -103,6 +106,36 @@ TEST(Bf16, RoundsToNearestEven) {
     t.data<float>()[1] = 3.140625f; // exactly representable in bf16
     Tensor back = t.to(DType::bf16).to(DType::f32);
     EXPECT_EQ(back.data<float>()[1], 3.140625f);
+}
+
+// The CPU backend's vectorised rounding gives the scalar conversion's bits for every kind of
+// float: normal, subnormal, ties, infinities and NaNs (a spread of bit patterns).
+TEST(Bf16, TheVectorisedRoundingIsTheScalarOne) {
+    const int64_t n = 200003; // over the threaded loops' threshold
+    std::vector<float> x(static_cast<size_t>(n));
+    uint32_t state = 12345;
+    for (float& v : x) {
+        state = state * 1664525u + 1013904223u;
+        std::memcpy(&v, &state, 4);
+    }
+    x[0] = 1.0f + std::ldexp(1.0f, -8);
+    x[1] = std::numeric_limits<float>::quiet_NaN();
+    x[2] = -std::numeric_limits<float>::infinity();
+    x[3] = std::numeric_limits<float>::denorm_min();
+    x[4] = std::numeric_limits<float>::max();
+    std::vector<float> r = x, back(x.size());
+    std::vector<uint16_t> h(x.size());
+    cpu::round_bf16(r.data(), n);
+    cpu::to_bf16(x.data(), n, h.data());
+    cpu::from_bf16(h.data(), n, back.data());
+    for (int64_t i = 0; i < n; ++i) {
+        const size_t k = static_cast<size_t>(i);
+        uint16_t want = f32_to_bf16(x[k]);
+        ASSERT_EQ(h[k], want) << i;
+        float expect = bf16_to_f32(want);
+        ASSERT_EQ(std::memcmp(&r[k], &expect, 4), 0) << i;
+        ASSERT_EQ(std::memcmp(&back[k], &expect, 4), 0) << i;
+    }
 }
 
 namespace {

@@ -196,6 +196,29 @@ TEST(Cli, TheMixtureOfExpertsExampleTrainsAndResumesOnAnotherEp) {
     fs::remove_all(dir);
 }
 
+// bf16 trains (and says so) over pipeline stages, saves its weights in BF16 when asked, and an
+// f32 run starts from them.
+TEST(Cli, Bf16TrainsAndSavesBf16WeightsThatAnF32RunLoads) {
+    fs::path dir = fs::temp_directory_path() / ("dist-bf16-" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    Result bf16 = run("run examples/gpt_tiny.dist --set train.precision=bf16 "
+                      "--set train.stop_after=2 --set mesh.pp=2 --set mesh.devices='cpu x 2' "
+                      "--set train.checkpoint.dtype=bf16 --save " +
+                      dir.string());
+    EXPECT_EQ(bf16.status, 0) << bf16.err;
+    EXPECT_NE(bf16.out.find("tokens each, in bf16, on 2 cpu ranks"), std::string::npos) << bf16.out;
+    EXPECT_NE(bf16.out.find("step time: measured"), std::string::npos) << bf16.out;
+    std::ifstream weights(dir / "model.safetensors", std::ios::binary);
+    std::string head(4096, '\0');
+    weights.read(head.data(), static_cast<std::streamsize>(head.size()));
+    EXPECT_NE(head.find("\"dtype\":\"BF16\""), std::string::npos);
+    EXPECT_EQ(head.find("\"dtype\":\"F32\""), std::string::npos);
+    Result f32 = run("run examples/gpt_tiny.dist --set train.stop_after=1 --load " + dir.string());
+    EXPECT_EQ(f32.status, 0) << f32.err;
+    EXPECT_EQ(run("sim examples/gpt_tiny.dist --set train.precision=bf16").status, 0);
+    fs::remove_all(dir);
+}
+
 TEST(Cli, RunRefusesWhatItCannotDoWithAMessage) {
     if (dist::kernels::gpu_count() == 0) {
         Result gpu = run("run examples/gpt2_124m_8xh200.dist");
@@ -219,12 +242,6 @@ TEST(Cli, RunRefusesWhatItCannotDoWithAMessage) {
     EXPECT_NE(resume.err.find("state.json"), std::string::npos) << resume.err;
     Result both = run("run examples/gpt_tiny.dist --resume a --load b");
     EXPECT_EQ(both.status, 2);
-    // bf16 is planned and simulated, not trained: refused where it is set, not ignored.
-    Result bf16 = run("run examples/gpt_tiny.dist --set train.precision=bf16");
-    EXPECT_EQ(bf16.status, 1);
-    EXPECT_EQ(bf16.err.find("--set:1:1: error: training runs in f32"), 0u) << bf16.err;
-    EXPECT_EQ(bf16.out.find("training"), std::string::npos) << bf16.out;
-    EXPECT_EQ(run("sim examples/gpt_tiny.dist --set train.precision=bf16").status, 0);
     // An unwritable checkpoint folder is found before training, not after it.
     Result save = run("run examples/gpt_tiny.dist --save /proc/no/such/folder");
     EXPECT_EQ(save.status, 1);

@@ -112,6 +112,75 @@ TEST(Training, ResumingGivesTheLossesOfAnUninterruptedRun) {
     for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(head[i], all[i]) << "step " << i + 1;
 }
 
+// bf16 trains as f32 does: within a few percent at every step, and not identically (the
+// rounding is real). Its weights and moments stay f32, so its checkpoint is an f32 one, loaded
+// bit for bit by a run of either precision.
+TEST(Training, Bf16FollowsTheLossCurveOfF32) {
+    Program p = program_of(tiny, {"train.steps=30"});
+    Program q = program_of(tiny, {"train.steps=30", "train.precision=bf16"});
+    ASSERT_EQ(q.train.precision, Precision::bf16);
+    TokenData d;
+    ASSERT_EQ(load_data(p.train.data, p.model, d), "");
+    Model f(p.model, 3), b(q.model, 3, Recompute::none, nullptr, Precision::bf16);
+    std::vector<double> lf = run(p, f, d), lb = run(q, b, d);
+    ASSERT_EQ(lb.size(), lf.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < lf.size(); ++i) {
+        EXPECT_NEAR(lb[i], lf[i], 0.03 * lf[i]) << "step " << i + 1;
+        differ += lb[i] != lf[i];
+    }
+    EXPECT_GT(differ, lf.size() / 2);
+    EXPECT_LT(lb.back(), lb.front() - 0.5);
+
+    TempDir dir;
+    ASSERT_EQ(save_checkpoint(dir.path.string(), b, 30, 3), "");
+    Model g(p.model, 99);
+    int64_t step = -1;
+    ASSERT_EQ(load_training_state(dir.path.string(), g, step), "");
+    for (size_t i = 0; i < b.params().all().size(); ++i) {
+        const Parameter& x = b.params().all()[i];
+        const Parameter& y = g.params().all()[i];
+        ASSERT_EQ(std::memcmp(x.value.raw(), y.value.raw(), x.value.bytes()), 0) << x.name;
+        ASSERT_EQ(std::memcmp(x.v.raw(), y.v.raw(), x.v.bytes()), 0) << x.name;
+    }
+}
+
+// On request (train.checkpoint.dtype bf16) the weights file holds BF16: half the bytes, every
+// value the nearest bf16 to the weight, read back as such; the moments stay f32.
+TEST(Checkpoint, WritesBf16WeightsOnRequest) {
+    Program p = program_of(tiny, {"train.steps=3"});
+    TokenData d;
+    ASSERT_EQ(load_data(p.train.data, p.model, d), "");
+    Model m(p.model, 3);
+    run(p, m, d);
+    TempDir f32, bf16;
+    ASSERT_EQ(save_checkpoint(f32.path.string(), m, 3, 3), "");
+    ASSERT_EQ(save_checkpoint(bf16.path.string(), m, 3, 3, true), "");
+    SafetensorsFile a, b;
+    ASSERT_EQ(read_safetensors((f32.path / "model.safetensors").string(), a), "");
+    ASSERT_EQ(read_safetensors((bf16.path / "model.safetensors").string(), b), "");
+    size_t bytes_a = 0, bytes_b = 0;
+    for (const TensorRecord& r : b.tensors) {
+        EXPECT_EQ(r.dtype, TensorDType::bf16) << r.name;
+        bytes_b += r.bytes.size();
+    }
+    for (const TensorRecord& r : a.tensors) bytes_a += r.bytes.size();
+    EXPECT_EQ(2 * bytes_b, bytes_a);
+    Model back(p.model, 99);
+    int64_t step = -1;
+    ASSERT_EQ(load_training_state(bf16.path.string(), back, step), "");
+    EXPECT_EQ(step, 3);
+    for (size_t i = 0; i < m.params().all().size(); ++i) {
+        const Parameter& x = m.params().all()[i];
+        const Parameter& y = back.params().all()[i];
+        for (int64_t j = 0; j < x.value.numel(); ++j)
+            ASSERT_EQ(y.value.data<float>()[j],
+                      kernels::bf16_to_f32(kernels::f32_to_bf16(x.value.data<float>()[j])))
+                << x.name;
+        ASSERT_EQ(std::memcmp(x.m.raw(), y.m.raw(), x.m.bytes()), 0) << x.name;
+    }
+}
+
 TEST(Checkpoint, UsesHuggingFaceNamesAndLayouts) {
     Program p = program_of(tiny);
     Model m(p.model, 1);
