@@ -1,10 +1,13 @@
 """pytorch_gpt.py: the reference for bench/compare.sh: the same GPT-2 trained by PyTorch.
 
-Usage: [DEVICE=cuda] pytorch_gpt.py VOCAB CONTEXT LAYERS HEADS WIDTH BATCH STEPS
+Usage: [DEVICE=cuda] [PRECISION=bf16] pytorch_gpt.py VOCAB CONTEXT LAYERS HEADS WIDTH BATCH STEPS
 Prints one line of JSON: tokens per second over the steps after the first two, and the model's
 parameter count. Same architecture as std/gpt.dist (pre-norm, tanh GELU, 4x MLP, biases, tied
 head), same optimizer (AdamW), fp32 (TF32 off on a GPU, as Dist's cuBLAS calls), random tokens.
+PRECISION=bf16 runs the forward under bf16 autocast (float weights and optimizer, as Dist's
+`precision: bf16`), with PyTorch's fused scaled-dot-product attention, without torch.compile.
 """
+import contextlib
 import json
 import math
 import os
@@ -63,6 +66,9 @@ class GPT(nn.Module):
 def main():
     vocab, context, layers, heads, width, batch, steps = map(int, sys.argv[1:8])
     device = os.environ.get("DEVICE", "cpu")
+    precision = os.environ.get("PRECISION", "f32")
+    autocast = (torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
+                if precision == "bf16" else contextlib.nullcontext())
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -73,7 +79,8 @@ def main():
     for _ in range(steps):
         idx = torch.randint(0, vocab, (batch, context + 1)).to(device)
         start = time.perf_counter()
-        loss = model(idx[:, :-1], idx[:, 1:])
+        with autocast:
+            loss = model(idx[:, :-1], idx[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -85,7 +92,7 @@ def main():
     print(json.dumps({"tokens_per_s": tokens / sum(measured),
                       "parameters": sum(p.numel() for p in model.parameters()),
                       "torch": torch.__version__, "threads": torch.get_num_threads(),
-                      "device": device}))
+                      "device": device, "precision": precision}))
 
 
 if __name__ == "__main__":

@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2317 # its functions run through `step`, which shellcheck cannot follow
 # gpu-check.sh: the CUDA kernels on a GPU: build with CUDA for sm_90 (H100 / H200), run the CUDA
 # tests (every op against the CPU op), the NCCL tests, the runtime training on GPU ranks against
-# the CPU (runtime_tests' GPU suites), and the GPU benchmarks side by side with
-# PyTorch on the same shapes, and print a short table last. Meant to run within a few minutes:
-# a lent GPU machine is held for minutes, not hours.
+# the CPU (runtime_tests' GPU suites, f32 and bf16), and the GPU benchmarks side by side with
+# PyTorch on the same GPU, and print a short table last. CPU-only tests stay off the device.
 #
 #   scripts/gpu-check.sh                 build in build-gpu/ (needs `make deps` and nvcc), check
 #   scripts/gpu-check.sh --bundle DIR    build here, then copy the test and benchmark programs
 #                                        and the libraries they need beyond CUDA's into DIR
 #   scripts/gpu-check.sh --prebuilt DIR  check with a bundle's programs: for a GPU machine that
 #                                        has CUDA but not the build's other dependencies
-# GPU_CHECK_SANITIZE=1 adds a run of the CUDA tests under compute-sanitizer (memcheck).
+#
+# GPU_CHECK_TIER picks how much runs (the device's time is counted):
+#   quick    versions, the CUDA tests, the runtime's GPU suites (about 2 minutes)
+#   default  also NCCL, end-to-end GPT-2 124M training beside PyTorch (f32 and bf16) and the
+#            CUDA benchmarks against PyTorch (under 8 minutes with a prebuilt bundle)
+#   full     also the CUDA tests under compute-sanitizer's memcheck (GPU_CHECK_SANITIZE=1 too)
+# Every step's log, and summary.json (one entry per step: name, exit status, seconds, the
+# log's last lines), are written into $OUT (else the log folder) as each step ends, so a run
+# cut short by a time limit still returns what it did.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 build=build-gpu
-programs="cuda_tests cuda_bench nccl_tests kernel_tests kernels_bench runtime_tests dist"
+programs="cuda_tests cuda_bench nccl_tests runtime_tests dist"
 
 build_here() {
     mkdir -p "$build"
@@ -60,78 +68,132 @@ case "${1:-}" in
     build_here
     ;;
 *)
-    sed -n '2,11p' "$0"
+    sed -n '3,22p' "$0"
     exit 2
     ;;
 esac
-mkdir -p "$logs"
+tier=${GPU_CHECK_TIER:-default}
+[ "${GPU_CHECK_SANITIZE:-0}" = 1 ] && tier=full
+case "$tier" in quick | default | full) ;; *) echo "GPU_CHECK_TIER: quick, default or full" && exit 2 ;; esac
+out=${OUT:-$logs}
+mkdir -p "$logs" "$out"
+summary=$out/summary.json
+echo '[]' > "$summary"
 status=0
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-grep -m1 'model name' /proc/cpuinfo || true
-for p in $programs; do
-    missing=$(ldd "$bin/$p" 2>&1 | grep 'not found')
-    [ -z "$missing" ] || { echo "$p cannot load: $missing"; status=1; }
-done
+# step NAME SECONDS COMMAND...: runs the command with its output in NAME.log, then appends its
+# outcome to summary.json and copies the log to $OUT, before the next step starts.
+step() {
+    local name=$1 limit=$2 begin rc
+    shift 2
+    begin=$(date +%s.%N)
+    if declare -F "$1" > /dev/null; then # a function of this script: no timeout of its own
+        "$@" > "$logs/$name.log" 2>&1
+    else
+        timeout "$limit" "$@" > "$logs/$name.log" 2>&1
+    fi
+    rc=$?
+    [ "$rc" = 0 ] || status=1
+    python3 - "$summary" "$name" "$rc" "$begin" "$logs/$name.log" <<'PY'
+import json, sys, time
+path, name, rc, begin, log = sys.argv[1:6]
+entries = json.load(open(path))
+lines = open(log, errors="replace").read().splitlines()
+entries.append({"step": name, "rc": int(rc), "seconds": round(time.time() - float(begin), 1),
+                "timed_out": rc in ("124", "137"), "tail": lines[-6:]})
+json.dump(entries, open(path, "w"), indent=1)
+PY
+    [ "$logs" = "$out" ] || cp "$logs/$name.log" "$out/"
+    echo "$name: exit $rc"
+    return "$rc"
+}
 
-timeout 300 "$bin/cuda_tests" --gtest_brief=1 > "$logs/cuda_tests.log" 2>&1 || status=1
-grep -E '^\[  (FAILED|SKIPPED)|Failure|error' "$logs/cuda_tests.log" | head -40
-tail -3 "$logs/cuda_tests.log"
-# GPU_CHECK_SANITIZE=1: the CUDA tests again under compute-sanitizer's memory checker.
-if [ "${GPU_CHECK_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer > /dev/null; then
-    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/cuda_tests" \
-        --gtest_brief=1 > "$logs/memcheck.log" 2>&1 || status=1
-    grep -E 'ERROR SUMMARY|Invalid|PASSED|FAILED' "$logs/memcheck.log" | head -20
-fi
-timeout 120 "$bin/nccl_tests" --gtest_brief=1 > "$logs/nccl_tests.log" 2>&1 || status=1
-tail -3 "$logs/nccl_tests.log"
-timeout 300 "$bin/kernel_tests" --gtest_brief=1 > "$logs/kernel_tests.log" 2>&1 || status=1
-# The runtime's GPU path: ranks on the GPU train as the CPU does (its stdlib from this tree).
-DIST_SOURCE_DIR=$PWD timeout 300 "$bin/runtime_tests" --gtest_brief=1 --gtest_filter='Devices.*:Meshes/GpuEquivalence.*' \
-    > "$logs/runtime_tests.log" 2>&1 || status=1
+versions() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    grep -m1 'model name' /proc/cpuinfo
+    command -v nvcc > /dev/null && nvcc --version | tail -2
+    for h in /usr/local/cuda/include/cudnn_version.h /usr/include/cudnn_version.h; do
+        [ -f "$h" ] && awk '/#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) /{v = v s $3; s = "."}
+            END {print "cudnn (headers) " v}' "$h" && break
+    done
+    for h in /usr/include/nccl.h /usr/local/cuda/include/nccl.h; do
+        [ -f "$h" ] && awk '/#define NCCL_(MAJOR|MINOR|PATCH) /{v = v s $3; s = "."}
+            END {print "nccl (headers) " v}' "$h" && break
+    done
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+        "cudnn", torch.backends.cudnn.version(), "nccl", torch.cuda.nccl.version())' || true
+    for p in $programs; do
+        [ -x "$bin/$p" ] || continue
+        missing=$(ldd "$bin/$p" 2>&1 | grep 'not found')
+        [ -z "$missing" ] || { echo "$p cannot load: $missing"; return 1; }
+    done
+}
+step versions 60 versions
+cat "$logs/versions.log"
+
+step cuda_tests 300 "$bin/cuda_tests" --gtest_brief=1
+grep -E '^\[  (FAILED|SKIPPED)|Failure' "$logs/cuda_tests.log" | head -40
+# The runtime's GPU path: ranks on the GPU train as the CPU does, in f32 and in bf16 (its
+# stdlib from this tree).
+step runtime_tests 300 env DIST_SOURCE_DIR="$PWD" "$bin/runtime_tests" --gtest_brief=1 \
+    --gtest_filter='Devices.*:Meshes/GpuEquivalence.*:GpuBf16.*'
 grep -E '^\[  FAILED|Failure' "$logs/runtime_tests.log" | head -20
-# End to end: GPT-2 124M (context 256, batch 16) trained by `dist run` on one GPU, beside
-# PyTorch training the same model on the same GPU (fp32, TF32 off on both sides).
+
 e2e=""
-if [ -x "$bin/dist" ]; then
-    rm -f "$logs/dist-gpu.jsonl"
-    DIST_PATH=$PWD/stdlib timeout 240 "$bin/dist" run bench/gpt2_124m.dist --quiet \
-        --set mesh.devices=h200 --set train.batch=16 --metrics "$logs/dist-gpu.jsonl" \
-        > "$logs/dist-gpu.log" 2>&1 || { status=1; tail -5 "$logs/dist-gpu.log"; }
-    DEVICE=cuda timeout 240 python3 bench/pytorch_gpt.py 50257 256 12 12 768 16 8 \
-        > "$logs/torch-gpu.json" 2> "$logs/torch-gpu.log" || { status=1; tail -5 "$logs/torch-gpu.log"; }
-    e2e=$(python3 - "$logs/dist-gpu.jsonl" "$logs/torch-gpu.json" <<'PY' 2>&1
+if [ "$tier" != quick ]; then
+    step nccl_tests 120 "$bin/nccl_tests" --gtest_brief=1
+    # End to end: GPT-2 124M (context 256, batch 16) trained by `dist run` on one GPU, beside
+    # PyTorch training the same model on the same GPU: f32 (TF32 off on both sides), then bf16
+    # (PyTorch under autocast with its fused attention).
+    if [ -x "$bin/dist" ]; then
+        for pr in f32 bf16; do
+            rm -f "$logs/dist-$pr.jsonl"
+            step "dist_$pr" 240 env DIST_PATH="$PWD/stdlib" "$bin/dist" run bench/gpt2_124m.dist \
+                --quiet --set mesh.devices=h200 --set train.batch=16 \
+                --set train.precision=$pr --metrics "$logs/dist-$pr.jsonl"
+            [ "$logs" = "$out" ] || cp "$logs/dist-$pr.jsonl" "$out/" 2> /dev/null
+            step "torch_$pr" 240 env DEVICE=cuda PRECISION=$pr \
+                python3 bench/pytorch_gpt.py 50257 256 12 12 768 16 8
+        done
+        e2e=$(python3 - "$logs" <<'PY' 2>&1
 import json, sys
-try:
-    r = [json.loads(l) for l in open(sys.argv[1])][2:]
-    d = sum(x["tokens"] for x in r) / sum(x["step_time_s"] for x in r)
-except Exception as e:
-    d = None
-try:
-    p = json.load(open(sys.argv[2]))["tokens_per_s"]
-except Exception:
-    p = None
-fmt = lambda v: "-" if v is None else f"{v:,.0f}"
-ratio = f"{d / p:.2f}" if d and p else "-"
-print(f"| GPT-2 124M on one GPU, tokens/s: Dist {fmt(d)}, PyTorch {fmt(p)} | ratio {ratio} |")
+logs = sys.argv[1]
+for pr in ("f32", "bf16"):
+    try:
+        r = [json.loads(l) for l in open(f"{logs}/dist-{pr}.jsonl")][2:]
+        d = sum(x["tokens"] for x in r) / sum(x["step_time_s"] for x in r)
+    except Exception:
+        d = None
+    try:
+        p = json.loads(open(f"{logs}/torch_{pr}.log").read().splitlines()[-1])["tokens_per_s"]
+    except Exception:
+        p = None
+    fmt = lambda v: "-" if v is None else f"{v:,.0f}"
+    ratio = f"{d / p:.2f}" if d and p else "-"
+    print(f"| GPT-2 124M on one GPU, {pr}, tokens/s: Dist {fmt(d)}, PyTorch {fmt(p)} | ratio {ratio} |")
 PY
 )
+    fi
+    step cuda_bench 300 "$bin/cuda_bench" --benchmark_min_time=0.2 \
+        --benchmark_out="$logs/cuda_bench.json" --benchmark_out_format=json
+    [ "$logs" = "$out" ] || cp "$logs/cuda_bench.json" "$out/" 2> /dev/null
 fi
-timeout 300 "$bin/cuda_bench" --benchmark_min_time=0.2 --benchmark_out="$logs/cuda_bench.json" \
-    --benchmark_out_format=json > "$logs/cuda_bench.log" 2>&1 || status=1
-grep -E 'ERROR OCCURRED' "$logs/cuda_bench.log" | head -3
-timeout 120 "$bin/kernels_bench" --benchmark_min_time=0.2 \
-    --benchmark_filter='BM_(matmul_forward/768/3072|attention_backward)' \
-    > "$logs/kernels_bench.log" 2>&1 || status=1
+if [ "$tier" = full ] && command -v compute-sanitizer > /dev/null; then
+    step memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/cuda_tests" \
+        --gtest_brief=1
+    grep -E 'ERROR SUMMARY|Invalid|PASSED|FAILED' "$logs/memcheck.log" | head -20
+fi
 
 echo
 echo "| check | result |"
 echo "| --- | --- |"
-for t in cuda_tests nccl_tests kernel_tests runtime_tests; do
+for t in cuda_tests runtime_tests nccl_tests memcheck; do
+    [ -f "$logs/$t.log" ] || continue
     echo "| $t | $(grep -hE '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$t.log" | tr '\n' ' ') |"
 done
-grep -E '^BM_' "$logs/kernels_bench.log" | awk '{printf "| CPU %s | %s %s |\n", $1, $2, $3}'
 [ -n "$e2e" ] && echo "$e2e"
-echo
-python3 bench/cuda_compare.py "$logs/cuda_bench.json" 2>&1 | grep -E '^\||cuda_compare' || status=1
+if [ -f "$logs/cuda_bench.json" ]; then
+    echo
+    python3 bench/cuda_compare.py "$logs/cuda_bench.json" 2>&1 | grep -E '^\||cuda_compare' || status=1
+fi
 exit $status
