@@ -146,7 +146,9 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
         c.bytes_elementwise =
             (2 * N * E + 2 * N * k * C + 2 * (copies * hidden + N * shared)) * elt;
         const double kept = mats == 3 ? 3 : 2;
-        saved = N * C + N * E + copies * C + (copies * hidden + N * shared) * kept;
+        // The layer's input, the scores, each copy as its expert received it and as it came
+        // back (the combine weights' gradient reads the outputs), the experts' activations.
+        saved = N * C + N * E + 2 * copies * C + (copies * hidden + N * shared) * kept;
         c.tp_reductions = p.mesh.tp > 1 ? 1 : 0;
         c.expert_parameters = lang::sat_mul(l.experts / p.mesh.ep, lang::expert_parameters(l)) /
                               static_cast<int64_t>(shard);
