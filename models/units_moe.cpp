@@ -51,23 +51,36 @@ struct Ffn {
         hidden = m.local_hidden;
     }
 
+    /// With bf16 (the linears') what it keeps is held in bf16.
     Tensor forward(const Tensor& x, Saved& s) const {
-        s.x = x;
-        s.h = fc.forward(x);
-        s.g = activation_forward(*be, act, s.h, hidden, s.th);
-        return proj.forward(s.g);
+        const Bf16& bf16 = fc.bf16;
+        Tensor h = fc.forward(x), th;
+        Tensor g = activation_forward(*be, act, h, hidden, th);
+        Tensor y = proj.forward(g);
+        s.x = bf16.keep(x);
+        s.h = bf16.keep(h);
+        s.g = bf16.keep(g);
+        s.th = bf16.keep(th);
+        return y;
     }
 
     /// This rank's partial input gradient; keeps what backward_weight needs.
     Tensor backward_input(const Tensor& dy, Saved& s) const {
-        s.dh = activation_backward(*be, act, s.h, s.th, proj.backward_input(dy), hidden);
-        s.dy = dy;
-        return fc.backward_input(s.dh);
+        const Bf16& bf16 = fc.bf16;
+        Tensor dh = activation_backward(*be, act, bf16.use(s.h), bf16.use(s.th),
+                                        proj.backward_input(dy), hidden);
+        bf16.round(dh);
+        s.h = s.th = Tensor();
+        Tensor dx = fc.backward_input(dh);
+        s.dh = bf16.keep(dh);
+        s.dy = bf16.keep(dy);
+        return dx;
     }
 
     void backward_weight(Saved& s) const {
-        proj.backward_weight(s.dy, s.g);
-        fc.backward_weight(s.dh, s.x);
+        const Bf16& bf16 = fc.bf16;
+        proj.backward_weight(bf16.use(s.dy), bf16.use(s.g));
+        fc.backward_weight(bf16.use(s.dh), bf16.use(s.x));
         s = {};
     }
 };
@@ -132,6 +145,8 @@ class MoeUnit : public Named {
         }
         // Not a generation's forward, nor one recomputed at backward.
         if (mb >= 0 && !batch.recomputed) record(s);
+        s.x = bf16_.keep(s.x);
+        s.outputs = bf16_.keep(s.outputs);
         saved_[mb] = std::move(s);
         return sp_.finish(y, tp_, be_);
     }
@@ -145,7 +160,8 @@ class MoeUnit : public Named {
         // (partial sums under tensor parallelism, whose outputs are partial).
         Tensor dw = be_.zeros({N, K});
         Tensor sent = be_.empty({std::max<int64_t>(s.copies, 1), C});
-        const float* op = s.outputs.data<float>();
+        const Tensor outputs = bf16_.use(s.outputs);
+        const float* op = outputs.data<float>();
         for (int64_t i = 0; i < N * K; ++i) {
             int64_t slot = s.slot[idx(i)];
             if (slot < 0) continue;
@@ -188,7 +204,7 @@ class MoeUnit : public Named {
 
     void backward_weight(int64_t mb) override {
         Saved s = take(saved_, mb, "moe");
-        router_.backward_weight(s.dlogits, s.x);
+        router_.backward_weight(s.dlogits, bf16_.use(s.x));
         for (size_t e = 0; e < ffn_.size(); ++e)
             if (s.expert[e].x.defined()) ffn_[e].backward_weight(s.expert[e]);
         if (shared_) shared_->backward_weight(s.shared);

@@ -15,8 +15,9 @@ namespace dist::models::fixtures {
 inline ModelSpec spec_of(const std::string& model_line) {
     lang::FrontendOptions o;
     o.search_roots = {std::filesystem::path(DIST_SOURCE_DIR) / "stdlib"};
-    std::string text = "import \"std/gpt.dist\"\nimport \"std/llama.dist\"\nmodel = " + model_line +
-                       "\nmesh {\n devices: cpu\n}\ntrain {\n batch: 2\n steps: 1\n}\n";
+    std::string text =
+        "import \"std/gpt.dist\"\nimport \"std/llama.dist\"\nimport \"std/moe.dist\"\nmodel = " +
+        model_line + "\nmesh {\n devices: cpu\n}\ntrain {\n batch: 2\n steps: 1\n}\n";
     lang::CheckResult r = lang::check_text("t.dist", text, o);
     EXPECT_TRUE(r.ok()) << r.report();
     return r.program->model;

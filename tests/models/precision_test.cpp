@@ -17,6 +17,8 @@ namespace {
 const char* gpt = "gpt(vocab: 64, context: 16, layers: 2, heads: 2, width: 32)";
 const char* llama =
     "llama(vocab: 64, context: 16, layers: 2, heads: 4, kv_heads: 2, width: 32, hidden: 64)";
+const char* mixtral = "mixtral(vocab: 64, context: 16, layers: 2, heads: 4, kv_heads: 2, width: "
+                      "32, experts: 4, top_k: 2, hidden: 32)";
 
 Model make(const std::string& line, Precision precision) {
     return Model(spec_of(line), 5, Recompute::none, nullptr, precision);
@@ -106,4 +108,4 @@ TEST_P(Bf16, KeepsItsActivationsInHalfTheBytes) {
     EXPECT_LT(ratio, 0.55) << kept[1] << " of " << kept[0] << " bytes";
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Bf16, ::testing::Values(gpt, llama));
+INSTANTIATE_TEST_SUITE_P(Models, Bf16, ::testing::Values(gpt, llama, mixtral));
