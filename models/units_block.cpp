@@ -460,30 +460,38 @@ class AttentionUnit : public Named {
                                   KV_, D_, half.a.data<float>(), half.lse.data<float>());
             unpad(half.a, h, a);
         }
-        saved_[mb] = {sp_.on ? shard : x, q, {}, {}, a, {}, {}, {}};
+        Tensor y = out_.forward_row_parallel(a, tp_, &sp_); // rounds a first when bf16 is on
+        for (Half& half : ring.half) half.a = bf16_.keep(half.a);
+        ring.keys = bf16_.keep(ring.keys);
+        ring.values = bf16_.keep(ring.values);
+        saved_[mb] = {
+            bf16_.keep(sp_.on ? shard : x), bf16_.keep(q), {}, {}, bf16_.keep(a), {}, {}, {}};
         ring_[mb] = std::move(ring);
-        return out_.forward_row_parallel(a, tp_, &sp_);
+        return y;
     }
 
     Tensor backward_cp(int64_t mb, const Tensor& dy_shard) {
         Saved& s = saved_.at(mb);
         Ring& ring = ring_.at(mb);
         Tensor dy = sp_.gather(dy_shard, be_);
-        s.x = sp_.gather(s.x, be_);
-        const int64_t B = s.x.dim(0), T2 = s.x.dim(1), T = ring.keys.dim(1);
+        Tensor x = sp_.gather(bf16_.use(s.x), be_);
+        const Tensor q = bf16_.use(s.q), keys = bf16_.use(ring.keys),
+                     values = bf16_.use(ring.values);
+        const int64_t B = x.dim(0), T2 = x.dim(1), T = keys.dim(1);
         Tensor da = out_.backward_input(dy);
         Tensor dq = be_.empty({B, T2, H_, D_});
         Tensor dkeys = be_.zeros({B, T, KV_, D_}), dvalues = be_.zeros({B, T, KV_, D_});
         const int64_t kv_row = KV_ * D_;
         for (int h = 0; h < 2; ++h) {
             const int64_t L = (cp_.chunk(h) + 1) * chunk_tokens_;
-            Tensor qp = padded(s.q, h, L), kp = prefix(ring.keys, L), vp = prefix(ring.values, L);
+            Tensor qp = padded(q, h, L), kp = prefix(keys, L), vp = prefix(values, L);
             Tensor dap = padded(da, h, L);
             Tensor dqp = be_.zeros(qp.shape()), dkp = be_.zeros(kp.shape()),
                    dvp = be_.zeros(vp.shape());
             const Half& half = ring.half[h];
+            const Tensor half_a = bf16_.use(half.a);
             be_.attention_backward(dap.data<float>(), qp.data<float>(), kp.data<float>(),
-                                   vp.data<float>(), half.a.data<float>(), half.lse.data<float>(),
+                                   vp.data<float>(), half_a.data<float>(), half.lse.data<float>(),
                                    B, L, H_, KV_, D_, dqp.data<float>(), dkp.data<float>(),
                                    dvp.data<float>());
             unpad(dqp, h, dq);
@@ -506,9 +514,12 @@ class AttentionUnit : public Named {
         Tensor dqkv = be_.empty({B, T2, (H_ + 2 * KV_) * D_});
         join(dq, dk, dv, dqkv);
         bf16_.round(dqkv);
-        s.dy = dy;
-        s.dqkv = dqkv;
-        return sp_.finish(qkv_.backward_input(dqkv), tp_, be_);
+        Tensor dx = sp_.finish(qkv_.backward_input(dqkv), tp_, be_);
+        s.q = Tensor(); // no longer needed
+        s.x = bf16_.keep(x);
+        s.dy = bf16_.keep(dy);
+        s.dqkv = bf16_.keep(dqkv);
+        return dx;
     }
 
     struct Cache {
