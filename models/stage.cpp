@@ -99,7 +99,8 @@ template <typename F> auto Stage::with_hooks(size_t unit, UnitHooks::Phase phase
 }
 
 void Stage::round(const Tensor& t, size_t unit) const {
-    // The loss's per-token losses stay float; so do tokens and undefined gradients.
+    // The loss's per-token losses stay float; so do tokens and undefined gradients. A gradient
+    // is never the losses: the backward loops pass unit 0.
     if (!bf16_ || !t.defined() || t.dtype() != kernels::DType::f32) return;
     if (span_.last && unit + 1 == units_.size()) return;
     device_->round_bf16(t.data<float>(), t.numel());
