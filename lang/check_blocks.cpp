@@ -316,6 +316,22 @@ bool check_blocks(const BlockSet& blocks, const Definitions& defs, const fs::pat
                       "`dist check`, `dist plan` and `dist sim` take this model; a mesh of `cpu` "
                       "devices trains it on this machine's cores"});
     }
+    if (blocks.model_ok && program.train.training_refusal.empty()) {
+        const LayerSpec* scores = nullptr;
+        for (const BlockSpec& b : program.model.blocks)
+            for (const ModelItemSpec& it : b.items)
+                for (const LayerSpec& l : it.layers)
+                    if (l.kind == LayerKind::attention &&
+                        l.kernel == AttentionKernel::materialized && !scores)
+                        scores = &l;
+        if (scores)
+            program.train.training_refusal = render_diagnostic(
+                sources, {scores->loc,
+                          "attention with `kernel: materialized` is planned and simulated, not "
+                          "trained: Dist's attention kernels keep no T x T scores (flash)",
+                          "`dist sim` prices the materialized scores (runs before FlashAttention); "
+                          "training computes the same numbers with `flash`, the default"});
+    }
     c.generate(blocks.generate);
     if (mesh_ok && schedule_ok && c.ok && blocks.model_ok) {
         c.experts();

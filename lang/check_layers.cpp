@@ -57,7 +57,8 @@ const std::vector<LayerSig>& layer_sigs() {
           {"heads", T::integer, true, {}},
           {"kv_heads", T::integer, false, Value::integer(0)},
           {"head_dim", T::integer, false, Value::integer(0)},
-          {"bias", T::boolean, false, Value::boolean(false)}},
+          {"bias", T::boolean, false, Value::boolean(false)},
+          {"kernel", T::symbol, false, Value::symbol("flash")}},
          {ShardDim::heads}},
         {LayerKind::mlp,
          "mlp",
@@ -94,9 +95,10 @@ const std::vector<LayerSig>& layer_sigs() {
 
 const std::vector<std::string> activation_names = {"gelu_tanh", "gelu", "relu", "swiglu"};
 const std::vector<std::string> router_names = {"softmax", "sigmoid"};
+const std::vector<std::string> kernel_names = {"flash", "materialized"};
 // Arguments that take a name (`activation: swiglu`), and those where 0 means "none".
 bool takes_symbol(const std::string& p) {
-    return p == "activation" || p == "router";
+    return p == "activation" || p == "router" || p == "kernel";
 }
 bool zero_allowed(const std::string& p) {
     return p == "shared" || p == "shared_hidden" || p == "capacity" || p == "aux_loss";
@@ -341,6 +343,18 @@ bool build_layer(const ModelItem& item, const Scope& scope, const std::string& n
             ok = false;
         } else {
             out.activation = static_cast<Activation>(it - activation_names.begin());
+        }
+    }
+    if (sig->kind == LayerKind::attention) {
+        const std::string& k = args["kernel"].value.s;
+        auto it = std::find(kernel_names.begin(), kernel_names.end(), k);
+        if (it == kernel_names.end()) {
+            diags.error(args["kernel"].loc, "unknown attention kernel `" + k + "`",
+                        "attention computes its scores by `flash` (no T x T matrix) or "
+                        "`materialized` (the scores written to memory)");
+            ok = false;
+        } else {
+            out.kernel = static_cast<AttentionKernel>(it - kernel_names.begin());
         }
     }
     if (sig->kind == LayerKind::moe && ok) {

@@ -32,6 +32,11 @@ enum class ShardDim { none, heads, hidden, vocab };
 enum class Activation { gelu_tanh, gelu, relu, swiglu };
 /// How a mixture of experts' router scores the experts of a token.
 enum class RouterScore { softmax, sigmoid };
+/// How attention computes its scores: `flash` keeps no T x T matrix (an online softmax over
+/// blocks of keys, recomputed in the backward: Dist's kernels, FlashAttention); `materialized`
+/// writes the scores and their softmax to memory (before FlashAttention, 2022), which costs
+/// their bytes each way and keeps the probabilities for the backward.
+enum class AttentionKernel { flash, materialized };
 enum class ScheduleKind {
     gpipe,
     one_f_one_b,
@@ -54,6 +59,7 @@ const char* to_string(LayerKind k);
 const char* to_string(ShardDim s);
 const char* to_string(Activation a);
 const char* to_string(RouterScore r);
+const char* to_string(AttentionKernel k);
 const char* to_string(ScheduleKind k);
 const char* to_string(Recompute r);
 const char* to_string(DataFormat f);
@@ -89,7 +95,8 @@ struct LayerSpec {
     bool bias = false;
     bool tied = false; // lm_head shares the token embedding
     Activation activation = Activation::gelu_tanh;
-    int64_t parameters = 0; // on one device, unsharded
+    AttentionKernel kernel = AttentionKernel::flash; // attention
+    int64_t parameters = 0;                          // on one device, unsharded
     lang::SourceLoc loc;
 };
 

@@ -23,6 +23,10 @@ const char* to_string(LayerKind k) {
 const char* to_string(RouterScore r) {
     return r == RouterScore::sigmoid ? "sigmoid" : "softmax";
 }
+
+const char* to_string(AttentionKernel k) {
+    return k == AttentionKernel::materialized ? "materialized" : "flash";
+}
 const char* to_string(ShardDim s) {
     static const char* n[] = {"none", "heads", "hidden", "vocab"};
     return n[static_cast<int>(s)];
@@ -112,6 +116,7 @@ json layer_json(const LayerSpec& l) {
         j["kv_heads"] = l.kv_heads;
         j["head_dim"] = l.head_dim;
         j["bias"] = l.bias;
+        j["kernel"] = to_string(l.kernel);
         break;
     case LayerKind::mlp:
         j["width"] = l.width;

@@ -6,7 +6,10 @@
 // B = I + W is about 2 F). Causal attention under cp's load-balanced split gives every rank the
 // same share, 1/cp, of the T x T scores.
 //
-// Saved activations of a block follow Korthikanti et al. 2022 ("Reducing Activation
+// Saved activations of a block are what Dist's own units keep, counted layer by layer (the
+// input of each, q, k, v and the attention's output, the MLP's products), when its attention is
+// flash, as Dist's kernels are. A block whose attention is materialized is Megatron-LM's layer of
+// before FlashAttention, and follows Korthikanti et al. 2022 ("Reducing Activation
 // Recomputation in Large Transformer Models", section 4), in bytes for 2-byte activations, per
 // layer of s tokens, b sequences, width h, a heads, tensor-parallel size t:
 //     no parallelism      s b h (34 + 5 a s / h)
@@ -16,8 +19,8 @@
 //     full recompute      2 s b h (2 s b h / t with sequence parallelism): the block's input
 // scaled by the element size over 2 (f32 doubles it). Context parallelism makes s the rank's
 // s / cp tokens; their scores span the whole sequence (5 a (s / cp) s b / t). The formula is the
-// GPT block's (a 4h GeLU MLP); Dist applies it to every block. Embeddings, head and loss are
-// counted layer by layer: the input each keeps and the logits.
+// GPT block's (a 4h GeLU MLP). Embeddings, head and loss are counted layer by layer: the input
+// each keeps and the logits.
 #include "actors/plan/stages.hpp"
 #include "lang/check_layers.hpp"
 
@@ -93,13 +96,20 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
         if (p.mesh.cp > 1) c.cp_ring_bytes = static_cast<int64_t>((cp - 1) * 2 * N * kv * hd * elt);
         c.flops_input_grad = weights + 2 * scores;
         c.flops_weight_grad = weights;
-        // The T x T scores reach memory only when they are kept (no recomputation); with
-        // selective recomputation they stay on chip (flash attention) and are recomputed.
-        c.bytes_elementwise = p.schedule.recompute == Recompute::none
-                                  ? 3 * b * h * T * T * elt / cp
-                                  : 4 * N * (h + 2 * kv) * hd * elt;
-        saved = N * C + N * (h + 2 * kv) * hd + N * h * hd;
-        if (p.schedule.recompute == Recompute::none) saved += b * h * T * T / cp;
+        // A flash kernel reads q, k and v and writes its output, and keeps no T x T matrix.
+        // A materialized one writes the scores, reads them into the softmax, writes the
+        // probabilities and reads them into the product with v: four passes over b h T^2
+        // elements (the rank's 1 / cp of them); it keeps the probabilities for the backward
+        // unless the backward recomputes them (selective or full recomputation).
+        const bool materialized = l.kernel == AttentionKernel::materialized;
+        c.bytes_elementwise =
+            materialized ? 4 * b * h * T * T * elt / cp : 4 * N * (h + 2 * kv) * hd * elt;
+        // What the unit keeps (models/units_block.cpp): its input (the rank's shard under sp),
+        // q, k, v, the output and each row's log-sum-exp (f32). Under cp, k and v are the ring's:
+        // every rank's blocks, the whole sequence; and each causal half keeps its own output.
+        saved = N * C / sp + 2 * N * h * hd + N * h * 4 / elt;
+        saved += p.mesh.cp > 1 ? 2 * b * T * kv * hd + N * h * hd : 2 * N * kv * hd;
+        if (materialized && p.schedule.recompute == Recompute::none) saved += b * h * T * T / cp;
         c.tp_reductions = p.mesh.tp > 1 ? 1 : 0;
         break;
     }
@@ -110,7 +120,10 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
         c.flops_input_grad = c.flops_forward;
         c.flops_weight_grad = c.flops_forward;
         c.bytes_elementwise = 2 * N * hidden * elt;
-        saved = N * C + N * hidden * (mats == 3 ? 3 : 2);
+        // Its input, the first product and the activation's output; in f32, the tanh-approximate
+        // GELU also keeps its tanh for the backward.
+        saved = N * C / sp + N * hidden * (mats == 3 ? 3 : 2);
+        if (l.activation == Activation::gelu_tanh && elt == 4) saved += N * hidden;
         c.tp_reductions = p.mesh.tp > 1 ? 1 : 0;
         break;
     }
@@ -176,6 +189,25 @@ int64_t block_activation_bytes(const Program& p, const BlockSpec& block) {
     // The formula's block has a 4h MLP; a mixture of experts' is counted layer by layer.
     if (heads == 0 || (experts && p.schedule.recompute != Recompute::full))
         return cost_of_items(p, block.items).activation_bytes;
+    bool materialized = false;
+    int64_t groups = 0;
+    for (const ModelItemSpec& it : block.items) {
+        groups += it.residual ? 1 : 0;
+        for (const LayerSpec& l : it.layers)
+            materialized |=
+                l.kind == LayerKind::attention && l.kernel == AttentionKernel::materialized;
+    }
+    if (!materialized) {
+        // Dist's own units (flash attention), counted one by one; under full recomputation each
+        // residual group keeps its input (models/model.hpp), the rank's shard under sp. Without
+        // recomputation selective has nothing to drop: a flash kernel keeps no scores.
+        if (p.schedule.recompute != Recompute::full)
+            return cost_of_items(p, block.items).activation_bytes;
+        const double N = static_cast<double>(p.train.microbatch_size * p.model.context) /
+                         static_cast<double>(p.mesh.cp * (p.mesh.sp ? p.mesh.tp : 1));
+        return static_cast<int64_t>(static_cast<double>(std::max<int64_t>(groups, 1)) * N *
+                                    static_cast<double>(p.model.width * bytes_per_element(p)));
+    }
     const double t = static_cast<double>(p.mesh.tp);
     const double cp = static_cast<double>(p.mesh.cp);
     const double s_full = static_cast<double>(p.model.context);
@@ -185,11 +217,13 @@ int64_t block_activation_bytes(const Program& p, const BlockSpec& block) {
     const double a = static_cast<double>(heads);
     const double scale = static_cast<double>(bytes_per_element(p)) / 2.0;
     const double sbh = s * b * h;
+    // Megatron-LM's layer, as Korthikanti et al. count it (its dropout masks included).
     double bytes = 0;
     if (p.schedule.recompute == Recompute::full) {
         bytes = 2 * sbh / (p.mesh.sp ? t : 1.0);
     } else {
         double linear = p.mesh.sp ? 34 / t : 10 + 24 / t;
+        // The 5 a s / (h t) of the scores: their softmax, a dropout mask and its output.
         double scores = p.schedule.recompute == Recompute::none ? 5 * a * s_full / (h * t) : 0.0;
         bytes = sbh * (linear + scores);
     }
@@ -439,6 +473,8 @@ void layer_kernels(const Program& p, const LayerSpec& l, std::vector<KernelCall>
         a.heads = h;
         a.share = 1.0 / static_cast<double>(cp);
         out.push_back(a);
+        // A materialized kernel's four passes over the scores: two copies' worth.
+        if (l.kernel == AttentionKernel::materialized) elementwise("copy", 2 * b * h * T * T / cp);
         matmul(h * hd, C);
         break;
     }

@@ -161,16 +161,61 @@ TEST(SequenceParallel, DividesTheActivationsTensorParallelismLeavesWhole) {
     with_sp.push_back("mesh.sp=true");
     Program sp = checked(fsdp, with_sp);
     const BlockSpec& block = tp.model.blocks.front();
-    const double s = 8192, b = 1, h = 4096, t = 8;
-    // bf16 activations, selective recomputation: the scores' term is dropped.
-    EXPECT_NEAR(block_activation_bytes(tp, block), s * b * h * (10 + 24 / t), 1.0);
-    EXPECT_NEAR(block_activation_bytes(sp, block), s * b * h * 34 / t, 1.0);
+    // Llama 3 8B in bf16 (2 bytes), 8192 tokens, t = 8: what Dist's units keep per block, from
+    // models/units_block.cpp. The two norms, attention and the MLP each keep their input (h per
+    // token; the rank's 1 / t of the tokens with sp); attention keeps q and its output (32 / t
+    // heads of 128 each), k and v (8 / t heads) and an f32 log-sum-exp per head; the SwiGLU MLP
+    // its two products (2 x 14336 / t) and their product (14336 / t).
+    const double s = 8192, h = 4096, t = 8;
+    const double rank_part = 2 * (32 / t) * 128 + 2 * (8 / t) * 128 + (32 / t) * 2 + 3 * 14336 / t;
+    EXPECT_NEAR(block_activation_bytes(tp, block), 2 * s * (4 * h + rank_part), 1.0);
+    EXPECT_NEAR(block_activation_bytes(sp, block), 2 * s * (4 * h / t + rank_part), 1.0);
+    // Without recomputation a flash kernel still keeps no scores (Llama's attention is flash):
+    // selective recomputation has nothing to drop.
     std::vector<std::string> none = base;
     none.push_back("schedule.recompute=none");
-    Program keep = checked(fsdp, none);
-    const double a = 32;
-    EXPECT_NEAR(block_activation_bytes(keep, block),
-                s * b * h * (10 + 24 / t + 5 * a * s / (h * t)), 1.0);
+    Program flash = checked(fsdp, none);
+    EXPECT_EQ(block_activation_bytes(flash, block), block_activation_bytes(tp, block));
+    // Full recomputation keeps each residual group's input (two per block).
+    std::vector<std::string> full = base;
+    full.push_back("schedule.recompute=full");
+    EXPECT_NEAR(block_activation_bytes(checked(fsdp, full), block), 2 * 2 * s * h, 1.0);
+    // A materialized kernel is Megatron-LM's layer: Korthikanti et al.'s s b h (10 + 24 / t)
+    // with the scores' 5 a s / (h t) (GPT 13B shapes), and the layer above with a flash one.
+    std::vector<std::string> gpt = {"model.layers=4",
+                                    "model.heads=40",
+                                    "model.width=5120",
+                                    "model.context=2048",
+                                    "mesh.devices=a100 x 8",
+                                    "mesh.dp=1",
+                                    "mesh.tp=8",
+                                    "mesh.pp=1",
+                                    "train.batch=1",
+                                    "schedule.microbatches=1",
+                                    "schedule.recompute=none",
+                                    "train.precision=bf16"};
+    Program flash_gpt = checked("gpt_tiny.dist", gpt);
+    gpt.push_back("model.attention_kernel=\"materialized\"");
+    Program kept = checked("gpt_tiny.dist", gpt);
+    const double a = 40, s2 = 2048, h2 = 5120;
+    // GPT's MLP: the GELU's input and output (4 h / t each; bf16 keeps no tanh).
+    const double gpt_rank = 4 * (h2 / t) + (a / t) * 2 + 2 * 4 * h2 / t;
+    EXPECT_NEAR(block_activation_bytes(flash_gpt, flash_gpt.model.blocks.front()),
+                2 * s2 * (4 * h2 + gpt_rank), 1.0);
+    EXPECT_NEAR(block_activation_bytes(kept, kept.model.blocks.front()),
+                s2 * h2 * (10 + 24 / t + 5 * a * s2 / (h2 * t)), 1.0);
+    // Its time: four passes over the rank's b (a / t) s^2 scores in place of a flash kernel's
+    // over q, k, v and the output (4 s (a / t) 128 values each), at 2 bytes, in every block.
+    const Graph g_flash = *lower(flash_gpt).graph, g_kept = *lower(kept).graph;
+    const double scores = 4 * (a / t) * s2 * s2 * 2, qkvo = 4 * s2 * 3 * (a / t) * 128 * 2;
+    EXPECT_NEAR(g_kept.stages[0].bytes_elementwise - g_flash.stages[0].bytes_elementwise,
+                4 * (scores - qkvo), 1e-6 * scores);
+    // It is planned and simulated, and training refuses it at the attention layer.
+    EXPECT_TRUE(flash_gpt.train.training_refusal.empty());
+    EXPECT_NE(kept.train.training_refusal.find("attention with `kernel: materialized` is planned "
+                                               "and simulated, not trained"),
+              std::string::npos)
+        << kept.train.training_refusal;
     // sp is refused without tp; with it, training takes it (runtime_test.cpp).
     lang::CheckResult alone = check("gpt_tiny.dist", {"mesh.sp=true"});
     ASSERT_FALSE(alone.ok());
