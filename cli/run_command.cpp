@@ -4,6 +4,7 @@
 // last step and a sample.
 #include "cli/planned.hpp"
 
+#include "actors/plan/stages.hpp"
 #include "actors/runtime/measured.hpp"
 #include "actors/runtime/session.hpp"
 #include "actors/sim/simulate.hpp"
@@ -25,6 +26,25 @@
 namespace dist::cli {
 
 namespace {
+
+// The busiest expert's token copies over the mean that routing by chance alone gives in one
+// step: every token of the batch picks top_k experts uniformly at random in each moe layer, and
+// the loads are summed over the layers, as the step's metrics sum them.
+double expert_load_by_chance(const Program& p) {
+    const LayerSpec* moe = nullptr;
+    int64_t layers = 0;
+    for (const BlockSpec& b : p.model.blocks)
+        for (const ModelItemSpec& it : b.items)
+            for (const LayerSpec& l : it.layers)
+                if (l.kind == LayerKind::moe) {
+                    ++layers;
+                    if (!moe) moe = &l;
+                }
+    if (!moe) return 1.0;
+    const double E = static_cast<double>(moe->experts), k = static_cast<double>(moe->top_k);
+    const double choices = static_cast<double>(p.train.batch * p.model.context * layers);
+    return plan::busiest_over_mean(moe->experts, choices * k / E, choices * (k / E) * (1 - k / E));
+}
 
 std::string model_label(const Program& p) {
     return p.model.preset.empty() ? p.model.template_name : p.model.preset;
@@ -171,22 +191,24 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
             out << line << "\n";
         }
         if (const models::ExpertStats& x = last_step->metrics.experts; !x.empty()) {
-            // The routers of the last step: the busiest expert against the mean, which the
-            // simulator takes to be 1 (every expert as busy as the others).
+            // The routers of the last step: the busiest expert against the mean, beside what
+            // routing by chance alone would give for the same copies (the imbalance the
+            // simulator prices; a router's own skew comes on top of it).
             int64_t total = 0, most = 0;
             for (int64_t l : x.load) {
                 total += l;
                 most = std::max(most, l);
             }
-            char line[256];
-            std::snprintf(line, sizeof line,
-                          "experts: the busiest took %.2fx the mean of the last step's token "
-                          "copies (`dist sim` assumes 1.00x); %lld of %lld copies dropped",
-                          total > 0
-                              ? static_cast<double>(most) * static_cast<double>(x.load.size()) /
-                                    static_cast<double>(total)
-                              : 0.0,
-                          static_cast<long long>(x.dropped), static_cast<long long>(x.routed));
+            const double chance = expert_load_by_chance(p);
+            char line[320];
+            std::snprintf(
+                line, sizeof line,
+                "experts: the busiest took %.2fx the mean of the last step's token "
+                "copies (routing by chance alone: %.2fx); %lld of %lld copies dropped",
+                total > 0 ? static_cast<double>(most) * static_cast<double>(x.load.size()) /
+                                static_cast<double>(total)
+                          : 0.0,
+                chance, static_cast<long long>(x.dropped), static_cast<long long>(x.routed));
             out << line << "\n";
         }
         const std::string kind = to_string(graph.schedule);

@@ -25,6 +25,7 @@
 #include "lang/check_layers.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace dist::plan {
@@ -142,10 +143,13 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
         break;
     }
     case LayerKind::moe: {
-        // Balanced routing: each rank's experts take, on average, the N k token copies its own
-        // tokens send out; a capacity factor pads every expert to its capacity.
+        // Each rank's experts take, on average, the N k token copies its own tokens send out; a
+        // capacity factor pads every expert to its capacity. Dropless, the busiest of the ep
+        // ranks holds up the others at every all-to-all: it is priced, by the imbalance that
+        // routing by chance leaves (a trained router's own skew comes on top).
         const double E = static_cast<double>(l.experts), k = static_cast<double>(l.top_k);
-        const double copies = N * k * (l.capacity > 0 ? l.capacity : 1.0);
+        const double busiest = expert_rank_imbalance(l, p.mesh.ep, N);
+        const double copies = N * k * (l.capacity > 0 ? l.capacity : busiest);
         const double hidden = static_cast<double>(l.hidden) / shard;
         const double shared = static_cast<double>(l.shared_experts * l.shared_hidden) / shard;
         const double mats = l.activation == Activation::swiglu ? 3 : 2;
@@ -167,7 +171,7 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
                               static_cast<int64_t>(shard);
         if (p.mesh.ep > 1) {
             c.all_to_alls = 2;
-            c.all_to_all_bytes = static_cast<int64_t>(N / sp * k * C * elt);
+            c.all_to_all_bytes = static_cast<int64_t>(N / sp * k * busiest * C * elt);
         }
         break;
     }
@@ -177,6 +181,39 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
 }
 
 } // namespace
+
+double expected_max_normal(int64_t n) {
+    if (n <= 1) return 0.0;
+    // E[max] = integral of x n phi(x) Phi(x)^(n - 1) dx, by the midpoint rule over [-10, 10].
+    const int steps = 4000;
+    const double lo = -10.0, dx = 20.0 / steps, pi = 3.14159265358979323846;
+    double sum = 0.0;
+    for (int i = 0; i < steps; ++i) {
+        const double x = lo + (i + 0.5) * dx;
+        const double phi = std::exp(-0.5 * x * x) / std::sqrt(2 * pi);
+        const double cdf = 0.5 * std::erfc(-x / std::sqrt(2.0));
+        sum += x * static_cast<double>(n) * phi * std::pow(cdf, static_cast<double>(n - 1)) * dx;
+    }
+    return sum;
+}
+
+double busiest_over_mean(int64_t n, double mean, double variance) {
+    if (n <= 1 || mean <= 0 || variance <= 0) return 1.0;
+    const double m = static_cast<double>(n);
+    return 1.0 + expected_max_normal(n) * std::sqrt(m / (m - 1)) * std::sqrt(variance) / mean;
+}
+
+double expert_rank_imbalance(const LayerSpec& l, int64_t ep, double tokens) {
+    if (ep <= 1 || l.capacity > 0 || l.experts <= l.top_k) return 1.0;
+    // The ep ranks' tokens each send top_k copies to distinct experts, E / ep of them on every
+    // rank: how many land on one rank is hypergeometric, of mean k / ep and variance
+    // k (1 / ep) (1 - 1 / ep) (E - k) / (E - 1). A rank receives from ep ranks' tokens.
+    const double E = static_cast<double>(l.experts), k = static_cast<double>(l.top_k);
+    const double r = static_cast<double>(ep), senders = r * tokens;
+    const double mean = senders * k / r;
+    const double variance = senders * k * (1 / r) * (1 - 1 / r) * (E - k) / (E - 1);
+    return busiest_over_mean(ep, mean, variance);
+}
 
 int64_t block_activation_bytes(const Program& p, const BlockSpec& block) {
     int64_t heads = 0;
@@ -491,8 +528,10 @@ void layer_kernels(const Program& p, const LayerSpec& l, std::vector<KernelCall>
     case LayerKind::moe: {
         // The router, then each rank's share of the token copies through its experts (as one
         // matmul of all of them: balanced routing), then the shared experts.
-        const int64_t copies = static_cast<int64_t>(static_cast<double>(N * l.top_k) *
-                                                    (l.capacity > 0 ? l.capacity : 1.0));
+        const int64_t copies = static_cast<int64_t>(
+            static_cast<double>(N * l.top_k) *
+            (l.capacity > 0 ? l.capacity
+                            : expert_rank_imbalance(l, p.mesh.ep, static_cast<double>(N))));
         const int64_t hidden = l.hidden / shard;
         const bool glu = l.activation == Activation::swiglu;
         out.push_back({K::matmul, "", N, l.experts, C});

@@ -39,6 +39,18 @@ PartCost cost_of_items(const Program& p, const std::vector<ModelItemSpec>& items
 /// formula with its tensor-, sequence-parallel and recomputation variants (stages.cpp).
 int64_t block_activation_bytes(const Program& p, const BlockSpec& block);
 
+/// The expected largest of n independent standard normal variables (z_2 = 1 / sqrt(pi)).
+double expected_max_normal(int64_t n);
+/// Loads of n groups (experts, or the ranks holding them) that are sums of many independent
+/// choices, each load of mean `mean` and variance `variance`, their total fixed (so any two are
+/// correlated by -1 / (n - 1)): the expected busiest load over the mean,
+/// 1 + z_n sqrt(n / (n - 1)) sqrt(variance) / mean.
+double busiest_over_mean(int64_t n, double mean, double variance);
+/// Routing by chance alone (every token's top_k experts uniformly at random, what an auxiliary
+/// loss drives a router towards): the busiest of `ep` expert-parallel ranks' token copies over
+/// the mean, each rank sending `tokens` tokens of `l` per microbatch.
+double expert_rank_imbalance(const LayerSpec& l, int64_t ep, double tokens);
+
 /// Blocks per stage minimising the slowest stage, embeddings counted on the first stage and
 /// the head and loss on the last; every stage gets at least one block.
 /// On a mesh of several kinds of device, `stage_rank` (the pipeline rank of each stage) prices

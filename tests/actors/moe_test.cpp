@@ -14,8 +14,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <numeric>
+#include <random>
 
 using namespace dist;
 using namespace dist::plan;
@@ -209,10 +212,15 @@ TEST(MixtureOfExperts, ARankHoldsItsShareOfTheExpertsAndSendsTopKCopies) {
     const int64_t expert = 3 * 64 * 128; // SwiGLU: three matrices
     EXPECT_EQ(one.stages[0].parameters - g.stages[0].parameters, 2 /* blocks */ * 2 * expert);
     EXPECT_EQ(one.stages[0].parameters, p.model.parameters);
-    // A dispatch and a combine per block; each rank's N tokens send top_k copies of C floats.
+    // A dispatch and a combine per block; each rank's N tokens send top_k copies of C floats,
+    // and the busiest of the two ranks receives more than that by the imbalance of routing by
+    // chance (checked against sampled routings below).
     const int64_t N = p.train.microbatch_size * 64;
     EXPECT_EQ(g.stages[0].all_to_alls, 2 * 2);
-    EXPECT_EQ(g.stages[0].all_to_all_bytes, N * moe.top_k * 64 * 4);
+    const double busiest = expert_rank_imbalance(moe, 2, static_cast<double>(N));
+    EXPECT_GT(busiest, 1.0);
+    EXPECT_EQ(g.stages[0].all_to_all_bytes,
+              static_cast<int64_t>(static_cast<double>(N * moe.top_k) * busiest * 64 * 4));
     EXPECT_EQ(one.stages[0].all_to_alls, 0);
     int64_t expert_bytes = 0;
     const size_t dense =
@@ -224,6 +232,51 @@ TEST(MixtureOfExperts, ARankHoldsItsShareOfTheExpertsAndSendsTopKCopies) {
     Graph all = lowered(checked(tiny("dp: 4\n    ep: 4")));
     EXPECT_EQ(all.stages[0].expert_buckets, 0);
     EXPECT_EQ(all.stages[0].parameters, p.model.parameters - 2 * 3 * expert);
+}
+
+TEST(MixtureOfExperts, TheExpectedMaximumOfNormalsHasItsClosedForms) {
+    // E[max] of two and of three standard normals: 1 / sqrt(pi) and 3 / (2 sqrt(pi)).
+    const double pi = 3.14159265358979323846;
+    EXPECT_NEAR(expected_max_normal(2), 1 / std::sqrt(pi), 1e-6);
+    EXPECT_NEAR(expected_max_normal(3), 3 / (2 * std::sqrt(pi)), 1e-6);
+    EXPECT_EQ(expected_max_normal(1), 0.0);
+    EXPECT_GT(expected_max_normal(8), expected_max_normal(4));
+}
+
+TEST(MixtureOfExperts, TheBusiestRankByChanceMatchesSampledRoutings) {
+    // Every token of ep ranks picks top_k distinct experts uniformly; E / ep experts sit on
+    // each rank. The busiest rank's copies over the mean, averaged over many sampled steps,
+    // against the normal approximation the simulator prices.
+    LayerSpec l;
+    l.kind = LayerKind::moe;
+    l.experts = 8;
+    l.top_k = 2;
+    const int64_t ep = 4, tokens = 256, trials = 4000;
+    std::mt19937 rng(11);
+    double sum = 0;
+    for (int64_t t = 0; t < trials; ++t) {
+        std::vector<int64_t> load(ep, 0);
+        for (int64_t i = 0; i < ep * tokens; ++i) {
+            std::vector<int> experts(static_cast<size_t>(l.experts));
+            std::iota(experts.begin(), experts.end(), 0);
+            for (int64_t j = 0; j < l.top_k; ++j) {
+                std::uniform_int_distribution<size_t> pick(static_cast<size_t>(j),
+                                                           experts.size() - 1);
+                std::swap(experts[static_cast<size_t>(j)], experts[pick(rng)]);
+                ++load[static_cast<size_t>(experts[static_cast<size_t>(j)] / (l.experts / ep))];
+            }
+        }
+        sum += static_cast<double>(*std::max_element(load.begin(), load.end())) /
+               static_cast<double>(tokens * l.top_k);
+    }
+    const double sampled = sum / trials - 1,
+                 predicted = expert_rank_imbalance(l, ep, static_cast<double>(tokens)) - 1;
+    EXPECT_GT(predicted, 0.02); // about 4% here: worth pricing
+    EXPECT_NEAR(sampled, predicted, 0.1 * predicted);
+    // None with one rank, and none with a capacity (every expert padded to it).
+    EXPECT_EQ(expert_rank_imbalance(l, 1, 256), 1.0);
+    l.capacity = 1.25;
+    EXPECT_EQ(expert_rank_imbalance(l, ep, 256), 1.0);
 }
 
 TEST(MixtureOfExperts, TheSimulatorPricesTheAllToAllsOnTheGroupsLinks) {
