@@ -29,7 +29,9 @@ namespace {
 
 // The busiest expert's token copies over the mean that routing by chance alone gives in one
 // step: every token of the batch picks top_k experts uniformly at random in each moe layer, and
-// the loads are summed over the layers, as the step's metrics sum them.
+// the loads are summed over the layers, as the step's metrics sum them (the layers of a model
+// share one expert count and top_k in std/moe.dist; the first one's are taken). 0 when a
+// capacity caps the loads, which the figure would not know.
 double expert_load_by_chance(const Program& p) {
     const LayerSpec* moe = nullptr;
     int64_t layers = 0;
@@ -40,7 +42,7 @@ double expert_load_by_chance(const Program& p) {
                     ++layers;
                     if (!moe) moe = &l;
                 }
-    if (!moe) return 1.0;
+    if (!moe || moe->capacity > 0) return 0.0; // a capacity caps the loads: no figure
     const double E = static_cast<double>(moe->experts), k = static_cast<double>(moe->top_k);
     const double choices = static_cast<double>(p.train.batch * p.model.context * layers);
     return plan::busiest_over_mean(moe->experts, choices * k / E, choices * (k / E) * (1 - k / E));
@@ -200,15 +202,19 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
                 most = std::max(most, l);
             }
             const double chance = expert_load_by_chance(p);
+            char by_chance[64] = "";
+            if (chance > 0)
+                std::snprintf(by_chance, sizeof by_chance, " (routing by chance alone: %.2fx)",
+                              chance);
             char line[320];
             std::snprintf(
                 line, sizeof line,
-                "experts: the busiest took %.2fx the mean of the last step's token "
-                "copies (routing by chance alone: %.2fx); %lld of %lld copies dropped",
+                "experts: the busiest took %.2fx the mean of the last step's token copies%s; "
+                "%lld of %lld copies dropped",
                 total > 0 ? static_cast<double>(most) * static_cast<double>(x.load.size()) /
                                 static_cast<double>(total)
                           : 0.0,
-                chance, static_cast<long long>(x.dropped), static_cast<long long>(x.routed));
+                by_chance, static_cast<long long>(x.dropped), static_cast<long long>(x.routed));
             out << line << "\n";
         }
         const std::string kind = to_string(graph.schedule);

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 namespace dist::plan {
 
@@ -107,9 +108,16 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
             materialized ? 4 * b * h * T * T * elt / cp : 4 * N * (h + 2 * kv) * hd * elt;
         // What the unit keeps (models/units_block.cpp): its input (the rank's shard under sp),
         // q, k, v, the output and each row's log-sum-exp (f32). Under cp, k and v are the ring's:
-        // every rank's blocks, the whole sequence; and each causal half keeps its own output.
-        saved = N * C / sp + 2 * N * h * hd + N * h * 4 / elt;
-        saved += p.mesh.cp > 1 ? 2 * b * T * kv * hd + N * h * hd : 2 * N * kv * hd;
+        // every rank's blocks, the whole sequence; and each causal half keeps its output and
+        // log-sum-exp padded to the keys it sees: chunks r and 2 cp - 1 - r of c = T / (2 cp)
+        // rows give halves of (r + 1) c and (2 cp - r) c rows, (2 cp + 1) c in all.
+        saved = N * C / sp + 2 * N * h * hd;
+        if (p.mesh.cp > 1) {
+            const double halves = b * T * (2 * cp + 1) / (2 * cp);
+            saved += 2 * b * T * kv * hd + halves * h * (hd + 4 / elt);
+        } else {
+            saved += 2 * N * kv * hd + N * h * 4 / elt;
+        }
         if (materialized && p.schedule.recompute == Recompute::none) saved += b * h * T * T / cp;
         c.tp_reductions = p.mesh.tp > 1 ? 1 : 0;
         break;
@@ -184,6 +192,9 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
 
 double expected_max_normal(int64_t n) {
     if (n <= 1) return 0.0;
+    // Every lowering of a mixture of experts asks, for a few n: remember them.
+    thread_local std::map<int64_t, double> known;
+    if (auto it = known.find(n); it != known.end()) return it->second;
     // E[max] = integral of x n phi(x) Phi(x)^(n - 1) dx, by the midpoint rule over [-10, 10].
     const int steps = 4000;
     const double lo = -10.0, dx = 20.0 / steps, pi = 3.14159265358979323846;
@@ -194,6 +205,7 @@ double expected_max_normal(int64_t n) {
         const double cdf = 0.5 * std::erfc(-x / std::sqrt(2.0));
         sum += x * static_cast<double>(n) * phi * std::pow(cdf, static_cast<double>(n - 1)) * dx;
     }
+    known[n] = sum;
     return sum;
 }
 
@@ -227,23 +239,26 @@ int64_t block_activation_bytes(const Program& p, const BlockSpec& block) {
     if (heads == 0 || (experts && p.schedule.recompute != Recompute::full))
         return cost_of_items(p, block.items).activation_bytes;
     bool materialized = false;
-    int64_t groups = 0;
     for (const ModelItemSpec& it : block.items) {
-        groups += it.residual ? 1 : 0;
         for (const LayerSpec& l : it.layers)
             materialized |=
                 l.kind == LayerKind::attention && l.kernel == AttentionKernel::materialized;
     }
     if (!materialized) {
-        // Dist's own units (flash attention), counted one by one; under full recomputation each
-        // residual group keeps its input (models/model.hpp), the rank's shard under sp. Without
-        // recomputation selective has nothing to drop: a flash kernel keeps no scores.
+        // Dist's own units (flash attention), counted one by one. Without recomputation
+        // selective has nothing to drop: a flash kernel keeps no scores. Under full
+        // recomputation each residual group keeps only its input (models/units.cpp), the float
+        // stream tensor in either precision, the rank's shard under sp; a layer outside a
+        // group keeps what it always keeps.
         if (p.schedule.recompute != Recompute::full)
             return cost_of_items(p, block.items).activation_bytes;
         const double N = static_cast<double>(p.train.microbatch_size * p.model.context) /
                          static_cast<double>(p.mesh.cp * (p.mesh.sp ? p.mesh.tp : 1));
-        return static_cast<int64_t>(static_cast<double>(std::max<int64_t>(groups, 1)) * N *
-                                    static_cast<double>(p.model.width * bytes_per_element(p)));
+        int64_t bytes = 0;
+        for (const ModelItemSpec& it : block.items)
+            bytes += it.residual ? static_cast<int64_t>(N * static_cast<double>(p.model.width) * 4)
+                                 : cost_of_items(p, {it}).activation_bytes;
+        return bytes;
     }
     const double t = static_cast<double>(p.mesh.tp);
     const double cp = static_cast<double>(p.mesh.cp);
