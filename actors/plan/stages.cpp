@@ -57,6 +57,13 @@ int64_t bytes_per_element(const Program& p) {
     return p.train.precision == Precision::bf16 ? 2 : 4;
 }
 
+// The token copies a rank's experts take per microbatch of `tokens` tokens: capacity pads
+// every expert to it; dropless, the busiest rank's share by chance.
+double routed_copies(const LayerSpec& l, int64_t ep, double tokens) {
+    return tokens * static_cast<double>(l.top_k) *
+           (l.capacity > 0 ? l.capacity : expert_rank_imbalance(l, ep, tokens));
+}
+
 PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
     PartCost c;
     const double tp = static_cast<double>(p.mesh.tp);
@@ -157,7 +164,7 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
         // routing by chance leaves (a trained router's own skew comes on top).
         const double E = static_cast<double>(l.experts), k = static_cast<double>(l.top_k);
         const double busiest = expert_rank_imbalance(l, p.mesh.ep, N);
-        const double copies = N * k * (l.capacity > 0 ? l.capacity : busiest);
+        const double copies = routed_copies(l, p.mesh.ep, N);
         const double hidden = static_cast<double>(l.hidden) / shard;
         const double shared = static_cast<double>(l.shared_experts * l.shared_hidden) / shard;
         const double mats = l.activation == Activation::swiglu ? 3 : 2;
@@ -221,10 +228,8 @@ double expert_rank_imbalance(const LayerSpec& l, int64_t ep, double tokens) {
     // rank: how many land on one rank is hypergeometric, of mean k / ep and variance
     // k (1 / ep) (1 - 1 / ep) (E - k) / (E - 1). A rank receives from ep ranks' tokens.
     const double E = static_cast<double>(l.experts), k = static_cast<double>(l.top_k);
-    const double r = static_cast<double>(ep), senders = r * tokens;
-    const double mean = senders * k / r;
-    const double variance = senders * k * (1 / r) * (1 - 1 / r) * (E - k) / (E - 1);
-    return busiest_over_mean(ep, mean, variance);
+    const double r = static_cast<double>(ep);
+    return busiest_over_mean(ep, tokens * k, tokens * k * (1 - 1 / r) * (E - k) / (E - 1));
 }
 
 int64_t block_activation_bytes(const Program& p, const BlockSpec& block) {
@@ -543,10 +548,8 @@ void layer_kernels(const Program& p, const LayerSpec& l, std::vector<KernelCall>
     case LayerKind::moe: {
         // The router, then each rank's share of the token copies through its experts (as one
         // matmul of all of them: balanced routing), then the shared experts.
-        const int64_t copies = static_cast<int64_t>(
-            static_cast<double>(N * l.top_k) *
-            (l.capacity > 0 ? l.capacity
-                            : expert_rank_imbalance(l, p.mesh.ep, static_cast<double>(N))));
+        const auto copies =
+            static_cast<int64_t>(routed_copies(l, p.mesh.ep, static_cast<double>(N)));
         const int64_t hidden = l.hidden / shard;
         const bool glu = l.activation == Activation::swiglu;
         out.push_back({K::matmul, "", N, l.experts, C});
