@@ -113,11 +113,9 @@ void ReplSession::cmd_memory() {
         return;
     }
     if (t.shared_memory) {
-        int64_t total = 0;
-        for (const sim::RankReport& r : t.ranks) total += r.peak_memory_bytes;
         out_ << (t.fits ? "fits: " : "DOES NOT FIT: ") << "the " << t.ranks.size()
              << " ranks share one machine's " << bytes_text(t.memory_limit_bytes) << " and need "
-             << bytes_text(total) << " together\n";
+             << bytes_text(t.shared_peak_bytes) << " together at the most\n";
         return;
     }
     int64_t over = 0;

@@ -177,11 +177,9 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
                                         p.mesh.profile.name)
                 << "\n";
         if (predicted.ok() && p.mesh.profile.cpu() && session.processes() == 1) {
-            // Every rank lives in this process, on the host allocator: its peak against the sum
-            // of the ranks' predicted peaks.
-            double sum = 0;
-            for (const sim::RankReport& rr : predicted.timeline->ranks)
-                sum += static_cast<double>(rr.peak_memory_bytes);
+            // Every rank lives in this process, on the host allocator: its peak against the most
+            // the simulated ranks hold at once.
+            const auto sum = static_cast<double>(predicted.timeline->shared_peak_bytes);
             char line[256];
             std::snprintf(line, sizeof line,
                           "memory: measured %.1f MB at the peak of the tensors of %zu rank%s, "

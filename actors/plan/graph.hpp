@@ -87,12 +87,22 @@ struct PlanStage {
     int32_t blocks = 0;
     bool embedding = false;
     bool head = false;
-    int64_t parameters = 0;         // on one tensor-parallel rank
-    double flops_forward = 0;       // per microbatch
-    double flops_input_grad = 0;    // I
-    double flops_weight_grad = 0;   // W (B = I + W)
-    double bytes_elementwise = 0;   // memory traffic of the non-matmul layers in a forward
-    int64_t activation_bytes = 0;   // saved for backward, per microbatch
+    int64_t parameters = 0;       // on one tensor-parallel rank
+    double flops_forward = 0;     // per microbatch
+    double flops_input_grad = 0;  // I
+    double flops_weight_grad = 0; // W (B = I + W)
+    double bytes_elementwise = 0; // memory traffic of the non-matmul layers in a forward
+    int64_t activation_bytes = 0; // saved for backward, per microbatch
+    /// What one microbatch holds for a moment beyond what it keeps, as the units run
+    /// (actors/plan/stages.cpp): in its forward (above the activations it then keeps), in a
+    /// whole backward B and in an input gradient I (above the activations it starts from); what
+    /// I leaves for W to use (the inputs and output gradients of the weights' products); and what
+    /// W holds above that. Per microbatch on one rank, in bytes.
+    int64_t forward_working_bytes = 0;
+    int64_t backward_working_bytes = 0;
+    int64_t input_working_bytes = 0;
+    int64_t weight_stash_bytes = 0;
+    int64_t weight_working_bytes = 0;
     int64_t boundary_bytes = 0;     // the activation (or its gradient) sent to a neighbour stage
     int32_t tp_reductions = 0;      // tensor-parallel all-reduces in one forward (as many in B/I)
     int64_t tp_reduction_bytes = 0; // size of each

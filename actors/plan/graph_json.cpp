@@ -24,6 +24,12 @@ json to_json(const Graph& g) {
              {{"F", s.flops_forward}, {"I", s.flops_input_grad}, {"W", s.flops_weight_grad}}},
             {"bytes_elementwise", s.bytes_elementwise},
             {"activation_bytes", s.activation_bytes},
+            {"working_bytes",
+             {{"F", s.forward_working_bytes},
+              {"B", s.backward_working_bytes},
+              {"I", s.input_working_bytes},
+              {"W_stash", s.weight_stash_bytes},
+              {"W", s.weight_working_bytes}}},
             {"boundary_bytes", s.boundary_bytes},
             {"tp_reductions", s.tp_reductions},
             {"tp_reduction_bytes", s.tp_reduction_bytes},
@@ -122,6 +128,14 @@ bool from_json(const json& j, Graph& out, std::string& error) {
             st.flops_weight_grad = s.at("flops").at("W").get<double>();
             st.bytes_elementwise = s.at("bytes_elementwise").get<double>();
             st.activation_bytes = s.at("activation_bytes").get<int64_t>();
+            if (s.contains("working_bytes")) {
+                const json& w = s.at("working_bytes");
+                st.forward_working_bytes = w.value("F", int64_t{0});
+                st.backward_working_bytes = w.value("B", int64_t{0});
+                st.input_working_bytes = w.value("I", int64_t{0});
+                st.weight_stash_bytes = w.value("W_stash", int64_t{0});
+                st.weight_working_bytes = w.value("W", int64_t{0});
+            }
             st.boundary_bytes = s.at("boundary_bytes").get<int64_t>();
             st.tp_reductions = s.at("tp_reductions").get<int32_t>();
             st.tp_reduction_bytes = s.at("tp_reduction_bytes").get<int64_t>();

@@ -57,6 +57,11 @@ int64_t bytes_per_element(const Program& p) {
     return p.train.precision == Precision::bf16 ? 2 : 4;
 }
 
+// A layer's vocabulary: the loss's is the head's, the model's.
+int64_t vocab_of(const Program& p, const LayerSpec& l) {
+    return l.vocab > 0 ? l.vocab : p.model.vocab;
+}
+
 // The token copies a rank's experts take per microbatch of `tokens` tokens: capacity pads
 // every expert to it; dropless, the busiest rank's share by chance.
 double routed_copies(const LayerSpec& l, int64_t ep, double tokens) {
@@ -91,7 +96,8 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
     case LayerKind::layer_norm:
     case LayerKind::rms_norm:
         c.bytes_elementwise = 2 * N * C * elt / sp;
-        saved = N * C / sp;
+        // Its input and each row's mean and reciprocal deviation (f32; rms norms keep both).
+        saved = N * C / sp + 8 * N / sp / elt;
         break;
     case LayerKind::attention: {
         double h = static_cast<double>(l.heads) / tp;
@@ -152,9 +158,10 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
         break;
     }
     case LayerKind::cross_entropy: {
-        double v = static_cast<double>(l.vocab) / shard;
+        double v = static_cast<double>(vocab_of(p, l)) / shard;
         c.bytes_elementwise = 3 * N * v * elt;
-        saved = N * v;
+        // The logits and each row's log-sum-exp (f32).
+        saved = N * v + 4 * N / elt;
         break;
     }
     case LayerKind::moe: {
@@ -336,6 +343,215 @@ PartCost cost_of_items(const Program& p, const std::vector<ModelItemSpec>& items
     return c;
 }
 
+namespace {
+
+// ----- working memory -------------------------------------------------------------------------
+//
+// What one layer holds for one microbatch (models/units_*.cpp), in bytes on one rank: what it
+// keeps after its forward; what it keeps after its input gradient, until its weight gradient
+// (the inputs and output gradients of its products); the most it holds for a moment above what
+// it keeps in its forward, its input gradient and its weight gradient; its forward's input,
+// where that is not what it keeps; and its output's gradient, which its input gradient reads.
+// Gradients and work buffers are float in either precision; a bf16 unit keeps bf16 copies and
+// widens them to float while it uses them. Under sp a unit gathers its input and output
+// gradient whole for its products.
+struct Footprint {
+    double kept = 0, after_input = 0, forward = 0, input = 0, weight = 0, in = 0, grad = 0;
+};
+
+Footprint footprint(const Program& p, const LayerSpec& l) {
+    Footprint f;
+    f.kept = static_cast<double>(cost_of_layer(p, l).activation_bytes);
+    const double tp = static_cast<double>(p.mesh.tp), cp = static_cast<double>(p.mesh.cp);
+    const double n = static_cast<double>(p.train.microbatch_size * p.model.context) / cp;
+    const double s = p.mesh.sp ? tp : 1.0;
+    const double ns = n / s;
+    const double C = static_cast<double>(l.width ? l.width : p.model.width);
+    const double E = static_cast<double>(bytes_per_element(p));
+    const bool bf16 = E == 2;
+    const double wide = bf16 ? 4.0 : 0.0;              // a float copy of what was kept in bf16
+    const double copy = bf16 ? E : 0.0;                // a bf16 copy of a float tensor
+    const double gathered = s > 1 ? 4.0 : 0.0;         // a whole copy of an sp shard
+    const double whole_kept = E * n * C * (1 - 1 / s); // a kept shard replaced by the whole
+    const double shard = l.shard == ShardDim::none ? 1.0 : tp;
+    f.in = wide * ns * C; // a float input beside its bf16 copy (in f32 it is what is kept)
+    f.grad = 4 * ns * C;
+    switch (l.kind) {
+    case LayerKind::embedding:
+    case LayerKind::position_embedding: {
+        // Nothing but the tokens (positions write into a copy of their input); the input
+        // gradient keeps the output's gradient for W, the token embedding every token's.
+        const double rows = l.kind == LayerKind::embedding ? n : ns;
+        f.in = l.kind == LayerKind::embedding ? 0.0 : 4 * ns * C;
+        f.forward = 4 * ns * C;
+        f.input = gathered * n * C + copy * rows * C;
+        f.after_input = E * rows * C;
+        f.weight = wide * rows * C;
+        break;
+    }
+    case LayerKind::rotary_embedding: f.in = f.grad = 0; break;
+    case LayerKind::layer_norm:
+    case LayerKind::rms_norm:
+        f.forward = 4 * ns * C;
+        // Its input gradient, its input widened, the copy of its output's gradient.
+        f.input = 4 * ns * C + wide * ns * C + copy * ns * C;
+        f.after_input = f.kept + E * ns * C;
+        f.weight = 2 * wide * ns * C;
+        break;
+    case LayerKind::attention: {
+        const double h = static_cast<double>(l.heads) / tp;
+        const double kv = std::max(1.0, static_cast<double>(l.kv_heads) / tp);
+        const double hd = static_cast<double>(l.head_dim);
+        const double q = n * h * hd, qkv = n * (h + 2 * kv) * hd, x = n * C;
+        // The fused product (alive to the end), the output, the input gathered; bf16 keeps
+        // copies of q, k, v and the attention's output beside their float selves.
+        f.forward = 4 * qkv + 4 * ns * C + gathered * x + wide * (q + qkv);
+        // At the fused product's input gradient: the attention output's gradient, q, k and v's,
+        // the fused one and the input's; the output gradient and input gathered under sp; bf16
+        // widens the input, q, k, v and the output, and at the end copies the output gradient.
+        f.input = 4 * (q + 2 * qkv + x) + 2 * gathered * x + wide * (x + q + qkv) + copy * x;
+        // The ring's keys and values arrive whole under cp, and so do their gradients.
+        if (p.mesh.cp > 1) f.input += 4 * cp * 2 * kv * hd * n;
+        // I drops q, k and v and keeps the input whole, the output's gradient and the fused one.
+        f.after_input = f.kept + whole_kept + E * x;
+        f.weight = wide * (x + qkv); // the fused product's gradient and input
+        break;
+    }
+    case LayerKind::mlp: {
+        const double hidden = static_cast<double>(l.hidden) / tp;
+        const bool glu = l.activation == Activation::swiglu;
+        const double fc = n * hidden * (glu ? 2 : 1), g = n * hidden, x = n * C;
+        const double tanh = l.activation == Activation::gelu_tanh ? g : 0.0;
+        const double th = bf16 ? 0.0 : 4 * tanh; // kept in f32 only
+        // f32 keeps the product, the tanh and the activation themselves. bf16 holds all three
+        // in float beside the copies of the input and product, then the activation's float
+        // beside the output.
+        f.forward = gathered * x + (bf16 ? std::max(4 * (fc + tanh + g) + E * (x + fc) - f.kept,
+                                                    4 * g + 4 * ns * C)
+                                         : 4 * ns * C);
+        // First the activation's gradient and its input's together; then, its kept input and
+        // tanh gone, the input's gradient beside the fused one and the copies I keeps.
+        const double first = 4 * (g + fc) + gathered * x;
+        const double then = 4 * fc + 4 * x + (bf16 || s > 1 ? 4 * x : 0.0) + gathered * x +
+                            copy * (fc + x) - E * fc - th;
+        f.input = std::max(first, then);
+        f.after_input = f.kept - th + whole_kept + E * x;
+        f.weight = wide * (x + std::max(g, fc));
+        break;
+    }
+    case LayerKind::lm_head: {
+        const double v = static_cast<double>(l.vocab) / shard;
+        f.in = wide * n * C;
+        f.grad = 4 * n * v;
+        f.forward = 4 * n * v + gathered * n * C; // the logits, which the loss keeps
+        f.input = 4 * n * C + gathered * n * C + copy * n * v;
+        f.after_input = f.kept + E * n * v; // the logits' gradient, for W
+        f.weight = wide * n * (v + C);
+        break;
+    }
+    case LayerKind::cross_entropy: {
+        const double v = static_cast<double>(vocab_of(p, l)) / shard;
+        f.in = wide * n * v; // bf16's float logits beside their copy
+        f.grad = 4 * n;
+        f.forward = 4 * n; // the losses
+        f.input = 4 * n * v + wide * n * v;
+        f.after_input = 0; // the logits' gradient goes on to the head, which keeps it
+        break;
+    }
+    case LayerKind::moe:
+        // Counted coarsely: its gradients as large as what it keeps, all of which W uses.
+        f.forward = 4 * ns * C + wide * f.kept / E;
+        f.input = 4 * f.kept / E;
+        f.after_input = f.kept;
+        f.weight = wide * f.kept / E;
+        break;
+    }
+    return f;
+}
+
+struct Working {
+    double stash = 0, forward = 0, backward = 0, input = 0, weight_stash = 0, weight = 0;
+};
+
+// One microbatch through the stage's units as the runtime runs them (models/stage.cpp,
+// models/units.cpp): the forward; a whole backward, unit by unit, each unit's input gradient and
+// then its weight gradient; and the split one, every input gradient and later every weight
+// gradient. A residual group holds its output gradient while its body runs backward; under full
+// recomputation it keeps only its input and runs its body again at the start of its backward.
+Working stage_working(const Program& p, const std::vector<const ModelItemSpec*>& items) {
+    const bool recompute = p.schedule.recompute == Recompute::full;
+    const double ns = static_cast<double>(p.train.microbatch_size * p.model.context) /
+                      static_cast<double>(p.mesh.cp * (p.mesh.sp ? p.mesh.tp : 1));
+    const double stream = 4 * ns * static_cast<double>(p.model.width);
+    std::vector<std::vector<Footprint>> fp;
+    for (const ModelItemSpec* it : items) {
+        fp.emplace_back();
+        for (const LayerSpec& l : it->layers) fp.back().push_back(footprint(p, l));
+    }
+    auto again = [&](size_t i) { return recompute && items[i]->residual; };
+    Working w;
+    double live = 0, peak = 0;
+    auto hold = [&](double extra) { peak = std::max(peak, live + extra); };
+    // A group's input stays alive for its sum with the body's output: in f32 its first layer
+    // keeps it as it is, in bf16 it is one more float beside the body.
+    const double group_input = bytes_per_element(p) == 2 ? stream : 0.0;
+    for (size_t i = 0; i < items.size(); ++i) {
+        double body = 0;
+        for (size_t k = 0; k < fp[i].size(); ++k) {
+            const Footprint& f = fp[i][k];
+            hold((items[i]->residual && k > 0 ? group_input : 0.0) + f.in + f.kept + f.forward);
+            live += f.kept;
+            body += f.kept;
+        }
+        if (again(i)) live += stream - body;
+    }
+    w.stash = live;
+    w.forward = peak - live;
+    // The input gradients of item i (recomputing it first when it must), leaving its layers'
+    // after_input and, with `whole`, each weight gradient right after.
+    auto backward = [&](bool whole) {
+        live = peak = w.stash;
+        for (size_t i = items.size(); i-- > 0;) {
+            const double held = items[i]->residual ? stream : 0.0;
+            if (again(i)) {
+                for (size_t k = 0; k < fp[i].size(); ++k) {
+                    const Footprint& f = fp[i][k];
+                    hold(held + (k > 0 ? group_input : 0.0) + f.in + f.kept + f.forward);
+                    live += f.kept;
+                }
+            }
+            // The body's last layer reads the group's output gradient itself.
+            for (size_t k = fp[i].size(); k-- > 0;) {
+                const Footprint& f = fp[i][k];
+                const bool top = items[i]->residual && k + 1 == fp[i].size();
+                hold(held + (top ? 0.0 : f.grad) + f.input);
+                live += f.after_input - f.kept;
+            }
+            if (again(i)) live -= stream;
+            if (!whole) continue;
+            for (const Footprint& f : fp[i]) {
+                hold(f.weight);
+                live -= f.after_input;
+            }
+        }
+        return peak - w.stash;
+    };
+    w.backward = backward(true);
+    w.input = backward(false);
+    w.weight_stash = live;
+    peak = live;
+    for (const auto& layers : fp) {
+        for (const Footprint& f : layers) {
+            hold(f.weight);
+            live -= f.after_input;
+        }
+    }
+    w.weight = peak - w.weight_stash;
+    return w;
+}
+
+} // namespace
+
 std::vector<int64_t> balanced_partition(const Program& p, int32_t stages,
                                         const std::vector<int32_t>& stage_rank) {
     const size_t n = p.model.blocks.size();
@@ -461,6 +677,25 @@ std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>
         st.flops_weight_grad = c.flops_weight_grad;
         st.bytes_elementwise = c.bytes_elementwise;
         st.activation_bytes = c.activation_bytes;
+        std::vector<const ModelItemSpec*> items;
+        if (st.embedding)
+            for (const ModelItemSpec& it : p.model.pre) items.push_back(&it);
+        for (int32_t k = 0; k < st.blocks; ++k)
+            for (const ModelItemSpec& it :
+                 p.model.blocks[static_cast<size_t>(st.first_block + k)].items)
+                items.push_back(&it);
+        if (st.head)
+            for (const ModelItemSpec& it : p.model.post) items.push_back(&it);
+        // A materialized block keeps what Korthikanti et al. count rather than what the walk
+        // counts layer by layer; its working memory is the walk's all the same.
+        const Working work = stage_working(p, items);
+        const double kept_by_formula = static_cast<double>(c.activation_bytes) - work.stash;
+        st.forward_working_bytes = static_cast<int64_t>(std::max(0.0, work.forward));
+        st.backward_working_bytes = static_cast<int64_t>(std::max(0.0, work.backward));
+        st.input_working_bytes = static_cast<int64_t>(std::max(0.0, work.input));
+        st.weight_stash_bytes =
+            static_cast<int64_t>(std::max(0.0, work.weight_stash + kept_by_formula));
+        st.weight_working_bytes = static_cast<int64_t>(std::max(0.0, work.weight));
         st.cp_ring_bytes = c.cp_ring_bytes;
         st.all_to_alls = c.all_to_alls;
         st.all_to_all_bytes = c.all_to_all_bytes;
@@ -544,7 +779,7 @@ void layer_kernels(const Program& p, const LayerSpec& l, std::vector<KernelCall>
         break;
     }
     case LayerKind::lm_head: matmul(C, l.vocab / shard); break;
-    case LayerKind::cross_entropy: elementwise("cross_entropy", N * l.vocab / shard); break;
+    case LayerKind::cross_entropy: elementwise("cross_entropy", N * vocab_of(p, l) / shard); break;
     case LayerKind::moe: {
         // The router, then each rank's share of the token copies through its experts (as one
         // matmul of all of them: balanced routing), then the shared experts.

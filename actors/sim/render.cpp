@@ -117,7 +117,7 @@ std::string memory_model_text(const plan::Graph& g) {
                 "'s (4 + 4 + 8) psi / N_d over N_d = " + std::to_string(nd) +
                 " (Rajbhandari et al. 2020)";
     if (state.empty() && !g.sp && g.cp == 1) return "";
-    acts = "activations by Korthikanti et al. 2022";
+    acts = "activations as the units hold them";
     if (g.sp) acts += ", sequence parallel over tp " + std::to_string(g.tp);
     if (g.cp > 1) acts += ", the sequence split over cp " + std::to_string(g.cp);
     return "(memory model: " + state + (state.empty() || acts.empty() ? "" : "; ") + acts + ")\n";
@@ -150,6 +150,7 @@ nlohmann::json to_json(const Timeline& t) {
             {"memory_limit_bytes", t.memory_limit_bytes},
             {"fits", t.fits},
             {"shared_memory", t.shared_memory},
+            {"shared_peak_bytes", t.shared_peak_bytes},
             {"ranks", ranks}};
 }
 

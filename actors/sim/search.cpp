@@ -108,9 +108,9 @@ std::string percent(double f) {
 
 /// The fullest device's memory, or on a CPU mesh all ranks' together (they share one memory).
 int64_t used_memory(const Timeline& t) {
+    if (t.shared_memory) return t.shared_peak_bytes;
     int64_t used = 0;
-    for (const RankReport& r : t.ranks)
-        used = t.shared_memory ? used + r.peak_memory_bytes : std::max(used, r.peak_memory_bytes);
+    for (const RankReport& r : t.ranks) used = std::max(used, r.peak_memory_bytes);
     return used;
 }
 

@@ -19,6 +19,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <tuple>
 
 namespace dist::sim {
 
@@ -389,7 +390,8 @@ void account_memory(const Graph& g, const PlanRank& r, RankReport& rep, int64_t 
     for (const PlanAction& a : r.actions) p2p = p2p || plan::is_p2p(a.kind);
     // A send and a receive buffer each way, the largest bucket, one tensor-parallel buffer.
     rep.communication_bytes = (p2p ? 4 * boundary : 0) + bucket + tp_buf;
-    // Activations: walk the compute spans in time order.
+    // Activations: walk the compute spans in time order, each microbatch's kept activations
+    // with what its forward and backward hold for a moment beside them.
     std::map<std::pair<int32_t, int32_t>, int64_t> live;
     int64_t now = 0, peak = 0;
     size_t peak_count = 0;
@@ -397,21 +399,69 @@ void account_memory(const Graph& g, const PlanRank& r, RankReport& rep, int64_t 
         const PlanAction& a = r.actions[sp.action];
         if (a.kind == ActionKind::step) continue;
         auto key = std::make_pair(a.stage, a.microbatch);
-        int64_t bytes = g.stages[static_cast<size_t>(a.stage)].activation_bytes;
-        if (a.kind == ActionKind::forward) {
-            live[key] = bytes;
-            now += bytes;
-            peak = std::max(peak, now);
+        const PlanStage& st = g.stages[static_cast<size_t>(a.stage)];
+        int64_t during = now; // what the rank holds while the span runs
+        switch (a.kind) {
+        case ActionKind::forward:
+            live[key] = st.activation_bytes;
+            now += st.activation_bytes;
+            during = now + st.forward_working_bytes;
             peak_count = std::max(peak_count, live.size());
-        } else if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight) {
+            break;
+        case ActionKind::backward:
+            during = now + st.backward_working_bytes;
             now -= live[key];
             live.erase(key);
+            break;
+        case ActionKind::backward_input:
+            // I leaves what W needs in place of what the forward kept.
+            during = now + st.input_working_bytes;
+            now += st.weight_stash_bytes - live[key];
+            live[key] = st.weight_stash_bytes;
+            break;
+        case ActionKind::backward_weight:
+            during = now + st.weight_working_bytes;
+            now -= live[key];
+            live.erase(key);
+            break;
+        default: break;
         }
+        during = std::max(during, now);
+        peak = std::max(peak, during);
+        rep.activation_steps.emplace_back(sp.start, during);
+        rep.activation_steps.emplace_back(sp.end, now);
     }
     rep.peak_inflight_microbatches = static_cast<int32_t>(peak_count);
     rep.activations_bytes = peak;
     rep.peak_memory_bytes = rep.parameters_bytes + rep.gradients_bytes + rep.optimizer_bytes +
                             rep.activations_bytes + rep.communication_bytes;
+}
+
+// Every rank's weights, gradients, optimizer state and buffers, with the activations of all
+// ranks summed as they rise and fall together over the step.
+int64_t shared_peak(const Timeline& t) {
+    int64_t fixed = 0;
+    std::vector<std::tuple<double, size_t, size_t>> events; // time, rank, step
+    for (size_t r = 0; r < t.ranks.size(); ++r) {
+        const RankReport& rep = t.ranks[r];
+        fixed += rep.peak_memory_bytes - rep.activations_bytes;
+        for (size_t i = 0; i < rep.activation_steps.size(); ++i)
+            events.emplace_back(rep.activation_steps[i].first, r, i);
+    }
+    std::sort(events.begin(), events.end());
+    std::vector<int64_t> level(t.ranks.size(), 0);
+    int64_t sum = 0, most = 0;
+    for (size_t i = 0; i < events.size();) {
+        const double time = std::get<0>(events[i]);
+        for (; i < events.size() && std::get<0>(events[i]) == time; ++i) {
+            const auto [at, r, step] = events[i];
+            const int64_t bytes = t.ranks[r].activation_steps[step].second;
+            sum += bytes - level[r];
+            level[r] = bytes;
+        }
+        most = std::max(most, sum);
+    }
+    return fixed + most;
 }
 
 } // namespace
@@ -477,12 +527,11 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
             t.mfu = flops / (t.makespan * peak);
         }
     }
+    t.shared_peak_bytes = shared_peak(t);
     if (t.memory_limit_bytes > 0) {
         t.shared_memory = p.mesh.profile.devices_per_host == 0;
         if (t.shared_memory) {
-            int64_t total = 0;
-            for (const RankReport& r : t.ranks) total += r.peak_memory_bytes;
-            t.fits = total <= t.memory_limit_bytes;
+            t.fits = t.shared_peak_bytes <= t.memory_limit_bytes;
         } else {
             for (size_t r = 0; r < t.ranks.size(); ++r)
                 t.fits = t.fits && t.ranks[r].peak_memory_bytes <= p.mesh.memory_of(g.ranks[r].pp);
@@ -652,10 +701,15 @@ std::vector<StepBounds> busy_bounds(const Program& p, const std::vector<int64_t>
             for (const PlanRank& r : g.ranks) {
                 RankReport rep;
                 account_memory(g, r, rep, p.mesh.dp * p.mesh.cp);
-                // At its peak a rank holds at least one microbatch's activations of a stage.
+                // At its peak a rank holds at least one microbatch's activations of a stage,
+                // and what its backward (or input gradient) holds beside them.
                 int64_t activations = std::numeric_limits<int64_t>::max();
-                for (const PlanStage& st : g.stages)
-                    if (st.pp == r.pp) activations = std::min(activations, st.activation_bytes);
+                for (const PlanStage& st : g.stages) {
+                    if (st.pp != r.pp) continue;
+                    activations = std::min(activations,
+                                           st.activation_bytes + std::min(st.backward_working_bytes,
+                                                                          st.input_working_bytes));
+                }
                 int64_t floor =
                     rep.peak_memory_bytes +
                     (activations == std::numeric_limits<int64_t>::max() ? 0 : activations);

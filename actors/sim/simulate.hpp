@@ -47,6 +47,9 @@ struct RankReport {
     int64_t communication_bytes = 0;
     int64_t peak_memory_bytes = 0;
     std::vector<Span> spans; // compute actions only, in order
+    /// The rank's activations as they rise and fall: from each time on, the bytes it holds (at a
+    /// compute span's start, what it holds during the span; at its end, what it keeps).
+    std::vector<std::pair<double, int64_t>> activation_steps;
 };
 
 struct Timeline {
@@ -60,6 +63,9 @@ struct Timeline {
     int64_t memory_limit_bytes = 0;
     bool fits = true;
     bool shared_memory = false; // the ranks share one machine's memory (a CPU mesh)
+    /// The most all ranks hold at once: what ranks sharing one machine's memory need together
+    /// (no more than the sum of their peaks, which come at different times).
+    int64_t shared_peak_bytes = 0;
     std::vector<RankReport> ranks;
 };
 
