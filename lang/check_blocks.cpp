@@ -162,12 +162,13 @@ void BlockChecker::experts() {
         ok = false;
         break;
     }
-    if (m.zero > 0) {
+    if (m.zero >= 3) {
         diags.error(zero_loc,
-                    "ZeRO " + std::to_string(m.zero) +
-                        " with expert parallelism is not modelled: the experts' state would be "
-                        "sharded over the dp x cp / ep ranks that hold each expert",
-                    "drop `zero`, or set `ep: 1`");
+                    "ZeRO 3 with expert parallelism is not supported: each unit's weights would "
+                    "be gathered over two groups (the experts' over the dp x cp / ep ranks that "
+                    "hold them)",
+                    "use `zero: 2` (state and gradients sharded, the experts' among their "
+                    "holders), or set `ep: 1`");
         ok = false;
     }
 }
@@ -184,27 +185,35 @@ void BlockChecker::memory_floor() {
         return stage % m.pp;
     };
     auto on_device = [&](const LayerSpec& l) { return parameters_on_device(l, m.tp, m.ep); };
+    // Under ep the routed experts' state is shared among their dp x cp / ep holders only.
+    auto experts_on_device = [&](const LayerSpec& l) -> int64_t {
+        if (l.kind != LayerKind::moe || m.ep <= 1) return 0;
+        return sat_mul(l.experts / m.ep, expert_parameters(l)) /
+               (l.shard == ShardDim::none ? 1 : m.tp);
+    };
     std::vector<int64_t> per_rank(static_cast<size_t>(m.pp), 0);
-    auto add = [&](int64_t stage, int64_t n) {
-        int64_t& slot = per_rank[static_cast<size_t>(rank_of(stage))];
-        slot = sat_add(slot, n);
+    std::vector<int64_t> experts_per_rank(static_cast<size_t>(m.pp), 0);
+    auto add_layer = [&](int64_t stage, const LayerSpec& l) {
+        const auto r = static_cast<size_t>(rank_of(stage));
+        per_rank[r] = sat_add(per_rank[r], on_device(l));
+        experts_per_rank[r] = sat_add(experts_per_rank[r], experts_on_device(l));
     };
     const LayerSpec* embedding = &p.model.pre.front().layers.front();
     for (const auto& it : p.model.pre)
-        for (const auto& l : it.layers) add(0, on_device(l));
+        for (const auto& l : it.layers) add_layer(0, l);
     int64_t block = 0;
     for (int64_t st = 0; st < stages; ++st) {
         for (int64_t k = 0; k < s.partition[static_cast<size_t>(st)]; ++k, ++block) {
             for (const auto& it : p.model.blocks[static_cast<size_t>(block)].items)
-                for (const auto& l : it.layers) add(st, on_device(l));
+                for (const auto& l : it.layers) add_layer(st, l);
         }
     }
     for (const auto& it : p.model.post) {
         for (const auto& l : it.layers) {
-            add(stages - 1, on_device(l));
+            add_layer(stages - 1, l);
             // A tied head on another rank keeps its own copy of the embedding.
             if (l.kind == LayerKind::lm_head && l.tied && rank_of(stages - 1) != rank_of(0))
-                add(stages - 1, on_device(*embedding));
+                add_layer(stages - 1, *embedding);
         }
     }
     int64_t worst = *std::max_element(per_rank.begin(), per_rank.end());
@@ -212,25 +221,31 @@ void BlockChecker::memory_floor() {
     // ZeRO's (2 + 2 + K) psi / N_d with what the runtime holds per parameter: 4 + 4 + 8 in
     // either precision (bf16 computes with its f32 master weights cast where they are used and
     // keeps f32 gradients, docs/training.md), each divided over the N_d = dp x cp ranks of a
-    // replica from stage 3, 2 and 1 on.
+    // replica from stage 3, 2 and 1 on (a routed expert's over its N_d / ep holders).
     const double nd = static_cast<double>(m.dp * m.cp);
     const double w = 4.0;
     const double k = static_cast<double>(p.memory.bytes_per_parameter) - 2 * w;
-    const double per_param =
-        w / (m.zero >= 3 ? nd : 1.0) + w / (m.zero >= 2 ? nd : 1.0) + k / (m.zero >= 1 ? nd : 1.0);
-    auto bytes_of = [&](int64_t params) {
-        double b = static_cast<double>(params) * per_param;
+    auto per_param = [&](double n) {
+        return w / (m.zero >= 3 ? n : 1.0) + w / (m.zero >= 2 ? n : 1.0) +
+               k / (m.zero >= 1 ? n : 1.0);
+    };
+    const double holders = std::max(1.0, nd / static_cast<double>(std::max<int64_t>(1, m.ep)));
+    auto bytes_of = [&](int64_t params, int64_t experts) {
+        double b = static_cast<double>(params - experts) * per_param(nd) +
+                   static_cast<double>(experts) * per_param(holders);
         return b >= 9.2e18 ? INT64_MAX : static_cast<int64_t>(b);
     };
-    p.memory.bytes_per_device = bytes_of(worst);
+    auto bytes_of_rank = [&](size_t i) { return bytes_of(per_rank[i], experts_per_rank[i]); };
+    p.memory.bytes_per_device = 0;
+    for (size_t i = 0; i < per_rank.size(); ++i)
+        p.memory.bytes_per_device = std::max(p.memory.bytes_per_device, bytes_of_rank(i));
     std::string zero_note = m.zero > 0 && nd > 1 ? " (ZeRO " + std::to_string(m.zero) + " over " +
                                                        std::to_string(m.dp * m.cp) + " ranks)"
                                                  : "";
     // Each pipeline rank against its own kind's memory (one kind: the fullest against it).
     int64_t over = -1;
     for (size_t i = 0; i < per_rank.size() && over < 0; ++i)
-        if (bytes_of(per_rank[i]) > m.memory_of(static_cast<int64_t>(i)))
-            over = static_cast<int64_t>(i);
+        if (bytes_of_rank(i) > m.memory_of(static_cast<int64_t>(i))) over = static_cast<int64_t>(i);
     if (m.pp_profiles.empty() && p.memory.bytes_per_device <= m.memory_bytes) over = -1;
     if (over >= 0) {
         if (!m.pp_profiles.empty()) worst = per_rank[static_cast<size_t>(over)];
@@ -257,9 +272,9 @@ void BlockChecker::memory_floor() {
     // Devices without a host limit (CPU cores) share one machine's memory: all ranks together
     // must fit in it.
     if (m.profile.devices_per_host == 0) {
-        int64_t total = 0;
-        for (int64_t r : per_rank) total = sat_add(total, r);
-        int64_t bytes = sat_mul(sat_mul(bytes_of(total), m.tp), sat_mul(m.dp, m.cp));
+        int64_t bytes = 0;
+        for (size_t i = 0; i < per_rank.size(); ++i) bytes = sat_add(bytes, bytes_of_rank(i));
+        bytes = sat_mul(sat_mul(bytes, m.tp), sat_mul(m.dp, m.cp));
         if (bytes > m.memory_bytes) {
             diags.error(devices_loc,
                         "the model does not fit: the " + std::to_string(m.devices) +

@@ -119,6 +119,9 @@ struct PlanStage {
     /// each; 0 without it.
     int32_t all_to_alls = 0;
     int64_t all_to_all_bytes = 0;
+    /// The routed experts' parameters among `parameters` (under ep > 1; 0 otherwise): their
+    /// state is shared by the dp x cp / ep ranks that hold them.
+    int64_t expert_parameters = 0;
     std::vector<int64_t> buckets; // gradient bucket sizes in bytes, in reduction order
     /// The last `expert_buckets` buckets hold routed experts' gradients, reduced over the
     /// dp x cp / ep ranks that hold the same experts (the others over all dp x cp).

@@ -44,6 +44,7 @@ json to_json(const Graph& g) {
             st["all_to_all_bytes"] = s.all_to_all_bytes;
         }
         if (s.expert_buckets > 0) st["expert_buckets"] = s.expert_buckets;
+        if (s.expert_parameters > 0) st["expert_parameters"] = s.expert_parameters;
         stages.push_back(st);
     }
     json ranks = json::array();
@@ -147,6 +148,7 @@ bool from_json(const json& j, Graph& out, std::string& error) {
             st.all_to_alls = s.value("all_to_alls", 0);
             st.all_to_all_bytes = s.value("all_to_all_bytes", int64_t{0});
             st.expert_buckets = s.value("expert_buckets", 0);
+            st.expert_parameters = s.value("expert_parameters", int64_t{0});
             for (const json& sh : s.at("shards")) {
                 PlanShard x;
                 x.layer = sh.at("layer").get<std::string>();

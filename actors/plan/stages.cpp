@@ -699,6 +699,7 @@ std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>
         st.cp_ring_bytes = c.cp_ring_bytes;
         st.all_to_alls = c.all_to_alls;
         st.all_to_all_bytes = c.all_to_all_bytes;
+        st.expert_parameters = p.mesh.ep > 1 ? c.expert_parameters : 0;
         st.attention_flops = c.attention_flops;
         st.boundary_bytes = N * p.model.width * elt;
         st.tp_reductions = c.tp_reductions;

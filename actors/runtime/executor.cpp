@@ -61,6 +61,13 @@ std::pair<int64_t, int64_t> zero_share(int64_t n, int d, int members) {
     return {n * d / members, n * (d + 1) / members};
 }
 
+// A parameter's StateGroup: a routed expert's holders under ep, else the data-parallel group.
+StateGroup state_group(const models::Parameter& p, const RankComms& comms, int32_t ep) {
+    transport::Collectives* c = p.expert && ep > 1 ? comms.edp : comms.dp;
+    if (!c) return {};
+    return {c, c->size(), c->rank()};
+}
+
 // The name of the embedding a tied head shares, or "".
 std::string tied_embedding(const ModelSpec& spec) {
     bool tied = false;
@@ -199,12 +206,6 @@ class RankExecutor::Reducer {
         StageState& s = *stages_.at(stage);
         auto& all = s.stage.params().all();
         auto k = static_cast<int64_t>(std::max<size_t>(1, s.info.buckets.size()));
-        if (scatter_) {
-            int64_t total = 0;
-            for (const auto& p : all) total += p.grad.numel();
-            reduce_scatter(all, total * bucket / k, total * (bucket + 1) / k);
-            return;
-        }
         // The bucket's group and its share of which parameters.
         transport::Collectives* group = dp_;
         std::vector<models::Parameter*> params;
@@ -227,6 +228,10 @@ class RankExecutor::Reducer {
         for (const auto* p : params) total += p->grad.numel();
         int64_t begin = total * bucket / k, end = total * (bucket + 1) / k;
         if (end == begin) return;
+        if (scatter_) {
+            reduce_scatter(params, group, begin, end);
+            return;
+        }
         if (buffer_.numel() != end - begin) buffer_ = device_.empty({end - begin});
         float* buffer = buffer_.data<float>();
         // Pack the bucket's range of the flattened gradients, reduce, unpack averaged.
@@ -251,21 +256,24 @@ class RankExecutor::Reducer {
     }
 
     // The bucket [begin, end) of the flattened gradients, packed member by member (each
-    // member's shares of the parameters in it, padded to the longest), reduce-scattered; this
-    // member's shares come back summed and are averaged in place.
-    void reduce_scatter(std::deque<models::Parameter>& params, int64_t begin, int64_t end) {
-        const int n_members = dp_->size(), me = dp_->rank();
+    // member's shares of the parameters in it, padded to the longest), reduce-scattered over
+    // `group` (the data-parallel group, or the expert-data-parallel one for routed experts);
+    // this member's shares come back summed and are averaged over the data-parallel group in
+    // place (every holder of an expert has added its tokens' share already).
+    void reduce_scatter(const std::vector<models::Parameter*>& params,
+                        transport::Collectives* group, int64_t begin, int64_t end) {
+        const int n_members = group ? group->size() : 1, me = group ? group->rank() : 0;
         std::vector<std::vector<std::pair<float*, int64_t>>> pieces(static_cast<size_t>(n_members));
         std::vector<int64_t> counts(static_cast<size_t>(n_members), 0);
         int64_t offset = 0;
-        for (auto& p : params) {
-            int64_t n = p.grad.numel();
+        for (auto* p : params) {
+            int64_t n = p->grad.numel();
             for (int d = 0; d < n_members; ++d) {
                 auto [lo, hi] = zero_share(n, d, n_members);
                 int64_t a = std::max(begin, offset + lo), b = std::min(end, offset + hi);
                 if (a >= b) continue;
                 pieces[static_cast<size_t>(d)].push_back(
-                    {p.grad.data<float>() + (a - offset), b - a});
+                    {p->grad.data<float>() + (a - offset), b - a});
                 counts[static_cast<size_t>(d)] += b - a;
             }
             offset += n;
@@ -283,8 +291,11 @@ class RankExecutor::Reducer {
                 at += n;
             }
         }
-        dp_->reduce_scatter(buffer, chunk, share_.data<float>());
-        float inv = 1.0f / static_cast<float>(n_members);
+        if (group)
+            group->reduce_scatter(buffer, chunk, share_.data<float>());
+        else
+            device_.copy_block(buffer, chunk, share_.data<float>(), chunk, 1, chunk);
+        float inv = 1.0f / static_cast<float>(dp_->size());
         int64_t at = 0;
         for (auto [g, n] : pieces[static_cast<size_t>(me)]) {
             device_.copy_block(share_.data<float>() + at, n, g, n, 1, n);
@@ -410,12 +421,16 @@ RankExecutor::RankExecutor(const Program& program, const plan::Graph& graph, int
         reducer_ = std::make_unique<Reducer>(comms_.dp, stages_, *device_, zero_ >= 2);
         if (graph.ep > 1) reducer_->split_experts(comms_.edp);
     }
+    if (zero_ >= 3 && graph.ep > 1)
+        throw std::invalid_argument("ZeRO 3 with expert parallelism is not supported: the "
+                                    "units' gathers would run in two groups");
     if (zero_ >= 1) {
-        // Each member keeps the AdamW moments of its share of every parameter only.
-        const int members = comms_.dp->size(), me = comms_.dp->rank();
+        // Each member keeps the AdamW moments of its share of every parameter only: its share
+        // within the ranks that hold the parameter (a routed expert's own under ep).
         for (auto& [i, s] : stages_) {
             for (auto& p : s->stage.params().all()) {
-                auto [lo, hi] = zero_share(p.value.numel(), me, members);
+                const StateGroup group = state_group(p, comms_, graph_.ep);
+                auto [lo, hi] = zero_share(p.value.numel(), group.me, group.members);
                 p.state_begin = lo;
                 p.m = device_->empty({hi - lo});
                 p.v = device_->empty({hi - lo});
@@ -685,28 +700,28 @@ double RankExecutor::gradient_norm(bool& loss_nonfinite, double loss_sum) {
             // replicated over the tensor-parallel ranks only on the first of them.
             if (std::find(copies.begin(), copies.end(), p.name) != copies.end()) continue;
             if (p.shard.whole() && me_.tp != 0) continue;
-            // Under expert parallelism the members of an expert group hold different experts.
-            if (p.expert && comms_.ep) {
-                experts.push_back({p.grad.data<float>(), p.grad.numel()});
-                continue;
-            }
-            // Under ZeRO each member counts its share, reduced over the group below.
+            // Under expert parallelism the members of an expert group hold different experts,
+            // and under ZeRO each holder of an expert its share of it.
+            auto& into = p.expert && comms_.ep ? experts : grads;
             if (zero_ >= 1 && p.m.numel() > 0)
-                grads.push_back({p.grad.data<float>() + p.state_begin, p.m.numel()});
+                into.push_back({p.grad.data<float>() + p.state_begin, p.m.numel()});
             else if (zero_ == 0)
-                grads.push_back({p.grad.data<float>(), p.grad.numel()});
+                into.push_back({p.grad.data<float>(), p.grad.numel()});
         }
     }
     double sq = device_->sum_squares_of(grads);
-    if (comms_.ep) {
-        auto held = static_cast<float>(experts.empty() ? 0.0 : device_->sum_squares_of(experts));
-        comms_.ep->all_reduce(&held, 1, transport::ReduceOp::sum);
-        sq += held;
-    }
     if (zero_ >= 1) {
+        // Each member counted its share of the replicated parameters: sum over the group.
         float share = static_cast<float>(sq);
         comms_.dp->all_reduce(&share, 1, transport::ReduceOp::sum);
         sq = share;
+    }
+    if (comms_.ep) {
+        // The experts' shares over their holders, then the expert group's different experts.
+        auto held = static_cast<float>(experts.empty() ? 0.0 : device_->sum_squares_of(experts));
+        if (zero_ >= 1 && comms_.edp) comms_.edp->all_reduce(&held, 1, transport::ReduceOp::sum);
+        comms_.ep->all_reduce(&held, 1, transport::ReduceOp::sum);
+        sq += held;
     }
     // The replica's loss lives on its last stage: whether it is finite travels with the norm.
     float v[2] = {static_cast<float>(sq), std::isfinite(loss_sum) ? 0.0f : 1.0f};
@@ -758,40 +773,54 @@ void RankExecutor::finish_step(int64_t step, RankStepResult& result) {
 }
 
 void RankExecutor::gather_weights() {
-    // Every member updated its share of every parameter: all-gather the shares, stage by stage,
-    // each member's packed in parameter order and padded to the longest.
-    const int members = comms_.dp->size(), me = comms_.dp->rank();
+    // Every member updated its share of every parameter: all-gather the shares, stage by stage
+    // and group by group (routed experts among their holders under ep), each member's packed in
+    // parameter order and padded to the longest.
     for (auto& [i, s] : stages_) {
-        auto& params = s->stage.params().all();
-        std::vector<int64_t> counts(static_cast<size_t>(members), 0);
-        for (auto& p : params)
-            for (int d = 0; d < members; ++d) {
-                auto [lo, hi] = zero_share(p.value.numel(), d, members);
-                counts[static_cast<size_t>(d)] += hi - lo;
+        for (const bool expert : {false, true}) {
+            std::vector<models::Parameter*> params;
+            StateGroup group;
+            for (auto& p : s->stage.params().all()) {
+                if ((p.expert && graph_.ep > 1) != expert) continue;
+                params.push_back(&p);
+                group = state_group(p, comms_, graph_.ep);
             }
-        int64_t chunk = *std::max_element(counts.begin(), counts.end());
-        if (chunk == 0) continue;
-        Tensor mine = device_->empty({chunk}), all = device_->empty({chunk * members});
-        mine.fill_zero();
-        int64_t at = 0;
-        for (auto& p : params) {
-            auto [lo, hi] = zero_share(p.value.numel(), me, members);
+            if (!params.empty() && group.members > 1) gather_shares(params, group);
+        }
+    }
+}
+
+void RankExecutor::gather_shares(const std::vector<models::Parameter*>& params,
+                                 const StateGroup& group) {
+    const int members = group.members, me = group.me;
+    std::vector<int64_t> counts(static_cast<size_t>(members), 0);
+    for (auto* p : params)
+        for (int d = 0; d < members; ++d) {
+            auto [lo, hi] = zero_share(p->value.numel(), d, members);
+            counts[static_cast<size_t>(d)] += hi - lo;
+        }
+    int64_t chunk = *std::max_element(counts.begin(), counts.end());
+    if (chunk == 0) return;
+    Tensor mine = device_->empty({chunk}), all = device_->empty({chunk * members});
+    mine.fill_zero();
+    int64_t at = 0;
+    for (auto* p : params) {
+        auto [lo, hi] = zero_share(p->value.numel(), me, members);
+        if (hi > lo)
+            device_->copy_block(p->value.data<float>() + lo, hi - lo, mine.data<float>() + at,
+                                hi - lo, 1, hi - lo);
+        at += hi - lo;
+    }
+    group.comms->all_gather(mine.data<float>(), chunk, all.data<float>());
+    for (int d = 0; d < members; ++d) {
+        if (d == me) continue;
+        at = d * chunk;
+        for (auto* p : params) {
+            auto [lo, hi] = zero_share(p->value.numel(), d, members);
             if (hi > lo)
-                device_->copy_block(p.value.data<float>() + lo, hi - lo, mine.data<float>() + at,
+                device_->copy_block(all.data<float>() + at, hi - lo, p->value.data<float>() + lo,
                                     hi - lo, 1, hi - lo);
             at += hi - lo;
-        }
-        comms_.dp->all_gather(mine.data<float>(), chunk, all.data<float>());
-        for (int d = 0; d < members; ++d) {
-            if (d == me) continue;
-            at = d * chunk;
-            for (auto& p : params) {
-                auto [lo, hi] = zero_share(p.value.numel(), d, members);
-                if (hi > lo)
-                    device_->copy_block(all.data<float>() + at, hi - lo, p.value.data<float>() + lo,
-                                        hi - lo, 1, hi - lo);
-                at += hi - lo;
-            }
         }
     }
 }

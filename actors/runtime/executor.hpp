@@ -45,6 +45,14 @@ struct RankComms {
 
 /// When one action ran, relative to the start of the step (for the trace and the measured
 /// bubble).
+/// The ranks that share a parameter's state under ZeRO: the data-parallel group, or for a
+/// routed expert under expert parallelism the expert-data-parallel one (null comms: a group of
+/// one).
+struct StateGroup {
+    transport::Collectives* comms = nullptr;
+    int members = 1, me = 0;
+};
+
 struct ActionTiming {
     size_t action = 0;
     double start_s = 0, end_s = 0;
@@ -116,6 +124,7 @@ class RankExecutor {
     double gradient_norm(bool& loss_nonfinite, double loss_sum);
     /// ZeRO: after each member has updated its share, every member gets the whole weights.
     void gather_weights();
+    void gather_shares(const std::vector<models::Parameter*>& params, const StateGroup& group);
 
     const Program& program_;
     const plan::Graph& graph_;

@@ -360,10 +360,11 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
 /// `replicas`: the dp x cp ranks that share a replica's state under ZeRO (the graph's own,
 /// except for a bound's graph of one replica).
 void account_memory(const Graph& g, const PlanRank& r, RankReport& rep, int64_t replicas) {
-    int64_t params = 0, boundary = 0, bucket = 0, tp_buf = 0;
+    int64_t params = 0, experts = 0, boundary = 0, bucket = 0, tp_buf = 0;
     for (const PlanStage& s : g.stages) {
         if (s.pp != r.pp) continue;
         params += s.parameters;
+        experts += s.expert_parameters;
         boundary = std::max(boundary, s.boundary_bytes);
         for (int64_t b : s.buckets) bucket = std::max(bucket, b);
         tp_buf = std::max(tp_buf, s.tp_reduction_bytes);
@@ -373,8 +374,11 @@ void account_memory(const Graph& g, const PlanRank& r, RankReport& rep, int64_t 
     // ZeRO's (2 + 2 + K) psi / N_d (Rajbhandari et al. 2020, figure 1): stage 1 divides the
     // optimizer's K bytes per parameter over the N_d replica ranks, 2 also the gradients, 3
     // also the weights, which then are whole only for the units being gathered: the one
-    // computing and the one prefetched.
+    // computing and the one prefetched. Routed experts under ep are shared by their N_d / ep
+    // holders only (ZeRO 3 is not combined with ep).
     const int64_t nd = replicas;
+    const int64_t holders = std::max<int64_t>(1, nd / std::max<int32_t>(1, g.ep));
+    const int64_t dense = params - experts;
     int64_t unit = 0;
     for (const PlanStage& s : g.stages)
         if (s.pp == r.pp) unit = std::max(unit, s.largest_unit_parameters);
@@ -384,8 +388,8 @@ void account_memory(const Graph& g, const PlanRank& r, RankReport& rep, int64_t 
     const int64_t w = 4, k = 8;
     rep.parameters_bytes =
         zero >= 3 ? params * w / nd + std::min(params, 2 * unit) * w : params * w;
-    rep.gradients_bytes = zero >= 2 ? params * w / nd : params * w;
-    rep.optimizer_bytes = params * k / (zero >= 1 ? nd : 1);
+    rep.gradients_bytes = zero >= 2 ? dense * w / nd + experts * w / holders : params * w;
+    rep.optimizer_bytes = zero >= 1 ? dense * k / nd + experts * k / holders : params * k;
     bool p2p = false;
     for (const PlanAction& a : r.actions) p2p = p2p || plan::is_p2p(a.kind);
     // A send and a receive buffer each way, the largest bucket, one tensor-parallel buffer.

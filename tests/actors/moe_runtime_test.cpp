@@ -244,7 +244,12 @@ INSTANTIATE_TEST_SUITE_P(
                              mixtral_args,
                              {"mesh.dp=2", "mesh.pp=2", "schedule.microbatches=2"},
                              2},
-                      EpCase{"shared_dp4_ep4", deepseek_args, {"mesh.dp=4"}, 4}),
+                      EpCase{"shared_dp4_ep4", deepseek_args, {"mesh.dp=4"}, 4},
+                      // ZeRO beside ep (the reference is ZeRO over dp with ep 1): the experts'
+                      // state shared by their two holders, and by their one holder.
+                      EpCase{"dp4_ep2_zero1", mixtral_args, {"mesh.dp=4", "mesh.zero=1"}, 2},
+                      EpCase{"dp4_ep2_zero2", mixtral_args, {"mesh.dp=4", "mesh.zero=2"}, 2},
+                      EpCase{"dp2_ep2_zero2", mixtral_args, {"mesh.dp=2", "mesh.zero=2"}, 2}),
     [](const ::testing::TestParamInfo<EpCase>& i) { return i.param.name; });
 
 TEST(ExpertRuntime, OneRankTrainsAsOneDevice) {
@@ -294,6 +299,36 @@ void train_and_gather(const std::string& text, const std::vector<std::string>& o
 }
 
 } // namespace
+
+// Under ZeRO each holder of an expert keeps a share of its AdamW moments: gathered, the weights
+// and moments are those of ep 1 without ZeRO.
+TEST(ExpertCheckpoints, ZeroSharesOfTheExpertsComeBackWhole) {
+    const std::string text = tests::tiny_moe_script(3);
+    Program p = tests::checked_script(text, {});
+    models::Model sharded(p.model, 0), alone(p.model, 0);
+    train_and_gather(text, {"mesh.dp=4", "mesh.ep=2", "mesh.zero=2"}, sharded);
+    train_and_gather(text, {"mesh.dp=4", "mesh.ep=1"}, alone);
+    int64_t experts = 0;
+    for (const auto& q : alone.params().all()) {
+        const models::Parameter* s = sharded.params().find(q.name);
+        ASSERT_NE(s, nullptr) << q.name;
+        experts += q.name.find(".experts.") != std::string::npos;
+        for (int64_t i = 0; i < q.value.numel(); ++i)
+            ASSERT_NEAR(s->value.data<float>()[i], q.value.data<float>()[i], 1e-4)
+                << q.name << "[" << i << "]";
+        ASSERT_EQ(s->m.numel(), q.m.numel()) << q.name;
+        for (int64_t i = 0; i < q.m.numel(); ++i) {
+            // Sums in another order: the first moment near zero differs in its last digits.
+            ASSERT_NEAR(s->m.data<float>()[i], q.m.data<float>()[i],
+                        1e-3 * std::abs(q.m.data<float>()[i]) + 1e-9)
+                << q.name << ".m[" << i << "]";
+            ASSERT_NEAR(s->v.data<float>()[i], q.v.data<float>()[i],
+                        1e-3 * std::abs(q.v.data<float>()[i]) + 1e-15)
+                << q.name << ".v[" << i << "]";
+        }
+    }
+    EXPECT_GT(experts, 0);
+}
 
 TEST(ExpertCheckpoints, AreConsolidatedInMixtralsLayoutFromAnyEp) {
     namespace fs = std::filesystem;

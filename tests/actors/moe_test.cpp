@@ -143,11 +143,15 @@ TEST(MixtureOfExperts, ExpertParallelismIsCheckedWithLocatedReasons) {
     dense.replace(dense.find("experts: 4, top_k: 2, hidden: 128"), 33, "hidden: 128");
     r = report(dense);
     EXPECT_NE(r.find("and the model has none"), std::string::npos) << r;
-    // ZeRO beside expert parallelism is refused, at `zero`.
-    r = report(tiny("dp: 4\n    ep: 2\n    zero: 1"));
-    EXPECT_NE(r.find("t.dist:7:5: error: ZeRO 1 with expert parallelism is not modelled"),
+    // ZeRO 3 beside expert parallelism is refused, at `zero`; 1 and 2 are not.
+    r = report(tiny("dp: 4\n    ep: 2\n    zero: 3"));
+    EXPECT_NE(r.find("t.dist:7:5: error: ZeRO 3 with expert parallelism is not supported"),
               std::string::npos)
         << r;
+    for (const char* zero : {"zero: 1", "zero: 2"}) {
+        r = report(tiny(std::string("dp: 4\n    ep: 2\n    ") + zero));
+        EXPECT_EQ(r.find("error"), std::string::npos) << zero << ": " << r;
+    }
     // The layer's own arguments.
     r = report(tiny("dp: 1", "experts: 4, top_k: 5, hidden: 128"));
     EXPECT_NE(r.find("top_k 5 is more than the 4 experts"), std::string::npos) << r;
@@ -288,6 +292,29 @@ TEST(MixtureOfExperts, TheBusiestRankByChanceMatchesSampledRoutings) {
     EXPECT_EQ(expert_rank_imbalance(l, 1, 256), 1.0);
     l.capacity = 1.25;
     EXPECT_EQ(expert_rank_imbalance(l, 4, 256), 1.0);
+}
+
+TEST(MixtureOfExperts, ZeroSharesTheExpertsStateAmongTheirHolders) {
+    // dp 4, ep 2, ZeRO 2: the replicated parameters' gradients and AdamW moments are split over
+    // the 4 replicas, the routed experts' over the 2 ranks that hold the same experts.
+    Program p = checked(tiny("dp: 4\n    ep: 2\n    zero: 2"));
+    Graph g = lowered(p);
+    ASSERT_EQ(g.stages.size(), 1u);
+    const int64_t expert = 3 * 64 * 128;
+    const int64_t experts = 2 /* blocks */ * 2 /* on the rank */ * expert;
+    EXPECT_EQ(g.stages[0].expert_parameters, experts);
+    const int64_t dense = g.stages[0].parameters - experts;
+    sim::SimResult s = sim::simulate(g, p);
+    ASSERT_TRUE(s.ok());
+    const sim::RankReport& r = s.timeline->ranks[0];
+    EXPECT_EQ(r.parameters_bytes, g.stages[0].parameters * 4);
+    EXPECT_EQ(r.gradients_bytes, dense * 4 / 4 + experts * 4 / 2);
+    EXPECT_EQ(r.optimizer_bytes, dense * 8 / 4 + experts * 8 / 2);
+    // The checker's floor counts the same state (weights whole, the rest shared).
+    EXPECT_EQ(p.memory.bytes_per_device,
+              static_cast<int64_t>(static_cast<double>(g.stages[0].parameters) * 4 +
+                                   static_cast<double>(dense) * 12 / 4 +
+                                   static_cast<double>(experts) * 12 / 2));
 }
 
 TEST(MixtureOfExperts, TheSimulatorPricesTheAllToAllsOnTheGroupsLinks) {

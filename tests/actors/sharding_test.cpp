@@ -165,11 +165,13 @@ TEST(SequenceParallel, DividesTheActivationsTensorParallelismLeavesWhole) {
     // models/units_block.cpp. The two norms, attention and the MLP each keep their input (h per
     // token; the rank's 1 / t of the tokens with sp); attention keeps q and its output (32 / t
     // heads of 128 each), k and v (8 / t heads) and an f32 log-sum-exp per head; the SwiGLU MLP
-    // its two products (2 x 14336 / t) and their product (14336 / t).
+    // its two products (2 x 14336 / t) and their product (14336 / t); each norm an f32 mean and
+    // reciprocal deviation per token (8 bytes).
     const double s = 8192, h = 4096, t = 8;
     const double rank_part = 2 * (32 / t) * 128 + 2 * (8 / t) * 128 + (32 / t) * 2 + 3 * 14336 / t;
-    EXPECT_NEAR(block_activation_bytes(tp, block), 2 * s * (4 * h + rank_part), 1.0);
-    EXPECT_NEAR(block_activation_bytes(sp, block), 2 * s * (4 * h / t + rank_part), 1.0);
+    EXPECT_NEAR(block_activation_bytes(tp, block), 2 * s * (4 * h + rank_part) + 2 * 8 * s, 1.0);
+    EXPECT_NEAR(block_activation_bytes(sp, block), 2 * s * (4 * h / t + rank_part) + 2 * 8 * s / t,
+                1.0);
     // Without recomputation a flash kernel still keeps no scores (Llama's attention is flash):
     // selective recomputation has nothing to drop.
     std::vector<std::string> none = base;
@@ -202,7 +204,7 @@ TEST(SequenceParallel, DividesTheActivationsTensorParallelismLeavesWhole) {
     // GPT's MLP: the GELU's input and output (4 h / t each; bf16 keeps no tanh).
     const double gpt_rank = 4 * (h2 / t) + (a / t) * 2 + 2 * 4 * h2 / t;
     EXPECT_NEAR(block_activation_bytes(flash_gpt, flash_gpt.model.blocks.front()),
-                2 * s2 * (4 * h2 + gpt_rank), 1.0);
+                2 * s2 * (4 * h2 + gpt_rank) + 2 * 8 * s2, 1.0);
     EXPECT_NEAR(block_activation_bytes(kept, kept.model.blocks.front()),
                 s2 * h2 * (10 + 24 / t + 5 * a * s2 / (h2 * t)), 1.0);
     // Its time: four passes over the rank's b (a / t) s^2 scores in place of a flash kernel's
