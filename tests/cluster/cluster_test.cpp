@@ -85,6 +85,9 @@ TEST(Cluster, SameLossesOverTwoAndFourProcessesAsInOne) {
         {"cp2 tp2", "llama.dist", with_cp(mesh_sets(1, 2, 1, "1f1b", 2)), 4},
         // Experts split over the dp ranks: Gloo's all-to-all between processes.
         {"moe dp4 ep2", "moe.dist", with_ep(2, mesh_sets(4, 1, 1, "1f1b", 1)), 4},
+        // ZeRO 2 beside them: the experts' shares reduce-scattered among their holders.
+        {"moe dp4 ep2 zero 2", "moe.dist", with_zero(2, with_ep(2, mesh_sets(4, 1, 1, "1f1b", 1))),
+         4},
     };
     for (const Mesh& m : meshes) {
         std::string one = dir / "one.jsonl";
