@@ -374,21 +374,30 @@ Footprint footprint(const Program& p, const LayerSpec& l) {
     const double gathered = s > 1 ? 4.0 : 0.0;         // a whole copy of an sp shard
     const double whole_kept = E * n * C * (1 - 1 / s); // a kept shard replaced by the whole
     const double shard = l.shard == ShardDim::none ? 1.0 : tp;
+    // Under sp a row-parallel product's whole partial output and its packed copy stand beside
+    // the shard the reduce-scatter leaves, and so do a column-parallel input gradient's.
+    const double scattered = s > 1 ? 8 * n * C : 0.0;
     f.in = wide * ns * C; // a float input beside its bf16 copy (in f32 it is what is kept)
     f.grad = 4 * ns * C;
     switch (l.kind) {
     case LayerKind::embedding:
-    case LayerKind::position_embedding: {
-        // Nothing but the tokens (positions write into a copy of their input); the input
-        // gradient keeps the output's gradient for W, the token embedding every token's.
-        const double rows = l.kind == LayerKind::embedding ? n : ns;
-        f.in = l.kind == LayerKind::embedding ? 0.0 : 4 * ns * C;
-        f.forward = 4 * ns * C;
-        f.input = gathered * n * C + copy * rows * C;
-        f.after_input = E * rows * C;
-        f.weight = wide * rows * C;
+        // Nothing but the tokens; the input gradient keeps every token's output gradient for W.
+        f.in = 0;
+        f.forward = 4 * ns * C + scattered;
+        f.input = gathered * n * C + copy * n * C;
+        f.after_input = E * n * C;
+        f.weight = wide * n * C;
         break;
-    }
+    case LayerKind::position_embedding:
+        // Positions write into a copy of their input (with a bf16 copy of the table) and pass
+        // the output gradient on as it is, keeping it for W: in f32 the tensor the token
+        // embedding keeps too.
+        f.in = 4 * ns * C;
+        f.forward = 4 * ns * C + wide * static_cast<double>(p.model.context) * C;
+        f.input = copy * ns * C;
+        f.after_input = copy * ns * C;
+        f.weight = wide * ns * C;
+        break;
     case LayerKind::rotary_embedding: f.in = f.grad = 0; break;
     case LayerKind::layer_norm:
     case LayerKind::rms_norm:
@@ -403,17 +412,35 @@ Footprint footprint(const Program& p, const LayerSpec& l) {
         const double kv = std::max(1.0, static_cast<double>(l.kv_heads) / tp);
         const double hd = static_cast<double>(l.head_dim);
         const double q = n * h * hd, qkv = n * (h + 2 * kv) * hd, x = n * C;
+        // bf16 products read a float copy of their weights, the fused one the larger.
+        const double weights = wide * C * (h + 2 * kv) * hd;
         // The fused product (alive to the end), the output, the input gathered; bf16 keeps
         // copies of q, k, v and the attention's output beside their float selves.
-        f.forward = 4 * qkv + 4 * ns * C + gathered * x + wide * (q + qkv);
+        f.forward = 4 * qkv + 4 * ns * C + gathered * x + wide * (q + qkv) + scattered + weights;
         // At the fused product's input gradient: the attention output's gradient, q, k and v's,
         // the fused one and the input's; the output gradient and input gathered under sp; bf16
         // widens the input, q, k, v and the output, and at the end copies the output gradient.
-        f.input = 4 * (q + 2 * qkv + x) + 2 * gathered * x + wide * (x + q + qkv) + copy * x;
-        // The ring's keys and values arrive whole under cp, and so do their gradients.
-        if (p.mesh.cp > 1) f.input += 4 * cp * 2 * kv * hd * n;
-        // I drops q, k and v and keeps the input whole, the output's gradient and the fused one.
+        // With rotary positions, the rotated gradients of q and k stand beside the others
+        // first.
+        bool rotary = false;
+        for (const ModelItemSpec& it : p.model.pre)
+            for (const LayerSpec& x2 : it.layers) rotary |= x2.kind == LayerKind::rotary_embedding;
+        const double at_product = 4 * (q + 2 * qkv + x);
+        const double at_rope = rotary ? 4 * (q + qkv + q + n * kv * hd + qkv) : 0.0;
+        f.input = std::max(at_product, at_rope) + 2 * gathered * x + wide * (x + q + qkv) +
+                  copy * x + (s > 1 ? 4 * n * C + 4 * ns * C : 0.0) + weights;
+        // Under cp each causal half pads its queries, keys and values (and their gradients) to
+        // the keys it sees, up to the whole sequence.
+        if (p.mesh.cp > 1) {
+            f.forward += 4 * cp * n * hd * (h + 2 * kv);
+            f.input += 4 * cp * n * hd * (3 * h + 4 * kv);
+        }
+        // I drops q, k and v (under cp the ring's keys and values and the padded halves'
+        // outputs) and keeps the input whole, the output's gradient and the fused one.
         f.after_input = f.kept + whole_kept + E * x;
+        if (p.mesh.cp > 1)
+            f.after_input -=
+                E * 2 * (cp - 1) * n * kv * hd + n * (2 * cp + 1) / 2 * h * (E * hd + 4);
         f.weight = wide * (x + qkv); // the fused product's gradient and input
         break;
     }
@@ -422,29 +449,33 @@ Footprint footprint(const Program& p, const LayerSpec& l) {
         const bool glu = l.activation == Activation::swiglu;
         const double fc = n * hidden * (glu ? 2 : 1), g = n * hidden, x = n * C;
         const double tanh = l.activation == Activation::gelu_tanh ? g : 0.0;
-        const double th = bf16 ? 0.0 : 4 * tanh; // kept in f32 only
+        const double th = bf16 ? 0.0 : 4 * tanh;  // kept in f32 only
+        const double weights = wide * C * fc / n; // the first product's float weights in bf16
         // f32 keeps the product, the tanh and the activation themselves. bf16 holds all three
         // in float beside the copies of the input and product, then the activation's float
         // beside the output.
-        f.forward = gathered * x + (bf16 ? std::max(4 * (fc + tanh + g) + E * (x + fc) - f.kept,
-                                                    4 * g + 4 * ns * C)
-                                         : 4 * ns * C);
+        f.forward =
+            gathered * x + scattered + weights +
+            (bf16 ? std::max(4 * (fc + tanh + g) + E * (x + fc) - f.kept, 4 * g + 4 * ns * C)
+                  : 4 * ns * C);
         // First the activation's gradient and its input's together; then, its kept input and
         // tanh gone, the input's gradient beside the fused one and the copies I keeps.
         const double first = 4 * (g + fc) + gathered * x;
         const double then = 4 * fc + 4 * x + (bf16 || s > 1 ? 4 * x : 0.0) + gathered * x +
-                            copy * (fc + x) - E * fc - th;
-        f.input = std::max(first, then);
+                            copy * (fc + x) - E * fc - th + (s > 1 ? 4 * n * C + 4 * ns * C : 0.0);
+        f.input = std::max(first, then) + weights;
         f.after_input = f.kept - th + whole_kept + E * x;
         f.weight = wide * (x + std::max(g, fc));
         break;
     }
     case LayerKind::lm_head: {
         const double v = static_cast<double>(l.vocab) / shard;
-        f.in = wide * n * C;
+        const double weights = wide * v * C;
+        // Its input shard beside the whole it gathers (in f32 without sp, what it keeps).
+        f.in = bf16 || s > 1 ? 4 * ns * C : 0.0;
         f.grad = 4 * n * v;
-        f.forward = 4 * n * v + gathered * n * C; // the logits, which the loss keeps
-        f.input = 4 * n * C + gathered * n * C + copy * n * v;
+        f.forward = 4 * n * v + (bf16 && s > 1 ? 4 * n * C : 0.0) + weights; // the logits
+        f.input = 4 * n * C + gathered * n * C + copy * n * v + weights;
         f.after_input = f.kept + E * n * v; // the logits' gradient, for W
         f.weight = wide * n * (v + C);
         break;
@@ -454,7 +485,8 @@ Footprint footprint(const Program& p, const LayerSpec& l) {
         f.in = wide * n * v; // bf16's float logits beside their copy
         f.grad = 4 * n;
         f.forward = 4 * n; // the losses
-        f.input = 4 * n * v + wide * n * v;
+        // The logits' gradient, and in bf16 the logits widened in place of their copy.
+        f.input = 4 * n * v + (wide - copy) * n * v;
         f.after_input = 0; // the logits' gradient goes on to the head, which keeps it
         break;
     }
@@ -478,7 +510,8 @@ struct Working {
 // then its weight gradient; and the split one, every input gradient and later every weight
 // gradient. A residual group holds its output gradient while its body runs backward; under full
 // recomputation it keeps only its input and runs its body again at the start of its backward.
-Working stage_working(const Program& p, const std::vector<const ModelItemSpec*>& items) {
+Working stage_working(const Program& p, const std::vector<const ModelItemSpec*>& items, bool first,
+                      bool last) {
     const bool recompute = p.schedule.recompute == Recompute::full;
     const double ns = static_cast<double>(p.train.microbatch_size * p.model.context) /
                       static_cast<double>(p.mesh.cp * (p.mesh.sp ? p.mesh.tp : 1));
@@ -493,13 +526,17 @@ Working stage_working(const Program& p, const std::vector<const ModelItemSpec*>&
     double live = 0, peak = 0;
     auto hold = [&](double extra) { peak = std::max(peak, live + extra); };
     // A group's input stays alive for its sum with the body's output: in f32 its first layer
-    // keeps it as it is, in bf16 it is one more float beside the body.
+    // keeps it as it is, in bf16 it is one more float beside the body. So does the stage's
+    // input, which the runtime holds for the whole forward (the first group's input).
     const double group_input = bytes_per_element(p) == 2 ? stream : 0.0;
+    const double stage_input = first ? 0.0 : group_input;
     for (size_t i = 0; i < items.size(); ++i) {
         double body = 0;
         for (size_t k = 0; k < fp[i].size(); ++k) {
             const Footprint& f = fp[i][k];
-            hold((items[i]->residual && k > 0 ? group_input : 0.0) + f.in + f.kept + f.forward);
+            const double beside = (i > 0 || k > 0 ? stage_input : 0.0) +
+                                  (items[i]->residual && k > 0 && i > 0 ? group_input : 0.0);
+            hold(beside + f.in + f.kept + f.forward);
             live += f.kept;
             body += f.kept;
         }
@@ -512,8 +549,14 @@ Working stage_working(const Program& p, const std::vector<const ModelItemSpec*>&
     auto backward = [&](bool whole) {
         live = peak = w.stash;
         for (size_t i = items.size(); i-- > 0;) {
-            const double held = items[i]->residual ? stream : 0.0;
+            // A group holds its output gradient while its body runs backward; a stage that is
+            // not the last holds the gradient it received for its whole backward.
+            const double held = (items[i]->residual ? stream : 0.0) +
+                                (!last && i + 1 < items.size() ? stream : 0.0);
             if (again(i)) {
+                // The kept input becomes the body's first input again: in f32 the tensor its
+                // first layer keeps, in bf16 a float that goes once the body has run.
+                live -= stream;
                 for (size_t k = 0; k < fp[i].size(); ++k) {
                     const Footprint& f = fp[i][k];
                     hold(held + (k > 0 ? group_input : 0.0) + f.in + f.kept + f.forward);
@@ -527,7 +570,6 @@ Working stage_working(const Program& p, const std::vector<const ModelItemSpec*>&
                 hold(held + (top ? 0.0 : f.grad) + f.input);
                 live += f.after_input - f.kept;
             }
-            if (again(i)) live -= stream;
             if (!whole) continue;
             for (const Footprint& f : fp[i]) {
                 hold(f.weight);
@@ -688,7 +730,7 @@ std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>
             for (const ModelItemSpec& it : p.model.post) items.push_back(&it);
         // A materialized block keeps what Korthikanti et al. count rather than what the walk
         // counts layer by layer; its working memory is the walk's all the same.
-        const Working work = stage_working(p, items);
+        const Working work = stage_working(p, items, st.embedding, st.head);
         const double kept_by_formula = static_cast<double>(c.activation_bytes) - work.stash;
         st.forward_working_bytes = static_cast<int64_t>(std::max(0.0, work.forward));
         st.backward_working_bytes = static_cast<int64_t>(std::max(0.0, work.backward));

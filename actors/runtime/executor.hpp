@@ -43,8 +43,6 @@ struct RankComms {
     transport::Collectives* edp = nullptr;
 };
 
-/// When one action ran, relative to the start of the step (for the trace and the measured
-/// bubble).
 /// The ranks that share a parameter's state under ZeRO: the data-parallel group, or for a
 /// routed expert under expert parallelism the expert-data-parallel one (null comms: a group of
 /// one).
@@ -52,6 +50,9 @@ struct StateGroup {
     transport::Collectives* comms = nullptr;
     int members = 1, me = 0;
 };
+
+/// When one action ran, relative to the start of the step (for the trace and the measured
+/// bubble).
 
 struct ActionTiming {
     size_t action = 0;

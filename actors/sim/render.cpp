@@ -117,7 +117,7 @@ std::string memory_model_text(const plan::Graph& g) {
                 "'s (4 + 4 + 8) psi / N_d over N_d = " + std::to_string(nd) +
                 " (Rajbhandari et al. 2020)";
     if (state.empty() && !g.sp && g.cp == 1) return "";
-    acts = "activations as the units hold them";
+    acts = "activations as the units hold them (materialized attention: Korthikanti et al. 2022)";
     if (g.sp) acts += ", sequence parallel over tp " + std::to_string(g.tp);
     if (g.cp > 1) acts += ", the sequence split over cp " + std::to_string(g.cp);
     return "(memory model: " + state + (state.empty() || acts.empty() ? "" : "; ") + acts + ")\n";

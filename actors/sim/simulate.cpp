@@ -187,15 +187,26 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
         double rate = pr.flops * pr.efficiency;
         if (a.kind == ActionKind::step) {
             // AdamW reads and writes its 16 bytes of state per parameter about twice; under ZeRO
-            // each replica rank updates its 1/N share, and below stage 3 all-gathers the new
-            // weights (Megatron-LM's distributed optimizer).
-            double params = 0;
-            for (const PlanStage& s : g.stages)
-                if (s.pp == r.pp) params += static_cast<double>(s.parameters);
-            double share = g.zero >= 1 ? 1.0 / replicas : 1.0;
-            double step = 2.0 * 16.0 * params * share / pr.mem_bw;
-            if (g.zero == 1 || g.zero == 2)
-                step += ring_half(params * g.bytes_per_element, replicas, replica_link(r));
+            // each replica rank updates its 1/N share (a routed expert's holder its 1/(N / ep)),
+            // and below stage 3 all-gathers the new weights (Megatron-LM's distributed
+            // optimizer), the experts' among their holders.
+            double params = 0, experts = 0;
+            for (const PlanStage& s : g.stages) {
+                if (s.pp != r.pp) continue;
+                params += static_cast<double>(s.parameters);
+                experts += static_cast<double>(s.expert_parameters);
+            }
+            const double holders = std::max(1, replicas / std::max(1, ax.ep));
+            const double dense = params - experts;
+            const double updated =
+                g.zero >= 1 ? dense / replicas + experts / holders : params;
+            double step = 2.0 * 16.0 * updated / pr.mem_bw;
+            if (g.zero == 1 || g.zero == 2) {
+                step += ring_half(dense * g.bytes_per_element, replicas, replica_link(r));
+                if (experts > 0)
+                    step += ring_half(experts * g.bytes_per_element, static_cast<int32_t>(holders),
+                                      replica_link(r));
+            }
             bool first = r.pp == g.stages.front().pp, last = r.pp == g.stages.back().pp;
             if (g.tied_bytes > 0 && (first || last)) {
                 // The tied embedding's two copies are summed between the two ranks.
@@ -294,13 +305,19 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         if (a.kind == ActionKind::step) {
             // The optimizer's kernels on the rank's share of its parameters, with the
             // communication the link model prices.
-            double params = 0;
-            for (const PlanStage& s : g.stages)
-                if (s.pp == r.pp) params += static_cast<double>(s.parameters);
-            double share = g.zero >= 1 ? 1.0 / (g.dp * g.cp) : 1.0;
+            double params = 0, experts = 0;
+            for (const PlanStage& s : g.stages) {
+                if (s.pp != r.pp) continue;
+                params += static_cast<double>(s.parameters);
+                experts += static_cast<double>(s.expert_parameters);
+            }
+            const double replicas = g.dp * g.cp;
+            const double holders = std::max(1.0, replicas / std::max(1, g.ep));
+            const double updated =
+                g.zero >= 1 ? (params - experts) / replicas + experts / holders : params;
             double modelled = fallback.compute(r, a);
-            return step_seconds(params * share, *rates, threads) +
-                   std::max(0.0, modelled - 2.0 * 16.0 * params * share / mem_bw);
+            return step_seconds(updated, *rates, threads) +
+                   std::max(0.0, modelled - 2.0 * 16.0 * updated / mem_bw);
         }
         const PlanStage& s = g.stages[static_cast<size_t>(a.stage)];
         const StageSeconds& t = (*seconds)[static_cast<size_t>(a.stage)];

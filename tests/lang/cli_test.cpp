@@ -350,6 +350,33 @@ TEST(Cli, SequenceShardsAcrossTheTwoContextChunksKeepTheirPositions) {
     fs::remove_all(dir);
 }
 
+// The run's memory line: the host allocator's peak over every tensor of the run beside the most
+// the simulated ranks hold at once, on one device and across pipeline, tensor- and sequence-
+// parallel and context-parallel ranks, in f32 and bf16 (the working memory of
+// docs/schedules.md: what each phase holds beside what a microbatch keeps).
+TEST(Cli, RunsMemoryPeakIsTheOneTheModelPredicts) {
+    const std::string base = "run examples/gpt_tiny.dist --quiet --set 'train.data=synthetic()' "
+                             "--set train.stop_after=2 ";
+    for (const std::string sets :
+         {"", "--set train.precision=bf16 --set schedule.recompute=full ",
+          "--set mesh.pp=2 --set schedule.microbatches=4 ",
+          "--set mesh.pp=2 --set schedule.kind=zb_h1 --set schedule.microbatches=4 "
+          "--set train.precision=bf16 ",
+          "--set mesh.tp=2 --set mesh.sp=true ", "--set mesh.cp=2 "}) {
+        Result r = run(base + sets);
+        ASSERT_EQ(r.status, 0) << sets << ": " << r.err;
+        double measured = 0, predicted = 0;
+        const size_t at = r.out.find("memory: measured ");
+        ASSERT_NE(at, std::string::npos) << r.out;
+        const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+        ASSERT_EQ(std::sscanf(line.c_str(), "memory: measured %lf MB", &measured), 1) << line;
+        const size_t p = line.find("predicted ");
+        ASSERT_NE(p, std::string::npos) << line;
+        ASSERT_EQ(std::sscanf(line.c_str() + p, "predicted %lf MB", &predicted), 1) << line;
+        EXPECT_NEAR(predicted / measured, 1.0, 0.1) << sets << ": " << line;
+    }
+}
+
 // The last step as it ran and as the simulator predicts it: one trace of two processes with the
 // same actions on every rank, both timelines in one picture, and the two step times and bubbles
 // on the run's last line.
