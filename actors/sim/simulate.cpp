@@ -198,8 +198,7 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
             }
             const double holders = std::max(1, replicas / std::max(1, ax.ep));
             const double dense = params - experts;
-            const double updated =
-                g.zero >= 1 ? dense / replicas + experts / holders : params;
+            const double updated = g.zero >= 1 ? dense / replicas + experts / holders : params;
             double step = 2.0 * 16.0 * updated / pr.mem_bw;
             if (g.zero == 1 || g.zero == 2) {
                 step += ring_half(dense * g.bytes_per_element, replicas, replica_link(r));
