@@ -80,6 +80,26 @@ double ring_allreduce(double bytes, int32_t n, const LinkSpec& link) {
 }
 
 /// Ring all-gather or reduce-scatter of `bytes` in all: n - 1 steps of bytes / n each.
+/// What a rank's optimizer step updates: its stages' replicated and routed-expert parameters,
+/// and under ZeRO its share of them (1/N of the replicated ones over the N = dp x cp replicas,
+/// 1/(N / ep) of a routed expert's over its holders).
+struct StepShare {
+    double dense = 0, experts = 0, updated = 0;
+    int32_t holders = 1;
+};
+
+StepShare step_share(const Graph& g, const PlanRank& r, int32_t replicas, int32_t ep) {
+    StepShare s;
+    for (const PlanStage& st : g.stages) {
+        if (st.pp != r.pp) continue;
+        s.dense += static_cast<double>(st.parameters - st.expert_parameters);
+        s.experts += static_cast<double>(st.expert_parameters);
+    }
+    s.holders = std::max(1, replicas / std::max(1, ep));
+    s.updated = g.zero >= 1 ? s.dense / replicas + s.experts / s.holders : s.dense + s.experts;
+    return s;
+}
+
 double ring_half(double bytes, int32_t n, const LinkSpec& link) {
     if (n <= 1) return 0.0;
     return (n - 1) * (link.latency + bytes / n / link.bandwidth);
@@ -190,20 +210,12 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
             // each replica rank updates its 1/N share (a routed expert's holder its 1/(N / ep)),
             // and below stage 3 all-gathers the new weights (Megatron-LM's distributed
             // optimizer), the experts' among their holders.
-            double params = 0, experts = 0;
-            for (const PlanStage& s : g.stages) {
-                if (s.pp != r.pp) continue;
-                params += static_cast<double>(s.parameters);
-                experts += static_cast<double>(s.expert_parameters);
-            }
-            const double holders = std::max(1, replicas / std::max(1, ax.ep));
-            const double dense = params - experts;
-            const double updated = g.zero >= 1 ? dense / replicas + experts / holders : params;
-            double step = 2.0 * 16.0 * updated / pr.mem_bw;
+            const StepShare share = step_share(g, r, replicas, ax.ep);
+            double step = 2.0 * 16.0 * share.updated / pr.mem_bw;
             if (g.zero == 1 || g.zero == 2) {
-                step += ring_half(dense * g.bytes_per_element, replicas, replica_link(r));
-                if (experts > 0)
-                    step += ring_half(experts * g.bytes_per_element, static_cast<int32_t>(holders),
+                step += ring_half(share.dense * g.bytes_per_element, replicas, replica_link(r));
+                if (share.experts > 0)
+                    step += ring_half(share.experts * g.bytes_per_element, share.holders,
                                       replica_link(r));
             }
             bool first = r.pp == g.stages.front().pp, last = r.pp == g.stages.back().pp;
@@ -304,16 +316,7 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         if (a.kind == ActionKind::step) {
             // The optimizer's kernels on the rank's share of its parameters, with the
             // communication the link model prices.
-            double params = 0, experts = 0;
-            for (const PlanStage& s : g.stages) {
-                if (s.pp != r.pp) continue;
-                params += static_cast<double>(s.parameters);
-                experts += static_cast<double>(s.expert_parameters);
-            }
-            const double replicas = g.dp * g.cp;
-            const double holders = std::max(1.0, replicas / std::max(1, g.ep));
-            const double updated =
-                g.zero >= 1 ? (params - experts) / replicas + experts / holders : params;
+            const double updated = step_share(g, r, g.dp * g.cp, g.ep).updated;
             double modelled = fallback.compute(r, a);
             return step_seconds(updated, *rates, threads) +
                    std::max(0.0, modelled - 2.0 * 16.0 * updated / mem_bw);
