@@ -162,15 +162,6 @@ void BlockChecker::experts() {
         ok = false;
         break;
     }
-    if (m.zero >= 3) {
-        diags.error(zero_loc,
-                    "ZeRO 3 with expert parallelism is not supported: each unit's weights would "
-                    "be gathered over two groups (the experts' over the dp x cp / ep ranks that "
-                    "hold them)",
-                    "use `zero: 2` (state and gradients sharded, the experts' among their "
-                    "holders), or set `ep: 1`");
-        ok = false;
-    }
 }
 
 void BlockChecker::memory_floor() {

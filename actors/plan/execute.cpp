@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -115,6 +116,59 @@ struct Collectives {
     }
 };
 
+// The expert-parallel group's all-to-alls: the k-th of each group starts when the last member
+// has come to it, on every member's compute stream.
+struct Exchanges {
+    const Graph& g;
+    const ExecCosts& costs;
+    std::vector<int32_t> entered; // per rank: all-to-alls done
+    std::vector<char> waiting;    // per rank: has come to its next one
+    std::map<std::pair<int32_t, int32_t>, std::vector<double>> entries; // (group, k) -> times
+    std::map<std::pair<int32_t, int32_t>, std::pair<double, double>> done;
+
+    Exchanges(const Graph& graph, const ExecCosts& c)
+        : g(graph), costs(c), entered(graph.ranks.size(), 0), waiting(graph.ranks.size(), 0) {}
+
+    std::pair<int32_t, int32_t> key(const PlanRank& rank) const {
+        return {g.expert_group(rank).front(), entered[static_cast<size_t>(rank.rank)]};
+    }
+
+    /// Rank `rank` comes to all-to-all `a` at `at` (once; later calls only ask): its start and
+    /// end once every member has come, else nothing.
+    std::optional<std::pair<double, double>> enter(const PlanRank& rank, const PlanAction& a,
+                                                   double at) {
+        const size_t r = static_cast<size_t>(rank.rank);
+        auto k = key(rank);
+        if (!waiting[r]) {
+            entries[k].push_back(at);
+            waiting[r] = 1;
+        }
+        const auto& e = entries[k];
+        if (e.size() < g.expert_group(rank).size()) return std::nullopt;
+        auto it = done.find(k);
+        if (it == done.end()) {
+            double start = *std::max_element(e.begin(), e.end());
+            it = done.emplace(k,
+                              std::make_pair(
+                                  start, start + (costs.exchange ? costs.exchange(rank, a) : 0.0)))
+                     .first;
+        }
+        return it->second;
+    }
+    void leave(const PlanRank& rank) {
+        waiting[static_cast<size_t>(rank.rank)] = 0;
+        ++entered[static_cast<size_t>(rank.rank)];
+    }
+};
+
+// The all-to-alls listed right after the compute action at `pos` (which runs them), or 0.
+size_t exchanges_after(const PlanRank& rank, size_t pos) {
+    if (rank.actions[pos].overlap_next) return 0;
+    size_t k = 0;
+    while (pos + 1 + k < rank.actions.size() && is_exchange(rank.actions[pos + 1 + k].kind)) ++k;
+    return k;
+}
+
 // STEP's gradient norm: the latest arrival at STEP among the ranks it is reduced over (the
 // model replica's, every rank's under ZeRO); negative while one of them has not arrived.
 double norm_barrier(const Graph& g, const PlanRank& rank, const std::vector<double>& arrived) {
@@ -129,7 +183,7 @@ double norm_barrier(const Graph& g, const PlanRank& rank, const std::vector<doub
 }
 
 // Whether every rank finished, and what the stuck ones wait for.
-void conclude(const Graph& g, const Collectives& dp, ExecTimes& t) {
+void conclude(const Graph& g, const Collectives& dp, const Exchanges& ex, ExecTimes& t) {
     t.complete = true;
     for (size_t r = 0; r < g.ranks.size(); ++r) {
         const PlanRank& rank = g.ranks[r];
@@ -139,6 +193,12 @@ void conclude(const Graph& g, const Collectives& dp, ExecTimes& t) {
         if (is_p2p(a.kind)) {
             if (a.peer >= 0 && static_cast<size_t>(a.peer) < g.ranks.size())
                 t.waits_for[r].push_back(a.peer);
+        } else if (is_exchange(a.kind)) {
+            // A member that has not come to this all-to-all holds it up.
+            for (int32_t m : g.expert_group(rank))
+                if (static_cast<size_t>(m) != r && !ex.waiting[static_cast<size_t>(m)] &&
+                    ex.entered[static_cast<size_t>(m)] <= ex.entered[r])
+                    t.waits_for[r].push_back(m);
         } else if (a.kind == ActionKind::step || is_compute(a.kind)) {
             for (int32_t m : g.replica_group(rank)) {
                 if (static_cast<size_t>(m) == r) continue;
@@ -170,6 +230,11 @@ ExecTimes execute_devices(const Graph& g, const ExecCosts& costs) {
     std::vector<double> clock(n, 0.0);
     std::map<MessageKey, double> arrived;
     Collectives dp(g, costs);
+    Exchanges ex(g, costs);
+    // A compute action cut by its all-to-alls: which (or -1), each piece's seconds, and the
+    // earliest it may end (ZeRO 3's last unit).
+    std::vector<int64_t> open(n, -1);
+    std::vector<double> piece(n, 0.0), open_not_before(n, 0.0);
     std::vector<double> at_step(n, -1.0); // when each rank reached STEP
     bool progress = true;
     while (progress) {
@@ -186,6 +251,32 @@ ExecTimes execute_devices(const Graph& g, const ExecCosts& costs) {
                     if (!gate.ready) break;
                     start = std::max(start, gate.start);
                     end = std::max(start + compute, gate.not_before);
+                    if (size_t k = exchanges_after(rank, pos); k > 0) {
+                        // Its first piece now; its end once the last all-to-all is over.
+                        open[r] = static_cast<int64_t>(pos);
+                        piece[r] = compute / static_cast<double>(k + 1);
+                        open_not_before[r] = gate.not_before;
+                        end = start + piece[r];
+                    }
+                } else if (is_exchange(a.kind)) {
+                    auto when = ex.enter(rank, a, start);
+                    if (!when) break;
+                    ex.leave(rank);
+                    t.start[r][pos] = when->first;
+                    t.end[r][pos] = when->second;
+                    clock[r] = when->second;
+                    if (open[r] >= 0) {
+                        clock[r] += piece[r];
+                        if (pos + 1 >= rank.actions.size() ||
+                            !is_exchange(rank.actions[pos + 1].kind)) {
+                            clock[r] = std::max(clock[r], open_not_before[r]);
+                            t.end[r][static_cast<size_t>(open[r])] = clock[r];
+                            open[r] = -1;
+                        }
+                    }
+                    ++pos;
+                    progress = true;
+                    continue;
                 } else if (a.kind == ActionKind::send_forward ||
                            a.kind == ActionKind::send_backward) {
                     if (a.peer < 0 || static_cast<size_t>(a.peer) >= n) break;
@@ -220,7 +311,7 @@ ExecTimes execute_devices(const Graph& g, const ExecCosts& costs) {
             }
         }
     }
-    conclude(g, dp, t);
+    conclude(g, dp, ex, t);
     return t;
 }
 
@@ -238,6 +329,10 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
         double threads = 1;
     };
     std::vector<Running> run(n);
+    Exchanges ex(g, costs);
+    // A compute action cut by its all-to-alls (as in execute_devices).
+    std::vector<int64_t> open(n, -1);
+    std::vector<double> piece(n, 0.0), open_not_before(n, 0.0);
     std::vector<double> at_step(n, -1.0); // when each rank reached STEP
     std::set<double> wakes;               // future times at which a waiting rank may go on
     double now = 0;
@@ -268,6 +363,14 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                         } else {
                             Collectives::Gate gate = dp.gate(rank, a, compute);
                             if (!gate.ready) break;
+                            if (size_t k = exchanges_after(rank, pos); k > 0) {
+                                // Its first piece now; the others after its all-to-alls.
+                                open[r] = static_cast<int64_t>(pos);
+                                piece[r] = compute / static_cast<double>(k + 1);
+                                open_not_before[r] = gate.not_before;
+                                compute = piece[r];
+                                gate.not_before = 0;
+                            }
                             if (gate.start > now) {
                                 // Not yet: the gather's first unit arrives later (the gate
                                 // is taken; keep it for when the rank wakes).
@@ -282,6 +385,28 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                         run[r] = {true, compute, compute, not_before, costs.threads(rank)};
                         t.start[r][pos] = now;
                         break;
+                    }
+                    if (is_exchange(a.kind)) {
+                        auto when = ex.enter(rank, a, now);
+                        if (!when) break;
+                        if (when->second > now) {
+                            wakes.insert(when->second);
+                            break;
+                        }
+                        ex.leave(rank);
+                        t.start[r][pos] = when->first;
+                        t.end[r][pos] = when->second;
+                        if (open[r] >= 0) {
+                            // The compute's next piece, which ends it after the last one.
+                            bool last = pos + 1 >= rank.actions.size() ||
+                                        !is_exchange(rank.actions[pos + 1].kind);
+                            run[r] = {true, piece[r], piece[r], last ? open_not_before[r] : 0.0,
+                                      costs.threads(rank)};
+                            break;
+                        }
+                        ++pos;
+                        moved = true;
+                        continue;
                     }
                     if (a.kind == ActionKind::send_forward || a.kind == ActionKind::send_backward) {
                         if (a.peer < 0 || static_cast<size_t>(a.peer) >= n) break;
@@ -335,11 +460,22 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
             if (!run[r].on || run[r].left > 0 || run[r].not_before > now ||
                 t.start[r][t.stopped_at[r]] > now)
                 continue;
-            t.end[r][t.stopped_at[r]++] = now;
             run[r].on = false;
+            if (open[r] < 0) {
+                t.end[r][t.stopped_at[r]++] = now;
+                continue;
+            }
+            // A piece of a compute action cut by its all-to-alls: the last one ends it.
+            const size_t i = t.stopped_at[r]++;
+            const auto& list = g.ranks[r].actions;
+            if (i != static_cast<size_t>(open[r]) &&
+                (i + 1 >= list.size() || !is_exchange(list[i + 1].kind))) {
+                t.end[r][static_cast<size_t>(open[r])] = now;
+                open[r] = -1;
+            }
         }
     }
-    conclude(g, dp, t);
+    conclude(g, dp, ex, t);
     return t;
 }
 

@@ -4,9 +4,11 @@
 //
 // Semantics, which the runtime follows too: a rank runs its list in order on one compute
 // stream. A send does not block: the message arrives `transfer` seconds after it is posted. A
-// receive blocks until its message has arrived. A gradient reduction is entered without
-// blocking and runs on the rank's communication stream once every member of the data-parallel
-// group has entered it; the optimizer step waits for the rank's reductions to finish.
+// receive blocks until its message has arrived. An all-to-all of the expert-parallel group
+// blocks the compute stream from when the last member comes to it until it is over. A gradient
+// reduction is entered without blocking and runs on the rank's communication stream once every
+// member of the data-parallel group has entered it; the optimizer step waits for the rank's
+// reductions to finish.
 #pragma once
 
 #include "actors/plan/graph.hpp"
@@ -24,6 +26,10 @@ struct ExecCosts {
         transfer;
     /// Seconds of a gradient reduction over the data-parallel group of `rank`.
     std::function<double(const PlanRank& rank, const PlanAction& reduce)> reduction;
+    /// Seconds of one all-to-all of the expert-parallel group of `rank` (DISPATCH_F ...);
+    /// unset: none. It starts once every member has come to it; the compute action it runs
+    /// inside is cut into equal pieces around its all-to-alls.
+    std::function<double(const PlanRank& rank, const PlanAction& exchange)> exchange;
     /// Cores shared between the ranks of a host (a CPU): the threads a compute action of a rank
     /// keeps busy, and each busy thread's speed (relative to one alone) when `threads` are busy
     /// on the host at once. When set, `compute` gives an action's seconds alone on the host, and

@@ -23,6 +23,10 @@ const OpText op_texts[] = {{ActionKind::reduce_scatter, "REDUCE_SCATTER"},
                            {ActionKind::recv_forward, "RECV_F"},
                            {ActionKind::send_backward, "SEND_B"},
                            {ActionKind::recv_backward, "RECV_B"},
+                           {ActionKind::dispatch_forward, "DISPATCH_F"},
+                           {ActionKind::combine_forward, "COMBINE_F"},
+                           {ActionKind::combine_backward, "COMBINE_B"},
+                           {ActionKind::dispatch_backward, "DISPATCH_B"},
                            {ActionKind::forward, "F"},
                            {ActionKind::backward, "B"},
                            {ActionKind::backward_input, "I"},
@@ -56,6 +60,11 @@ bool is_dp_collective(ActionKind k) {
            k == ActionKind::gather_forward || k == ActionKind::gather_backward;
 }
 
+bool is_exchange(ActionKind k) {
+    return k == ActionKind::dispatch_forward || k == ActionKind::combine_forward ||
+           k == ActionKind::combine_backward || k == ActionKind::dispatch_backward;
+}
+
 const char* op_name(ActionKind k) {
     if (k == ActionKind::step) return "STEP";
     for (const OpText& t : op_texts)
@@ -70,6 +79,7 @@ std::string to_string(const PlanAction& a) {
         s += ">r" + std::to_string(a.peer);
     if (a.kind == ActionKind::recv_forward || a.kind == ActionKind::recv_backward)
         s += "<r" + std::to_string(a.peer);
+    if (is_exchange(a.kind)) s += "@" + std::to_string(a.block);
     return s;
 }
 
@@ -99,8 +109,62 @@ std::optional<PlanAction> parse_action(const std::string& text) {
         at += 2;
         if (!read_int(text, at, a.peer)) return std::nullopt;
     }
+    if (is_exchange(a.kind)) {
+        if (text.compare(at, 1, "@") != 0) return std::nullopt;
+        ++at;
+        if (!read_int(text, at, a.block)) return std::nullopt;
+    }
     if (at != text.size()) return std::nullopt;
     return a;
+}
+
+std::vector<PlanAction> exchanges_of(const Graph& g, const PlanAction& a) {
+    std::vector<PlanAction> out;
+    if (g.ep <= 1 || !is_compute(a.kind) || a.kind == ActionKind::backward_weight || a.stage < 0 ||
+        a.stage >= g.num_stages())
+        return out;
+    const std::vector<int32_t>& blocks = g.stages[static_cast<size_t>(a.stage)].exchange_blocks;
+    auto add = [&](ActionKind kind, int32_t block) {
+        PlanAction x;
+        x.kind = kind;
+        x.stage = a.stage;
+        x.microbatch = a.microbatch;
+        x.block = block;
+        out.push_back(x);
+    };
+    if (a.kind == ActionKind::forward) {
+        for (int32_t b : blocks) {
+            add(ActionKind::dispatch_forward, b);
+            add(ActionKind::combine_forward, b);
+        }
+        return out;
+    }
+    for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+        if (g.recompute) {
+            add(ActionKind::dispatch_forward, *it);
+            add(ActionKind::combine_forward, *it);
+        }
+        add(ActionKind::combine_backward, *it);
+        add(ActionKind::dispatch_backward, *it);
+    }
+    return out;
+}
+
+void add_exchanges(Graph& g) {
+    if (g.ep <= 1) return;
+    for (PlanRank& r : g.ranks) {
+        std::vector<PlanAction> out;
+        std::vector<PlanAction> pending; // an overlapped pair's, until the pair is over
+        for (const PlanAction& a : r.actions) {
+            out.push_back(a);
+            if (!is_compute(a.kind)) continue;
+            for (PlanAction& x : exchanges_of(g, a)) pending.push_back(x);
+            if (a.overlap_next) continue;
+            out.insert(out.end(), pending.begin(), pending.end());
+            pending.clear();
+        }
+        r.actions = std::move(out);
+    }
 }
 
 std::string axes_text(const Graph& g) {
@@ -151,7 +215,7 @@ std::string print(const Graph& g, int width) {
         if (s.all_to_alls > 0) {
             std::snprintf(buf, sizeof buf,
                           "            ep: %d all-to-alls of %.2f MB among %d ranks inside each "
-                          "F, B and I (dispatch and combine)\n",
+                          "F, B and I (dispatch and combine; listed after each)\n",
                           s.all_to_alls, static_cast<double>(s.all_to_all_bytes) / 1e6, g.ep);
             out += buf;
         }
@@ -217,17 +281,30 @@ std::string print(const Graph& g, int width) {
                           r.dp, r.pp, r.tp, r.host);
         out += buf;
         std::string line = "   ";
+        auto put = [&](const std::string& word) {
+            if (static_cast<int>(line.size() + 1 + word.size()) > width && line.size() > 3) {
+                out += line + "\n";
+                line = "   ";
+            }
+            line += " " + word;
+        };
         for (size_t i = 0; i < r.actions.size(); ++i) {
             std::string word = to_string(r.actions[i]);
             while (r.actions[i].overlap_next && i + 1 < r.actions.size()) {
                 word += '+';
                 word += to_string(r.actions[++i]);
             }
-            if (static_cast<int>(line.size() + 1 + word.size()) > width && line.size() > 3) {
-                out += line + "\n";
-                line = "   ";
+            put(word);
+            // A long run of all-to-alls (a stage of many expert blocks) as its first and last;
+            // `dist plan --json` lists every one.
+            size_t run = 0;
+            while (i + 1 + run < r.actions.size() && is_exchange(r.actions[i + 1 + run].kind))
+                ++run;
+            if (run > 8) {
+                put("[" + std::to_string(run) + " all-to-alls " + to_string(r.actions[i + 1]) +
+                    " .. " + to_string(r.actions[i + run]) + "]");
+                i += run;
             }
-            line += " " + word;
         }
         out += line + "\n";
     }

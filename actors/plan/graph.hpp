@@ -33,9 +33,20 @@ enum class ActionKind : uint8_t {
     gather_forward,  // GATHER_F: ZeRO 3's all-gather of a stage's weights for the forward of a
                      // microbatch, unit by unit; issued one compute action ahead (prefetch)
     gather_backward, // GATHER_B: the same before the backward (B or I) of a microbatch
-    step             // STEP: the optimizer step, after this rank's reductions. It sums a tied
-                     // embedding's gradient with the partner rank's copy (see Graph::tied_bytes)
-                     // and, with clipping, all-reduces the gradient norm over every rank
+    // Expert parallelism: the all-to-alls of a block's routed experts among the ep ranks that
+    // share them. They run inside the compute action they follow (F, B or I of the same stage
+    // and microbatch), in the order listed: in a forward, block by block, the dispatch (each
+    // token copy to its expert's rank) and the combine (the experts' outputs back); in a
+    // backward, block by block from the last, the combine's backward (the outputs' gradients
+    // to the experts) and the dispatch's backward (the inputs' gradients back), each block's
+    // recomputed dispatch and combine first under full recomputation.
+    dispatch_forward,  // DISPATCH_F
+    combine_forward,   // COMBINE_F
+    combine_backward,  // COMBINE_B
+    dispatch_backward, // DISPATCH_B
+    step               // STEP: the optimizer step, after this rank's reductions. It sums a tied
+                       // embedding's gradient with the partner rank's copy (see Graph::tied_bytes)
+                       // and, with clipping, all-reduces the gradient norm over every rank
 };
 
 bool is_compute(ActionKind k);
@@ -43,6 +54,9 @@ bool is_p2p(ActionKind k);
 /// REDUCE_GRAD, REDUCE_SCATTER, GATHER_F, GATHER_B: collectives of the data-parallel group, run
 /// on the rank's communication stream.
 bool is_dp_collective(ActionKind k);
+/// DISPATCH_F, COMBINE_F, COMBINE_B, DISPATCH_B: the expert-parallel group's all-to-alls, run
+/// on the compute stream inside the compute action they follow.
+bool is_exchange(ActionKind k);
 /// "F", "B", "I", "W", "SEND_F", ..., "REDUCE_GRAD", "STEP".
 const char* op_name(ActionKind k);
 
@@ -52,17 +66,18 @@ struct PlanAction {
     int32_t stage = -1;        // global virtual-stage index; -1 for STEP
     int32_t microbatch = -1;   // the bucket index for REDUCE_GRAD; -1 for STEP
     int32_t peer = -1;         // global rank at the other end of a SEND / RECV
+    int32_t block = -1;        // the block of an all-to-all (DISPATCH_F ...)
     bool overlap_next = false; // runs overlapped with the next compute action (DualPipeV)
     lang::SourceLoc loc;       // the custom table's cell, when the action came from one
 
     /// Equality ignores `loc`: a graph read back from JSON equals the one written.
     bool operator==(const PlanAction& o) const {
         return kind == o.kind && stage == o.stage && microbatch == o.microbatch && peer == o.peer &&
-               overlap_next == o.overlap_next;
+               block == o.block && overlap_next == o.overlap_next;
     }
 };
 
-/// `2F0`, `0SEND_F1>r3`, `1RECV_B0<r5`, `1REDUCE_GRAD0`, `STEP`.
+/// `2F0`, `0SEND_F1>r3`, `1RECV_B0<r5`, `1REDUCE_GRAD0`, `1DISPATCH_F0@5` (block 5), `STEP`.
 std::string to_string(const PlanAction& a);
 /// The inverse of to_string for one action (an overlapped pair is two strings joined by `+`).
 std::optional<PlanAction> parse_action(const std::string& text);
@@ -119,6 +134,9 @@ struct PlanStage {
     /// each; 0 without it.
     int32_t all_to_alls = 0;
     int64_t all_to_all_bytes = 0;
+    /// The blocks whose routed experts exchange tokens (ascending; empty without ep): each
+    /// compute action of the stage is followed by their DISPATCH / COMBINE actions.
+    std::vector<int32_t> exchange_blocks;
     /// The routed experts' parameters among `parameters` (under ep > 1; 0 otherwise): their
     /// state is shared by the dp x cp / ep ranks that hold them.
     int64_t expert_parameters = 0;
@@ -155,6 +173,8 @@ struct Graph {
     int32_t zero = 0; // ZeRO stage over the dp x cp ranks of a replica
     int32_t ep = 1;   // expert-parallel ranks among the dp x cp ranks
     bool sp = false;  // sequence parallelism over the tp group
+    /// Full recomputation: a backward redoes each block's forward, its all-to-alls included.
+    bool recompute = false;
     int32_t virtual_stages = 1;
     int32_t microbatches = 1;
     int64_t microbatch_tokens = 0; // tokens of one microbatch on one data-parallel rank
@@ -177,6 +197,15 @@ struct Graph {
     }
     /// The ranks that hold the same weights as `r` and reduce their gradients together: every
     /// (dp, cp) with r's (pp, tp). ZeRO shards over them.
+    /// The ranks that exchange tokens with `r` in its all-to-alls: the ep consecutive
+    /// (dp, cp) positions of r's (pp, tp) that share r's block of ep.
+    std::vector<int32_t> expert_group(const PlanRank& r) const {
+        std::vector<int32_t> out;
+        const int32_t first = (r.dp * cp + r.cp) / ep * ep;
+        for (int32_t q = first; q < first + ep && q < dp * cp; ++q)
+            out.push_back(rank_of(q / cp, r.pp, r.tp, q % cp));
+        return out;
+    }
     std::vector<int32_t> replica_group(const PlanRank& r) const {
         std::vector<int32_t> out;
         for (int32_t d = 0; d < dp; ++d)
@@ -184,6 +213,14 @@ struct Graph {
         return out;
     }
 };
+
+/// The all-to-alls that compute action `a` runs among its expert-parallel group, in order (see
+/// ActionKind::dispatch_forward): none for W, nor for a stage without routed experts or ep.
+std::vector<PlanAction> exchanges_of(const Graph& g, const PlanAction& a);
+
+/// Lists every compute action's all-to-alls after it (after an overlapped pair, the pair's
+/// in its order), as lowering does once the stages and the recomputation are known.
+void add_exchanges(Graph& g);
 
 /// "dp 4, cp 2, tp 4 with sp, pp 2, ZeRO 1": the mesh's axes, cp, sp and ZeRO only when on.
 std::string axes_text(const Graph& g);

@@ -43,6 +43,7 @@ json to_json(const Graph& g) {
             st["all_to_alls"] = s.all_to_alls;
             st["all_to_all_bytes"] = s.all_to_all_bytes;
         }
+        if (!s.exchange_blocks.empty()) st["exchange_blocks"] = s.exchange_blocks;
         if (s.expert_buckets > 0) st["expert_buckets"] = s.expert_buckets;
         if (s.expert_parameters > 0) st["expert_parameters"] = s.expert_parameters;
         stages.push_back(st);
@@ -83,6 +84,7 @@ json to_json(const Graph& g) {
                 {"stages", stages},
                 {"ranks", ranks}};
     if (g.ep > 1) out["ep"] = g.ep;
+    if (g.recompute) out["recompute"] = true;
     return out;
 }
 
@@ -109,6 +111,7 @@ bool from_json(const json& j, Graph& out, std::string& error) {
         g.zero = j.value("zero", 0);
         g.ep = j.value("ep", 1);
         g.sp = j.value("sp", false);
+        g.recompute = j.value("recompute", false);
         g.virtual_stages = j.at("virtual_stages").get<int32_t>();
         g.microbatches = j.at("microbatches").get<int32_t>();
         g.microbatch_tokens = j.at("microbatch_tokens").get<int64_t>();
@@ -147,6 +150,7 @@ bool from_json(const json& j, Graph& out, std::string& error) {
             st.units = s.value("units", 1);
             st.all_to_alls = s.value("all_to_alls", 0);
             st.all_to_all_bytes = s.value("all_to_all_bytes", int64_t{0});
+            st.exchange_blocks = s.value("exchange_blocks", std::vector<int32_t>{});
             st.expert_buckets = s.value("expert_buckets", 0);
             st.expert_parameters = s.value("expert_parameters", int64_t{0});
             for (const json& sh : s.at("shards")) {

@@ -186,6 +186,8 @@ PlanResult lower(const Program& p, bool verify_graph) {
                        static_cast<int32_t>(p.mesh.cp), static_cast<int32_t>(p.mesh.zero));
     g.sp = p.mesh.sp;
     g.ep = static_cast<int32_t>(p.mesh.ep);
+    g.recompute = p.schedule.recompute == Recompute::full;
+    add_exchanges(g);
     g.file = p.file;
     g.partition_given = s.partition_given;
     g.microbatch_tokens = p.train.microbatch_size * p.model.context;

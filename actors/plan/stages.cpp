@@ -741,6 +741,13 @@ std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>
         st.cp_ring_bytes = c.cp_ring_bytes;
         st.all_to_alls = c.all_to_alls;
         st.all_to_all_bytes = c.all_to_all_bytes;
+        if (p.mesh.ep > 1)
+            for (int32_t k = 0; k < st.blocks; ++k)
+                for (const ModelItemSpec& it :
+                     p.model.blocks[static_cast<size_t>(st.first_block + k)].items)
+                    for (const LayerSpec& l : it.layers)
+                        if (l.kind == LayerKind::moe)
+                            st.exchange_blocks.push_back(st.first_block + k);
         st.expert_parameters = p.mesh.ep > 1 ? c.expert_parameters : 0;
         st.attention_flops = c.attention_flops;
         st.boundary_bytes = N * p.model.width * elt;

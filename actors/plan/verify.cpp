@@ -127,6 +127,48 @@ void check_local_order(const Graph& g, std::vector<PlanError>& errors) {
     }
 }
 
+// Expert parallelism: every compute action (or overlapped pair) is followed by exactly the
+// all-to-alls it runs, in their order, and no all-to-all stands anywhere else.
+void check_exchanges(const Graph& g, std::vector<PlanError>& errors) {
+    auto words = [](const std::vector<PlanAction>& xs) {
+        std::string out;
+        for (const PlanAction& x : xs) out += (out.empty() ? "`" : " `") + to_string(x) + "`";
+        return out.empty() ? std::string("none") : out;
+    };
+    for (const PlanRank& r : g.ranks) {
+        for (size_t i = 0; i < r.actions.size();) {
+            const PlanAction& a = r.actions[i];
+            if (is_exchange(a.kind)) {
+                errors.push_back({loc_near(r, i),
+                                  where(r) + " runs `" + to_string(a) +
+                                      "` after no compute action that exchanges tokens",
+                                  "an all-to-all follows the F, B or I it runs inside"});
+                return;
+            }
+            if (!is_compute(a.kind)) {
+                ++i;
+                continue;
+            }
+            size_t end = i + 1;
+            std::vector<PlanAction> expected = exchanges_of(g, a);
+            for (; end < r.actions.size() && r.actions[end - 1].overlap_next; ++end)
+                for (const PlanAction& x : exchanges_of(g, r.actions[end])) expected.push_back(x);
+            std::vector<PlanAction> listed;
+            while (end < r.actions.size() && is_exchange(r.actions[end].kind))
+                listed.push_back(r.actions[end++]);
+            if (listed != expected) {
+                errors.push_back({r.actions[i].loc,
+                                  where(r) + ": `" + to_string(a) + "` runs the all-to-alls " +
+                                      words(expected) + ", but the plan lists " + words(listed) +
+                                      " after it",
+                                  ""});
+                return;
+            }
+            i = end;
+        }
+    }
+}
+
 void check_messages(const Graph& g, std::vector<PlanError>& errors) {
     // (direction, receiving stage, mb, from, to) -> (sends, receives, where)
     struct Count {
@@ -180,18 +222,22 @@ void check_messages(const Graph& g, std::vector<PlanError>& errors) {
 
 // Collective groups: the replica group of every (pp, tp) (its dp x cp ranks) enters
 // REDUCE_GRAD, REDUCE_SCATTER and the gathers of ZeRO 3; the tensor-parallel group of every
-// (dp, pp, cp) enters the reductions inside each compute action, and the context-parallel ring
-// of every (dp, pp, tp) the key/value exchanges inside each attention.
+// (dp, pp, cp) enters the reductions inside each compute action, the context-parallel ring
+// of every (dp, pp, tp) the key/value exchanges inside each attention, and the expert-parallel
+// group the all-to-alls.
 void check_collectives(const Graph& g, std::vector<PlanError>& errors) {
-    auto sequence = [](const PlanRank& r, bool reductions) {
+    enum Which { reductions, computes, exchanges };
+    auto sequence = [](const PlanRank& r, Which which) {
         std::vector<std::string> out;
         for (const PlanAction& a : r.actions)
-            if (reductions ? is_dp_collective(a.kind) : is_compute(a.kind))
+            if (which == reductions ? is_dp_collective(a.kind)
+                : which == computes ? is_compute(a.kind)
+                                    : is_exchange(a.kind))
                 out.push_back(to_string(a));
         return out;
     };
-    auto compare = [&](const PlanRank& a, const PlanRank& b, bool reductions, const char* group) {
-        auto x = sequence(a, reductions), y = sequence(b, reductions);
+    auto compare = [&](const PlanRank& a, const PlanRank& b, Which which, const char* group) {
+        auto x = sequence(a, which), y = sequence(b, which);
         for (size_t k = 0; k < std::max(x.size(), y.size()); ++k) {
             std::string xa = k < x.size() ? "`" + x[k] + "`" : "nothing";
             std::string yb = k < y.size() ? "`" + y[k] + "`" : "nothing";
@@ -212,10 +258,12 @@ void check_collectives(const Graph& g, std::vector<PlanError>& errors) {
             return g.ranks[static_cast<size_t>(rank)];
         };
         if (r.dp > 0 || r.cp > 0)
-            compare(at(g.rank_of(0, r.pp, r.tp, 0)), r, true, "data-parallel");
-        if (r.tp > 0) compare(at(g.rank_of(r.dp, r.pp, 0, r.cp)), r, false, "tensor-parallel");
+            compare(at(g.rank_of(0, r.pp, r.tp, 0)), r, reductions, "data-parallel");
+        if (r.tp > 0) compare(at(g.rank_of(r.dp, r.pp, 0, r.cp)), r, computes, "tensor-parallel");
         // The context-parallel ring passes key/value blocks inside every attention.
-        if (r.cp > 0) compare(at(g.rank_of(r.dp, r.pp, r.tp, 0)), r, false, "context-parallel");
+        if (r.cp > 0) compare(at(g.rank_of(r.dp, r.pp, r.tp, 0)), r, computes, "context-parallel");
+        if (g.ep > 1 && g.expert_group(r).front() != r.rank)
+            compare(at(g.expert_group(r).front()), r, exchanges, "expert-parallel");
     }
 }
 
@@ -275,6 +323,7 @@ void check_deadlock(const Graph& g, std::vector<PlanError>& errors) {
 std::vector<PlanError> verify(const Graph& g) {
     std::vector<PlanError> errors;
     check_order(g, errors);
+    check_exchanges(g, errors);
     check_messages(g, errors);
     if (errors.empty()) check_local_order(g, errors);
     check_collectives(g, errors);

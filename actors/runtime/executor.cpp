@@ -13,6 +13,7 @@
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 namespace dist::runtime {
 
@@ -329,11 +330,15 @@ class RankExecutor::Reducer {
 // (every member queues the same collectives in the same order), and the next unit's are queued
 // at once (prefetch); after it they are freed. The weight gradient reads no weights. The
 // plan's GATHER_F and GATHER_B queue the first unit of the coming pass one action ahead.
+// Under expert parallelism a routed expert is gathered from its holders (the expert-data-
+// parallel group; with one holder it stays whole and is only copied), the rest from the
+// data-parallel group: every member queues the same gathers in the same order, so each group's
+// members meet in each of theirs.
 class RankExecutor::WeightGatherer final : public models::UnitHooks {
   public:
-    WeightGatherer(models::Stage& stage, Reducer& comm, transport::Collectives& dp,
+    WeightGatherer(models::Stage& stage, Reducer& comm, const RankComms& comms, int32_t ep,
                    kernels::Backend& device)
-        : units_(stage.unit_parameters()), comm_(comm), dp_(dp), device_(device) {}
+        : units_(stage.unit_parameters()), comm_(comm), comms_(comms), ep_(ep), device_(device) {}
 
     void before(size_t unit, Phase phase) override {
         if (phase == Phase::backward_weight) return;
@@ -378,15 +383,21 @@ class RankExecutor::WeightGatherer final : public models::UnitHooks {
 
     // The members' shares of one parameter, each padded to the longest, into its value.
     void gather(models::Parameter& p) {
-        const int members = dp_.size();
+        const StateGroup group = state_group(p, comms_, ep_);
+        const int members = group.members;
         const int64_t n = p.grad.numel();
+        const int64_t own = p.owned.numel();
+        if (!group.comms) { // its only holder: the share is the whole
+            if (own > 0)
+                device_.copy_block(p.owned.data<float>(), own, p.value.data<float>(), own, 1, own);
+            return;
+        }
         const int64_t chunk = (n + members - 1) / members;
         if (mine_.numel() != chunk) mine_ = device_.empty({chunk});
         if (all_.numel() != chunk * members) all_ = device_.empty({chunk * members});
-        const int64_t own = p.owned.numel();
         if (own > 0)
             device_.copy_block(p.owned.data<float>(), own, mine_.data<float>(), own, 1, own);
-        dp_.all_gather(mine_.data<float>(), chunk, all_.data<float>());
+        group.comms->all_gather(mine_.data<float>(), chunk, all_.data<float>());
         for (int d = 0; d < members; ++d) {
             auto [lo, hi] = zero_share(n, d, members);
             if (hi > lo)
@@ -397,11 +408,56 @@ class RankExecutor::WeightGatherer final : public models::UnitHooks {
 
     const std::vector<std::vector<models::Parameter*>>& units_;
     Reducer& comm_;
-    transport::Collectives& dp_;
+    const RankComms& comms_;
+    int32_t ep_;
     kernels::Backend& device_;
     std::map<models::Parameter*, Held> held_;
     std::set<std::pair<size_t, Phase>> requested_;
     Tensor mine_, all_; // used on the communication thread only
+};
+
+// ----- the all-to-alls' clock -------------------------------------------------------------------
+
+// The expert-parallel group with a clock on its all-to-alls (the mixtures of experts' dispatch
+// and combine); everything else passes through.
+class RankExecutor::ExchangeClock final : public transport::Collectives {
+  public:
+    explicit ExchangeClock(transport::Collectives& inner) : inner_(inner) {}
+    int rank() const override { return inner_.rank(); }
+    int size() const override { return inner_.size(); }
+    void all_reduce(float* data, int64_t n, transport::ReduceOp op) override {
+        inner_.all_reduce(data, n, op);
+    }
+    void all_gather(const float* in, int64_t n, float* out) override {
+        inner_.all_gather(in, n, out);
+    }
+    void reduce_scatter(const float* in, int64_t n, float* out) override {
+        inner_.reduce_scatter(in, n, out);
+    }
+    void broadcast(float* data, int64_t n, int root) override { inner_.broadcast(data, n, root); }
+    void all_to_all(const float* in, const std::vector<int64_t>& send, float* out,
+                    const std::vector<int64_t>& recv) override {
+        auto t0 = std::chrono::steady_clock::now();
+        inner_.all_to_all(in, send, out, recv);
+        if (on_) ran_.emplace_back(seconds(t0), seconds(std::chrono::steady_clock::now()));
+    }
+    void abort() override { inner_.abort(); }
+
+    /// Times the all-to-alls from now on (a step), or no longer (a generation's forwards).
+    void time(bool on) {
+        on_ = on;
+        ran_.clear();
+    }
+    /// The (start, end) of each all-to-all since the last call, on the host's monotonic clock.
+    std::vector<std::pair<double, double>> take() { return std::exchange(ran_, {}); }
+
+  private:
+    static double seconds(std::chrono::steady_clock::time_point t) {
+        return std::chrono::duration<double>(t.time_since_epoch()).count();
+    }
+    transport::Collectives& inner_;
+    std::vector<std::pair<double, double>> ran_; // the compute thread's only
+    bool on_ = false;
 };
 
 // ----- the executor ---------------------------------------------------------------------------
@@ -411,19 +467,20 @@ RankExecutor::RankExecutor(const Program& program, const plan::Graph& graph, int
     : program_(program), graph_(graph), rank_(rank), me_(graph.ranks.at(static_cast<size_t>(rank))),
       comms_(comms), device_(device ? device : &kernels::cpu_backend()),
       tied_name_(tied_embedding(program.model)) {
+    if (graph.ep > 1 && comms_.ep) {
+        exchange_clock_ = std::make_unique<ExchangeClock>(*comms_.ep);
+        comms_.ep = exchange_clock_.get();
+    }
     for (const auto& a : me_.actions)
         if (plan::is_compute(a.kind) && !stages_.count(a.stage))
             stages_.emplace(
                 a.stage, std::make_unique<StageState>(graph.stages.at(static_cast<size_t>(a.stage)),
-                                                      program, comms, *device_));
+                                                      program, comms_, *device_));
     if (comms_.dp && comms_.dp->size() > 1) {
         zero_ = graph.zero;
         reducer_ = std::make_unique<Reducer>(comms_.dp, stages_, *device_, zero_ >= 2);
         if (graph.ep > 1) reducer_->split_experts(comms_.edp);
     }
-    if (zero_ >= 3 && graph.ep > 1)
-        throw std::invalid_argument("ZeRO 3 with expert parallelism is not supported: the "
-                                    "units' gathers would run in two groups");
     if (zero_ >= 1) {
         // Each member keeps the AdamW moments of its share of every parameter only: its share
         // within the ranks that hold the parameter (a routed expert's own under ep).
@@ -445,8 +502,8 @@ RankExecutor::RankExecutor(const Program& program, const plan::Graph& graph, int
                 p.value = Tensor();
             }
             if (zero_ >= 3) {
-                auto g =
-                    std::make_unique<WeightGatherer>(s->stage, *reducer_, *comms_.dp, *device_);
+                auto g = std::make_unique<WeightGatherer>(s->stage, *reducer_, comms_, graph_.ep,
+                                                          *device_);
                 s->stage.set_hooks(g.get());
                 gatherers_[i] = std::move(g);
             }
@@ -491,6 +548,17 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
         s->clear();
         s->stage.params().zero_grads();
     }
+    // All-to-alls outside a step (an evaluation's or a generation's forwards) are not timed.
+    struct Timed {
+        ExchangeClock* clock;
+        explicit Timed(ExchangeClock* c) : clock(c) {
+            if (clock) clock->time(true);
+        }
+        ~Timed() {
+            if (clock) clock->time(false);
+        }
+    } timed(exchange_clock_.get());
+    exchanges_ran_.clear();
     // The step's receives, posted ahead where the transport can (UCX across processes).
     for (const plan::PlanAction& a : me_.actions) {
         if (a.kind == plan::ActionKind::recv_forward)
@@ -508,6 +576,23 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
         }
         auto t0 = clock::now();
         if (hook_) hook_(step, a);
+        if (plan::is_exchange(a.kind)) {
+            // Run inside the compute action before it: its time is the one measured there.
+            if (exchanges_ran_.empty())
+                throw std::logic_error("rank " + std::to_string(rank_) + ": the plan lists `" +
+                                       plan::to_string(a) +
+                                       "`, but its compute action ran no all-to-all for it");
+            result.timings.push_back(
+                {i, exchanges_ran_.front().first, exchanges_ran_.front().second});
+            exchanges_ran_.erase(exchanges_ran_.begin());
+            ++progress_;
+            continue;
+        }
+        if (!exchanges_ran_.empty() && !(i > 0 && me_.actions[i - 1].overlap_next))
+            throw std::logic_error("rank " + std::to_string(rank_) + ": " +
+                                   std::to_string(exchanges_ran_.size()) +
+                                   " all-to-all(s) ran that the plan does not list before `" +
+                                   plan::to_string(a) + "`");
         if (a.kind == plan::ActionKind::step) {
             finish_step(step, result);
             // The update's time: what went before it (the reductions, the norm's all-reduce
@@ -520,8 +605,14 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
         // them), so the trace and the measured bubble show the work, not its launch.
         device_->synchronize();
         result.timings.push_back({i, since(t0), since(clock::now())});
+        if (exchange_clock_)
+            for (const auto& ran : exchange_clock_->take()) exchanges_ran_.push_back(ran);
         ++progress_;
     }
+    if (!exchanges_ran_.empty())
+        throw std::logic_error("rank " + std::to_string(rank_) + ": " +
+                               std::to_string(exchanges_ran_.size()) +
+                               " all-to-all(s) ran that the plan does not list");
     comms_.p2p->flush(); // sends to other processes complete before the step is over
     {
         std::lock_guard lock(current_mutex_);
@@ -637,7 +728,11 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
         break;
     }
 
-    case ActionKind::step: break;
+    case ActionKind::step:
+    case ActionKind::dispatch_forward: // run inside their compute action (run_step)
+    case ActionKind::combine_forward:
+    case ActionKind::combine_backward:
+    case ActionKind::dispatch_backward: break;
     }
 }
 

@@ -117,6 +117,7 @@ class RankExecutor {
     struct StageState;
     class Reducer;
     class WeightGatherer;
+    class ExchangeClock;
 
     void execute(const plan::PlanAction& a, int64_t step, RankStepResult& result);
     void finish_step(int64_t step, RankStepResult& result);
@@ -134,7 +135,11 @@ class RankExecutor {
     RankComms comms_;
     kernels::Backend* device_;
     std::string tied_name_; // the embedding a tied head shares, or ""
-    int zero_ = 0;          // the ZeRO stage over the data-parallel group (0 when alone)
+    /// Expert parallelism: the ep group as the stages see it, timing each all-to-all, so that
+    /// the plan's DISPATCH / COMBINE actions get the times of the ones their compute ran.
+    std::unique_ptr<ExchangeClock> exchange_clock_;
+    std::vector<std::pair<double, double>> exchanges_ran_; // not yet matched to an action
+    int zero_ = 0; // the ZeRO stage over the data-parallel group (0 when alone)
     std::map<int32_t, std::unique_ptr<StageState>> stages_;
     // ZeRO 3, by stage. Before the reducer, which goes first: its thread may be running one of
     // their gathers.

@@ -35,6 +35,7 @@ sim::Timeline measured_timeline(const plan::Graph& graph,
             if (a.action >= actions.size()) continue;
             // Compute actions and the optimizer step: the spans the simulator reports.
             ActionKind kind = actions[a.action].kind;
+            if (plan::is_exchange(kind)) rep.exchanges.push_back({a.action, a.start_s, a.end_s});
             if (!plan::is_compute(kind) && kind != ActionKind::step) continue;
             rep.spans.push_back({a.action, a.start_s, a.end_s});
             rep.busy += a.end_s - a.start_s;

@@ -296,9 +296,13 @@ std::string chrome_trace(const std::vector<std::pair<std::string, const Timeline
                           "\"args\":{\"name\":\"rank %d (dp %d, pp %d, tp %d)\"}}",
                           pid, r.rank, r.rank, rank.dp, rank.pp, rank.tp);
             out += buf;
-            for (const Span& s : r.spans) {
+            // The all-to-alls nest inside the compute spans that run them.
+            std::vector<Span> spans = r.spans;
+            spans.insert(spans.end(), r.exchanges.begin(), r.exchanges.end());
+            for (const Span& s : spans) {
                 const PlanAction& a = rank.actions[s.action];
-                // Action names are letters, digits, `<`, `>`, `+` and `_`: nothing to escape.
+                // Action names are letters, digits, `<`, `>`, `+`, `_` and `@`: nothing to
+                // escape.
                 std::snprintf(buf, sizeof buf,
                               ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%zu,"
                               "\"tid\":%d,\"ts\":%.17g,\"dur\":%.17g,\"args\":{\"stage\":%d,"

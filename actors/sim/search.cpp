@@ -395,13 +395,12 @@ SearchReport search(const SearchOptions& o) {
         }
     }
     // Each mesh checked once, with the least memory its layouts can take (ZeRO 3 where there
-    // are replicas to shard over, 2 beside ep, full recomputation, one sequence per
-    // microbatch): a mesh
+    // are replicas to shard over, full recomputation, one sequence per microbatch): a mesh
     // whose state cannot fit even so is out, with all its layouts.
     std::vector<std::string> shape_errors(shapes.size());
     parallel_for(shapes.size(), o.threads, [&](size_t i, size_t) {
         Layout rep_layout = shapes[i].axes;
-        rep_layout.zero = rep_layout.dp * rep_layout.cp > 1 ? (rep_layout.ep <= 1 ? 3 : 2) : 0;
+        rep_layout.zero = rep_layout.dp * rep_layout.cp > 1 ? 3 : 0;
         rep_layout.recompute = Recompute::full;
         rep_layout.microbatches = P.train.batch / rep_layout.dp;
         if (P.schedule.partition_given) {
@@ -426,10 +425,9 @@ SearchReport search(const SearchOptions& o) {
         const Layout& ax = shapes[i].axes;
         std::vector<Layout> layouts;
         const int64_t replica_batch = P.train.batch / ax.dp;
-        // ZeRO where there are replicas to shard over; not 3 beside ep (refused by the checker).
+        // ZeRO where there are replicas to shard over.
         std::vector<int64_t> zeros = {0};
-        if (ax.dp * ax.cp > 1)
-            zeros = ax.ep <= 1 ? std::vector<int64_t>{0, 1, 2, 3} : std::vector<int64_t>{0, 1, 2};
+        if (ax.dp * ax.cp > 1) zeros = {0, 1, 2, 3};
         for (int64_t zero : zeros)
             for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
                 for (auto [kind, v] : schedules_for(ax.pp, blocks))

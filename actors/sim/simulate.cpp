@@ -231,10 +231,6 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
         const PlanStage& s = stage(a);
         double tp = s.tp_reductions *
                     ring_allreduce(static_cast<double>(s.tp_reduction_bytes), ax.tp, tp_link(r));
-        // A mixture of experts' dispatch and combine, each way.
-        if (s.all_to_alls > 0)
-            tp += s.all_to_alls *
-                  all_to_all(static_cast<double>(s.all_to_all_bytes), ax.ep, ep_link(r));
         // Context parallelism: the ring's transfers run behind the attention's blocks; only
         // what exceeds the attention's time shows. The backward passes twice the bytes
         // (key/value blocks and their gradients) behind twice the FLOPs.
@@ -257,6 +253,11 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
         default: return 0.0;
         }
     };
+    // A mixture of experts' dispatch or combine (the graph lists them after the compute
+    // action they run inside), among the ep ranks of the rank's group.
+    c.exchange = [stage, ep_link, ax](const PlanRank& r, const PlanAction& a) {
+        return all_to_all(static_cast<double>(stage(a).all_to_all_bytes), ax.ep, ep_link(r));
+    };
     c.transfer = [link_between, host_of, stage](const PlanRank& from, const PlanRank& to,
                                                 const PlanAction& a) {
         LinkSpec l = link_between(from.pp, to.pp, host_of(from) == host_of(to));
@@ -265,21 +266,21 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
     c.reduction = [&g, stage, replica_link, ax](const PlanRank& r, const PlanAction& a) {
         const PlanStage& s = stage(a);
         LinkSpec link = replica_link(r);
-        // Routed experts' gradients: among the replicas holding the same experts.
-        const bool experts = s.expert_bucket(a.microbatch);
-        const int32_t replicas = ax.dp * ax.cp / (experts ? ax.ep : 1);
-        switch (a.kind) {
-        case ActionKind::gather_forward:
-        case ActionKind::gather_backward:
-            return ring_half(static_cast<double>(s.parameters) * g.bytes_per_element, replicas,
-                             link);
-        case ActionKind::reduce_scatter:
-            return ring_half(static_cast<double>(s.buckets[static_cast<size_t>(a.microbatch)]),
-                             replicas, link);
-        default:
-            return ring_allreduce(static_cast<double>(s.buckets[static_cast<size_t>(a.microbatch)]),
-                                  replicas, link);
+        const int32_t all = ax.dp * ax.cp, holders = all / std::max(1, ax.ep);
+        if (a.kind == ActionKind::gather_forward || a.kind == ActionKind::gather_backward) {
+            // The routed experts' weights come from their holders, the rest from the replicas.
+            const double bytes = static_cast<double>(g.bytes_per_element);
+            double t = ring_half(static_cast<double>(s.parameters - s.expert_parameters) * bytes,
+                                 all, link);
+            if (s.expert_parameters > 0)
+                t += ring_half(static_cast<double>(s.expert_parameters) * bytes, holders, link);
+            return t;
         }
+        // Routed experts' gradients: among the replicas holding the same experts.
+        const int32_t replicas = s.expert_bucket(a.microbatch) ? holders : all;
+        const double bucket = static_cast<double>(s.buckets[static_cast<size_t>(a.microbatch)]);
+        return a.kind == ActionKind::reduce_scatter ? ring_half(bucket, replicas, link)
+                                                    : ring_allreduce(bucket, replicas, link);
     };
     return c;
 }
@@ -310,9 +311,8 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     };
     plan::ExecCosts fallback = c;
     const double mem_bw = pr.mem_bw;
-    const LinkSpec intra = pr.intra, inter = pr.inter;
-    c.compute = [&g, fallback, seconds, rates, threads, collective, mem_bw, intra,
-                 inter](const PlanRank& r, const PlanAction& a) {
+    c.compute = [&g, fallback, seconds, rates, threads, collective, mem_bw](const PlanRank& r,
+                                                                            const PlanAction& a) {
         if (a.kind == ActionKind::step) {
             // The optimizer's kernels on the rank's share of its parameters, with the
             // communication the link model prices.
@@ -328,19 +328,6 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         double tp = s.tp_reductions * collective(tp_group, "all_reduce",
                                                  static_cast<double>(s.tp_reduction_bytes), -1.0);
         if (tp < 0) tp = 0;
-        // A mixture of experts' all-to-alls, over the links of the ep group's ends.
-        if (s.all_to_alls > 0) {
-            // (A bound's graph holds two replicas: its group is cut to them.)
-            const int32_t n = g.dp * g.cp;
-            const int32_t first = std::min((r.dp * g.cp + r.cp) / g.ep * g.ep, n - 1);
-            const int32_t last = std::min(first + g.ep - 1, n - 1);
-            const PlanRank& a0 =
-                g.ranks[static_cast<size_t>(g.rank_of(first / g.cp, r.pp, r.tp, first % g.cp))];
-            const PlanRank& a1 =
-                g.ranks[static_cast<size_t>(g.rank_of(last / g.cp, r.pp, r.tp, last % g.cp))];
-            tp += s.all_to_alls * all_to_all(static_cast<double>(s.all_to_all_bytes), g.ep,
-                                             a0.host == a1.host ? intra : inter);
-        }
         switch (a.kind) {
         case ActionKind::forward: return t.forward + tp;
         case ActionKind::backward_input: return t.input + tp;
@@ -348,6 +335,13 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         case ActionKind::backward: return t.input + t.weight + tp;
         default: return 0.0;
         }
+    };
+    // A mixture of experts' all-to-alls: measured where the calibration has them, else the
+    // link model's over the ends of the ep group.
+    c.exchange = [&g, fallback, collective](const PlanRank& r, const PlanAction& a) {
+        const double bytes =
+            static_cast<double>(g.stages[static_cast<size_t>(a.stage)].all_to_all_bytes);
+        return collective(g.expert_group(r), "all_to_all", bytes, fallback.exchange(r, a));
     };
     c.transfer = [&g, rates, fallback](const PlanRank& from, const PlanRank& to,
                                        const PlanAction& a) {
@@ -365,9 +359,10 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         double bytes = a.kind == ActionKind::gather_forward || a.kind == ActionKind::gather_backward
                            ? static_cast<double>(s.parameters) * g.bytes_per_element
                            : static_cast<double>(s.buckets[static_cast<size_t>(a.microbatch)]);
-        if (s.expert_bucket(a.microbatch) && a.kind != ActionKind::gather_forward &&
-            a.kind != ActionKind::gather_backward)
-            return fallback.reduction(r, a); // a group of its own: the link model's
+        const bool gather =
+            a.kind == ActionKind::gather_forward || a.kind == ActionKind::gather_backward;
+        if (gather ? s.expert_parameters > 0 : s.expert_bucket(a.microbatch))
+            return fallback.reduction(r, a); // groups of their own: the link model's
         return collective(g.replica_group(r), op, bytes, fallback.reduction(r, a));
     };
     c.step_barrier = true;
@@ -394,7 +389,7 @@ void account_memory(const Graph& g, const PlanRank& r, RankReport& rep, int64_t 
     // optimizer's K bytes per parameter over the N_d replica ranks, 2 also the gradients, 3
     // also the weights, which then are whole only for the units being gathered: the one
     // computing and the one prefetched. Routed experts under ep are shared by their N_d / ep
-    // holders only (ZeRO 3 is not combined with ep).
+    // holders only.
     const int64_t nd = replicas;
     const int64_t holders = std::max<int64_t>(1, nd / std::max<int32_t>(1, g.ep));
     const int64_t dense = params - experts;
@@ -406,7 +401,8 @@ void account_memory(const Graph& g, const PlanRank& r, RankReport& rep, int64_t 
     // weights cast where they are used, and keeps f32 gradients (docs/training.md).
     const int64_t w = 4, k = 8;
     rep.parameters_bytes =
-        zero >= 3 ? params * w / nd + std::min(params, 2 * unit) * w : params * w;
+        zero >= 3 ? dense * w / nd + experts * w / holders + std::min(params, 2 * unit) * w
+                  : params * w;
     rep.gradients_bytes = zero >= 2 ? dense * w / nd + experts * w / holders : params * w;
     rep.optimizer_bytes = zero >= 1 ? dense * k / nd + experts * k / holders : params * k;
     bool p2p = false;
@@ -517,6 +513,8 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
         bool first = true;
         for (size_t i = 0; i < rank.actions.size(); ++i) {
             const PlanAction& a = rank.actions[i];
+            if (plan::is_exchange(a.kind))
+                rep.exchanges.push_back({i, times.start[r][i], times.end[r][i]});
             if (!plan::is_compute(a.kind) && a.kind != ActionKind::step) continue;
             double s = times.start[r][i], e = times.end[r][i];
             if (e <= s && a.kind == ActionKind::step) continue;
@@ -618,6 +616,8 @@ PipelineGraph pipeline_graph(const Program& p, bool actions) {
         }
     }
     out.g.ep = static_cast<int32_t>(p.mesh.ep);
+    out.g.recompute = p.schedule.recompute == Recompute::full;
+    if (actions) plan::add_exchanges(out.g);
     out.g.microbatch_tokens = p.train.microbatch_size * p.model.context;
     out.g.bytes_per_element = p.train.precision == Precision::bf16 ? 2 : 4;
     out.g.tied_bytes = plan::tied_gradient_bytes(p, order.stage_rank);
@@ -656,12 +656,16 @@ std::vector<StepBounds> busy_bounds(const Program& p, const std::vector<int64_t>
         const PlanRank& r = g.ranks[static_cast<size_t>(g.stages[i].pp)];
         PlanAction a;
         a.stage = static_cast<int32_t>(i);
-        a.kind = ActionKind::forward;
-        f[i] = c.compute(r, a);
-        a.kind = ActionKind::backward;
-        back[i] = c.compute(r, a);
-        a.kind = ActionKind::backward_input;
-        input[i] = c.compute(r, a);
+        // Each with the all-to-alls it runs among its expert-parallel group.
+        auto seconds = [&](ActionKind kind) {
+            a.kind = kind;
+            double t = c.compute(r, a);
+            for (const PlanAction& x : plan::exchanges_of(g, a)) t += c.exchange(r, x);
+            return t;
+        };
+        f[i] = seconds(ActionKind::forward);
+        back[i] = seconds(ActionKind::backward);
+        input[i] = seconds(ActionKind::backward_input);
     }
     double compute_end = 0;
     for (const PlanRank& r : g.ranks) {

@@ -47,6 +47,8 @@ struct RankReport {
     int64_t communication_bytes = 0;
     int64_t peak_memory_bytes = 0;
     std::vector<Span> spans; // compute actions only, in order
+    /// The expert-parallel all-to-alls (DISPATCH_F ...), each inside its compute action's span.
+    std::vector<Span> exchanges;
     /// The rank's activations as they rise and fall: from each time on, the bytes it holds (at a
     /// compute span's start, what it holds during the span; at its end, what it keeps).
     std::vector<std::pair<double, int64_t>> activation_steps;

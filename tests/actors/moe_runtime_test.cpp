@@ -19,6 +19,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -236,21 +238,52 @@ TEST_P(ExpertParallel, GivesTheLossesAndNormsOfEp1) {
 
 INSTANTIATE_TEST_SUITE_P(
     Meshes, ExpertParallel,
-    ::testing::Values(EpCase{"dp2_ep2", mixtral_args, {"mesh.dp=2"}, 2},
-                      EpCase{"dp4_ep4", mixtral_args, {"mesh.dp=4"}, 4},
-                      EpCase{"dp4_ep2", mixtral_args, {"mesh.dp=4"}, 2},
-                      EpCase{"dp2_tp2_ep2", mixtral_args, {"mesh.dp=2", "mesh.tp=2"}, 2},
-                      EpCase{"dp2_pp2_ep2",
-                             mixtral_args,
-                             {"mesh.dp=2", "mesh.pp=2", "schedule.microbatches=2"},
-                             2},
-                      EpCase{"shared_dp4_ep4", deepseek_args, {"mesh.dp=4"}, 4},
-                      // ZeRO beside ep (the reference is ZeRO over dp with ep 1): the experts'
-                      // state shared by their two holders, and by their one holder.
-                      EpCase{"dp4_ep2_zero1", mixtral_args, {"mesh.dp=4", "mesh.zero=1"}, 2},
-                      EpCase{"dp4_ep2_zero2", mixtral_args, {"mesh.dp=4", "mesh.zero=2"}, 2},
-                      EpCase{"dp2_ep2_zero2", mixtral_args, {"mesh.dp=2", "mesh.zero=2"}, 2}),
+    ::testing::Values(
+        EpCase{"dp2_ep2", mixtral_args, {"mesh.dp=2"}, 2},
+        EpCase{"dp4_ep4", mixtral_args, {"mesh.dp=4"}, 4},
+        EpCase{"dp4_ep2", mixtral_args, {"mesh.dp=4"}, 2},
+        EpCase{"dp2_tp2_ep2", mixtral_args, {"mesh.dp=2", "mesh.tp=2"}, 2},
+        EpCase{
+            "dp2_pp2_ep2", mixtral_args, {"mesh.dp=2", "mesh.pp=2", "schedule.microbatches=2"}, 2},
+        EpCase{"shared_dp4_ep4", deepseek_args, {"mesh.dp=4"}, 4},
+        // ZeRO beside ep (the reference is ZeRO over dp with ep 1): the experts'
+        // state shared by their two holders, and by their one holder.
+        EpCase{"dp4_ep2_zero1", mixtral_args, {"mesh.dp=4", "mesh.zero=1"}, 2},
+        EpCase{"dp4_ep2_zero2", mixtral_args, {"mesh.dp=4", "mesh.zero=2"}, 2},
+        EpCase{"dp2_ep2_zero2", mixtral_args, {"mesh.dp=2", "mesh.zero=2"}, 2},
+        // ZeRO 3: the experts' weights gathered from their two holders, and kept
+        // whole by their one holder, the rest from the replicas.
+        EpCase{"dp4_ep2_zero3", mixtral_args, {"mesh.dp=4", "mesh.zero=3"}, 2},
+        EpCase{"dp2_ep2_zero3", mixtral_args, {"mesh.dp=2", "mesh.zero=3"}, 2},
+        // The backward redoes the forward's all-to-alls, as the plan lists them;
+        // a split backward exchanges in I and not in W.
+        EpCase{"dp2_ep2_recompute", mixtral_args, {"mesh.dp=2", "schedule.recompute=full"}, 2},
+        EpCase{"dp2_pp2_ep2_zbh1",
+               mixtral_args,
+               {"mesh.dp=2", "mesh.pp=2", "schedule.kind=zb_h1", "schedule.microbatches=2"},
+               2}),
     [](const ::testing::TestParamInfo<EpCase>& i) { return i.param.name; });
+
+// The plan's all-to-alls are the ones the model runs: a plan that lists none where the model
+// exchanges tokens fails the step with a reason, rather than running unlike its timeline.
+TEST(ExpertRuntime, AnAllToAllThePlanDoesNotListFailsTheStep) {
+    Program p = tests::checked_script(moe_script(mixtral_args), {"mesh.dp=2", "mesh.ep=2"});
+    plan::PlanResult planned = plan::lower(p);
+    ASSERT_TRUE(planned.ok());
+    plan::Graph g = *planned.graph;
+    for (plan::PlanRank& r : g.ranks)
+        r.actions.erase(
+            std::remove_if(r.actions.begin(), r.actions.end(),
+                           [](const plan::PlanAction& a) { return plan::is_exchange(a.kind); }),
+            r.actions.end());
+    models::TokenData data;
+    ASSERT_EQ(models::load_data(p.train.data, p.model, data), "");
+    runtime::Job job(p, g, data);
+    tests::JobCurve got = tests::run_job(job, 1, std::chrono::seconds(30));
+    EXPECT_NE(got.error.find("all-to-all(s) ran that the plan does not list before `0B0`"),
+              std::string::npos)
+        << got.error;
+}
 
 TEST(ExpertRuntime, OneRankTrainsAsOneDevice) {
     // The executor and the one-device trainer weigh the auxiliary loss alike.
@@ -302,11 +335,14 @@ void train_and_gather(const std::string& text, const std::vector<std::string>& o
 
 // Under ZeRO each holder of an expert keeps a share of its AdamW moments: gathered, the weights
 // and moments are those of ep 1 without ZeRO.
-TEST(ExpertCheckpoints, ZeroSharesOfTheExpertsComeBackWhole) {
+// Under ZeRO 3 they keep a share of the weights too.
+class ExpertZeroCheckpoints : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ExpertZeroCheckpoints, ZeroSharesOfTheExpertsComeBackWhole) {
     const std::string text = tests::tiny_moe_script(3);
     Program p = tests::checked_script(text, {});
     models::Model sharded(p.model, 0), alone(p.model, 0);
-    train_and_gather(text, {"mesh.dp=4", "mesh.ep=2", "mesh.zero=2"}, sharded);
+    train_and_gather(text, {"mesh.dp=4", "mesh.ep=2", GetParam()}, sharded);
     train_and_gather(text, {"mesh.dp=4", "mesh.ep=1"}, alone);
     int64_t experts = 0;
     for (const auto& q : alone.params().all()) {
@@ -329,6 +365,12 @@ TEST(ExpertCheckpoints, ZeroSharesOfTheExpertsComeBackWhole) {
     }
     EXPECT_GT(experts, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Zero, ExpertZeroCheckpoints,
+                         ::testing::Values("mesh.zero=2", "mesh.zero=3"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                             return std::string(i.param).substr(5, 4) + i.param[10];
+                         });
 
 TEST(ExpertCheckpoints, AreConsolidatedInMixtralsLayoutFromAnyEp) {
     namespace fs = std::filesystem;

@@ -7,8 +7,11 @@
 // 2024, arXiv 2401.06066, section 5). Plan figures follow from the layer's definition: a rank
 // holds 1/ep of the routed experts, each of its N tokens sends top_k copies of its activation
 // out and gets them back.
+#include "actors/plan/execute.hpp"
+#include "actors/plan/graph_json.hpp"
 #include "actors/plan/lower.hpp"
 #include "actors/plan/stages.hpp"
+#include "actors/plan/verify.hpp"
 #include "actors/sim/simulate.hpp"
 #include "lang/check.hpp"
 
@@ -143,12 +146,8 @@ TEST(MixtureOfExperts, ExpertParallelismIsCheckedWithLocatedReasons) {
     dense.replace(dense.find("experts: 4, top_k: 2, hidden: 128"), 33, "hidden: 128");
     r = report(dense);
     EXPECT_NE(r.find("and the model has none"), std::string::npos) << r;
-    // ZeRO 3 beside expert parallelism is refused, at `zero`; 1 and 2 are not.
-    r = report(tiny("dp: 4\n    ep: 2\n    zero: 3"));
-    EXPECT_NE(r.find("t.dist:7:5: error: ZeRO 3 with expert parallelism is not supported"),
-              std::string::npos)
-        << r;
-    for (const char* zero : {"zero: 1", "zero: 2"}) {
+    // Every ZeRO stage combines with expert parallelism.
+    for (const char* zero : {"zero: 1", "zero: 2", "zero: 3"}) {
         r = report(tiny(std::string("dp: 4\n    ep: 2\n    ") + zero));
         EXPECT_EQ(r.find("error"), std::string::npos) << zero << ": " << r;
     }
@@ -315,6 +314,165 @@ TEST(MixtureOfExperts, ZeroSharesTheExpertsStateAmongTheirHolders) {
               static_cast<int64_t>(static_cast<double>(g.stages[0].parameters) * 4 +
                                    static_cast<double>(dense) * 12 / 4 +
                                    static_cast<double>(experts) * 12 / 2));
+    // ZeRO 3 shares the weights the same way, beside the two units it gathers at a time.
+    Program p3 = checked(tiny("dp: 4\n    ep: 2\n    zero: 3"));
+    Graph g3 = lowered(p3);
+    sim::SimResult s3 = sim::simulate(g3, p3);
+    ASSERT_TRUE(s3.ok());
+    const int64_t unit = g3.stages[0].largest_unit_parameters;
+    EXPECT_EQ(s3.timeline->ranks[0].parameters_bytes,
+              dense * 4 / 4 + experts * 4 / 2 + std::min(g3.stages[0].parameters, 2 * unit) * 4);
+    EXPECT_EQ(p3.memory.bytes_per_device,
+              static_cast<int64_t>(static_cast<double>(dense) * 16 / 4 +
+                                   static_cast<double>(experts) * 16 / 2));
+}
+
+namespace {
+
+// The words of rank r's actions from the one at `from` on, `n` of them.
+std::vector<std::string> words(const Graph& g, int32_t r, size_t from, size_t n) {
+    std::vector<std::string> out;
+    const auto& list = g.ranks[static_cast<size_t>(r)].actions;
+    for (size_t i = from; i < from + n && i < list.size(); ++i) out.push_back(to_string(list[i]));
+    return out;
+}
+
+size_t index_of(const Graph& g, int32_t r, const std::string& word) {
+    const auto& list = g.ranks[static_cast<size_t>(r)].actions;
+    for (size_t i = 0; i < list.size(); ++i)
+        if (to_string(list[i]) == word) return i;
+    return list.size();
+}
+
+Graph without_exchanges(Graph g) {
+    for (PlanRank& r : g.ranks)
+        r.actions.erase(std::remove_if(r.actions.begin(), r.actions.end(),
+                                       [](const PlanAction& a) { return is_exchange(a.kind); }),
+                        r.actions.end());
+    for (PlanStage& s : g.stages) s.exchange_blocks.clear();
+    return g;
+}
+
+} // namespace
+
+// The model's order (models/units_moe.cpp): a forward dispatches each block's token copies to
+// their experts and combines the outputs back, block after block; a backward sends the
+// outputs' gradients to the experts and the inputs' gradients back, from the last block, and
+// under full recomputation redoes each block's forward exchanges first.
+TEST(MixtureOfExperts, ThePlanListsEveryAllToAllInTheOrderTheModelRunsThem) {
+    Graph g = lowered(checked(tiny("dp: 2\n    ep: 2")));
+    ASSERT_EQ(g.stages.size(), 1u);
+    EXPECT_EQ(g.stages[0].exchange_blocks, (std::vector<int32_t>{0, 1}));
+    for (int32_t r = 0; r < 2; ++r) {
+        size_t f = index_of(g, r, "0F0"), b = index_of(g, r, "0B0");
+        EXPECT_EQ(words(g, r, f + 1, 4),
+                  (std::vector<std::string>{"0DISPATCH_F0@0", "0COMBINE_F0@0", "0DISPATCH_F0@1",
+                                            "0COMBINE_F0@1"}));
+        EXPECT_EQ(words(g, r, b + 1, 4),
+                  (std::vector<std::string>{"0COMBINE_B0@1", "0DISPATCH_B0@1", "0COMBINE_B0@0",
+                                            "0DISPATCH_B0@0"}));
+    }
+    Graph full = lowered(checked(tiny("dp: 2\n    ep: 2"), {"schedule.recompute=full"}));
+    size_t b = index_of(full, 0, "0B0");
+    EXPECT_EQ(words(full, 0, b + 1, 8),
+              (std::vector<std::string>{"0DISPATCH_F0@1", "0COMBINE_F0@1", "0COMBINE_B0@1",
+                                        "0DISPATCH_B0@1", "0DISPATCH_F0@0", "0COMBINE_F0@0",
+                                        "0COMBINE_B0@0", "0DISPATCH_B0@0"}));
+    // Split backwards: I exchanges, W (the weights' gradients alone) does not.
+    Graph zb = lowered(checked(tiny("dp: 2\n    ep: 2\n    pp: 2"),
+                               {"schedule.kind=zb_h1", "schedule.microbatches=4"}));
+    for (const PlanRank& r : zb.ranks)
+        for (size_t i = 0; i + 1 < r.actions.size(); ++i)
+            if (r.actions[i].kind == ActionKind::backward_weight) {
+                EXPECT_FALSE(is_exchange(r.actions[i + 1].kind)) << to_string(r.actions[i]);
+            }
+    EXPECT_NE(index_of(zb, 0, "0COMBINE_B0@0"), zb.ranks[0].actions.size());
+    // Without ep nothing is exchanged; and the JSON form keeps every all-to-all.
+    Graph alone = lowered(checked(tiny("dp: 2\n    ep: 1")));
+    for (const PlanRank& r : alone.ranks)
+        for (const PlanAction& a : r.actions) EXPECT_FALSE(is_exchange(a.kind)) << to_string(a);
+    Graph back;
+    std::string error;
+    ASSERT_TRUE(from_json(to_json(full), back, error)) << error;
+    back.file = full.file;
+    EXPECT_EQ(back, full);
+}
+
+TEST(MixtureOfExperts, TheVerifierHoldsTheAllToAllsToTheirComputeAndTheirGroup) {
+    Graph g = lowered(checked(tiny("dp: 2\n    ep: 2")));
+    ASSERT_TRUE(verify(g).empty());
+    auto first_error = [](const Graph& x) {
+        std::vector<PlanError> e = verify(x);
+        return e.empty() ? std::string("no error") : e.front().message;
+    };
+    // One missing on rank 1.
+    Graph missing = g;
+    auto& list = missing.ranks[1].actions;
+    list.erase(list.begin() + static_cast<std::ptrdiff_t>(index_of(g, 1, "0COMBINE_F0@1")));
+    EXPECT_NE(first_error(missing).find("rank 1: `0F0` runs the all-to-alls"), std::string::npos)
+        << first_error(missing);
+    // Two swapped: the backward's order is the model's, not any order.
+    Graph swapped = g;
+    auto& l2 = swapped.ranks[1].actions;
+    size_t at = index_of(g, 1, "0COMBINE_B0@1");
+    std::swap(l2[at], l2[at + 1]);
+    EXPECT_NE(first_error(swapped).find("`0B0` runs the all-to-alls"), std::string::npos)
+        << first_error(swapped);
+    // One standing after a send, far from its compute.
+    Graph stray = g;
+    PlanAction x = *parse_action("0DISPATCH_F0@0");
+    stray.ranks[0].actions.insert(stray.ranks[0].actions.end() - 1, x);
+    EXPECT_NE(first_error(stray).find("after no compute action"), std::string::npos)
+        << first_error(stray);
+    // Each rank consistent, the group not: rank 1 runs its microbatches' forwards in the
+    // other order, so its first all-to-all is another microbatch's.
+    Program p2 =
+        checked(tiny("dp: 2\n    ep: 2"), {"schedule.microbatches=2", "schedule.kind=gpipe"});
+    Graph two = lowered(p2);
+    auto& l3 = two.ranks[1].actions;
+    size_t f0 = index_of(two, 1, "0F0"), f1 = index_of(two, 1, "0F1");
+    ASSERT_LT(f0, f1);
+    // [F0 x4] [F1 x4] -> [F1 x4] [F0 x4] when they are adjacent.
+    ASSERT_EQ(f1, f0 + 5);
+    std::rotate(l3.begin() + static_cast<std::ptrdiff_t>(f0),
+                l3.begin() + static_cast<std::ptrdiff_t>(f1),
+                l3.begin() + static_cast<std::ptrdiff_t>(f1 + 5));
+    EXPECT_NE(first_error(two).find("ranks 0 and 1 enter their expert-parallel collectives in "
+                                    "different orders"),
+              std::string::npos)
+        << first_error(two);
+}
+
+// An all-to-all starts when the last member of its group comes to it: the faster rank waits
+// inside its forward, which the all-to-alls cut into equal pieces.
+TEST(MixtureOfExperts, AnAllToAllWaitsForTheSlowestMemberOfItsGroup) {
+    Graph g = lowered(checked(tiny("dp: 2\n    ep: 2")));
+    ExecCosts c = zero_costs();
+    c.compute = [](const PlanRank& r, const PlanAction& a) {
+        return a.kind == ActionKind::forward ? (r.rank == 0 ? 1.0 : 3.0) : 0.0;
+    };
+    c.exchange = [](const PlanRank&, const PlanAction&) { return 0.5; };
+    ExecTimes t = execute(g, c);
+    ASSERT_TRUE(t.complete);
+    const size_t f = index_of(g, 0, "0F0");
+    ASSERT_EQ(f, index_of(g, 1, "0F0"));
+    // Four all-to-alls cut rank 0's forward into pieces of 0.2 and rank 1's into 0.6: each
+    // starts when rank 1 gets there, 0.6 after the last one ended.
+    for (size_t k = 0; k < 4; ++k) {
+        const double start = 0.6 + 1.1 * static_cast<double>(k);
+        for (size_t r = 0; r < 2; ++r) {
+            EXPECT_NEAR(t.start[r][f + 1 + k], start, 1e-12) << "rank " << r << " all-to-all " << k;
+            EXPECT_NEAR(t.end[r][f + 1 + k], start + 0.5, 1e-12);
+        }
+    }
+    EXPECT_NEAR(t.end[0][f], 4.4 + 0.2, 1e-12);
+    EXPECT_NEAR(t.end[1][f], 4.4 + 0.6, 1e-12);
+    // A member that never comes holds the other up: the abstract execution stops there.
+    Graph stuck = g;
+    auto& l = stuck.ranks[1].actions;
+    l.erase(l.begin() + static_cast<std::ptrdiff_t>(f) + 1);
+    ExecTimes s = execute(stuck, zero_costs());
+    EXPECT_FALSE(s.complete);
 }
 
 TEST(MixtureOfExperts, TheSimulatorPricesTheAllToAllsOnTheGroupsLinks) {
@@ -324,8 +482,7 @@ TEST(MixtureOfExperts, TheSimulatorPricesTheAllToAllsOnTheGroupsLinks) {
     Program p = checked(text);
     Graph g = lowered(p);
     sim::SimResult with = sim::simulate(g, p);
-    Graph bare = g;
-    for (PlanStage& s : bare.stages) s.all_to_alls = 0;
+    Graph bare = without_exchanges(g);
     sim::SimResult without = sim::simulate(bare, p);
     ASSERT_TRUE(with.ok() && without.ok());
     auto forward = [](const sim::Timeline& t) {
@@ -340,6 +497,16 @@ TEST(MixtureOfExperts, TheSimulatorPricesTheAllToAllsOnTheGroupsLinks) {
     const double one = link.latency + bytes / 2 / link.bandwidth; // n - 1 = 1 message of half
     EXPECT_NEAR(forward(*with.timeline) - forward(*without.timeline), 4 * one, 1e-12);
     EXPECT_GT(with.timeline->step_time_s, without.timeline->step_time_s);
+    // Each all-to-all is a span of its own inside its forward's.
+    const sim::RankReport& r0 = with.timeline->ranks[0];
+    ASSERT_FALSE(r0.exchanges.empty());
+    for (const sim::Span& x : r0.exchanges) {
+        EXPECT_NEAR(x.end - x.start, one, 1e-12);
+        bool inside = false;
+        for (const sim::Span& s : r0.spans)
+            inside = inside || (s.start <= x.start && x.end <= s.end);
+        EXPECT_TRUE(inside) << to_string(g.ranks[0].actions[x.action]);
+    }
 }
 
 TEST(MixtureOfExperts, ThePlanningExampleFitsOnlyWithExpertParallelism) {

@@ -419,6 +419,54 @@ TEST(Cli, RunWritesTheMeasuredStepBesideThePredictedOne) {
     fs::remove_all(dir);
 }
 
+// Expert parallelism: every all-to-all the plan lists is in both traces, inside the compute
+// action that ran it.
+TEST(Cli, RunTracesEachAllToAllInsideItsComputeMeasuredAndPredicted) {
+    fs::path dir = fs::temp_directory_path() / ("dist_cli_a2a_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    Result r = run("run examples/moe_tiny.dist --quiet --set train.batch=4 "
+                   "--set 'train.data=synthetic()' --set train.stop_after=2 --trace " +
+                   (dir / "t.json").string());
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto j = nlohmann::json::parse(slurp(dir / "t.json"));
+    struct Event {
+        std::string name;
+        double start, end;
+    };
+    std::map<int, std::map<int, std::vector<Event>>> events; // pid -> rank -> events
+    for (const auto& e : j["traceEvents"])
+        if (e["ph"] == "X") {
+            double ts = e["ts"].get<double>();
+            events[e["pid"].get<int>()][e["tid"].get<int>()].push_back(
+                {e["name"].get<std::string>(), ts, ts + e["dur"].get<double>()});
+        }
+    ASSERT_EQ(events.size(), 2u);
+    for (int rank = 0; rank < 2; ++rank) {
+        std::vector<std::string> names[2];
+        for (int pid = 0; pid < 2; ++pid) {
+            int exchanges = 0;
+            for (const Event& x : events[pid][rank]) {
+                names[pid].push_back(x.name);
+                if (x.name.find("DISPATCH_") == std::string::npos &&
+                    x.name.find("COMBINE_") == std::string::npos)
+                    continue;
+                ++exchanges;
+                bool inside = false;
+                for (const Event& c : events[pid][rank])
+                    if (c.name.find('@') == std::string::npos && c.name != "STEP" &&
+                        c.start <= x.start + 1e-3 && x.end <= c.end + 1e-3)
+                        inside = true;
+                EXPECT_TRUE(inside) << "pid " << pid << " rank " << rank << ": " << x.name;
+            }
+            // Four blocks, one microbatch: a dispatch and a combine per block each way.
+            EXPECT_EQ(exchanges, 4 * 2 * 2) << "pid " << pid << " rank " << rank;
+            std::sort(names[pid].begin(), names[pid].end());
+        }
+        EXPECT_EQ(names[0], names[1]) << "rank " << rank;
+    }
+    fs::remove_all(dir);
+}
+
 TEST(Cli, GenerateStreamsTheSameGreedyTextOnAnyMesh) {
     fs::path dir = fs::temp_directory_path() / ("dist_cli_gen_" + std::to_string(::getpid()));
     fs::remove_all(dir);
