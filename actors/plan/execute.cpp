@@ -123,18 +123,21 @@ struct Exchanges {
     const ExecCosts& costs;
     std::vector<int32_t> entered; // per rank: all-to-alls done
     std::vector<char> waiting;    // per rank: has come to its next one
+    std::vector<double> arrived;  // per rank: when it came to it
     std::map<std::pair<int32_t, int32_t>, std::vector<double>> entries; // (group, k) -> times
     std::map<std::pair<int32_t, int32_t>, std::pair<double, double>> done;
 
     Exchanges(const Graph& graph, const ExecCosts& c)
-        : g(graph), costs(c), entered(graph.ranks.size(), 0), waiting(graph.ranks.size(), 0) {}
+        : g(graph), costs(c), entered(graph.ranks.size(), 0), waiting(graph.ranks.size(), 0),
+          arrived(graph.ranks.size(), 0.0) {}
 
     std::pair<int32_t, int32_t> key(const PlanRank& rank) const {
         return {g.expert_group(rank).front(), entered[static_cast<size_t>(rank.rank)]};
     }
 
     /// Rank `rank` comes to all-to-all `a` at `at` (once; later calls only ask): its start and
-    /// end once every member has come, else nothing.
+    /// end once every member has come, else nothing. The rank's span runs from its arrival, as
+    /// the runtime measures it: the wait for the last member is part of it.
     std::optional<std::pair<double, double>> enter(const PlanRank& rank, const PlanAction& a,
                                                    double at) {
         const size_t r = static_cast<size_t>(rank.rank);
@@ -142,6 +145,7 @@ struct Exchanges {
         if (!waiting[r]) {
             entries[k].push_back(at);
             waiting[r] = 1;
+            arrived[r] = at;
         }
         const auto& e = entries[k];
         if (e.size() < g.expert_group(rank).size()) return std::nullopt;
@@ -262,7 +266,7 @@ ExecTimes execute_devices(const Graph& g, const ExecCosts& costs) {
                     auto when = ex.enter(rank, a, start);
                     if (!when) break;
                     ex.leave(rank);
-                    t.start[r][pos] = when->first;
+                    t.start[r][pos] = ex.arrived[r];
                     t.end[r][pos] = when->second;
                     clock[r] = when->second;
                     if (open[r] >= 0) {
@@ -394,7 +398,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                             break;
                         }
                         ex.leave(rank);
-                        t.start[r][pos] = when->first;
+                        t.start[r][pos] = ex.arrived[r];
                         t.end[r][pos] = when->second;
                         if (open[r] >= 0) {
                             // The compute's next piece, which ends it after the last one.
@@ -402,6 +406,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                                         !is_exchange(rank.actions[pos + 1].kind);
                             run[r] = {true, piece[r], piece[r], last ? open_not_before[r] : 0.0,
                                       costs.threads(rank)};
+                            moved = true; // members waiting at it go on at `now` too
                             break;
                         }
                         ++pos;

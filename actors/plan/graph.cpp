@@ -123,7 +123,8 @@ std::vector<PlanAction> exchanges_of(const Graph& g, const PlanAction& a) {
     if (g.ep <= 1 || !is_compute(a.kind) || a.kind == ActionKind::backward_weight || a.stage < 0 ||
         a.stage >= g.num_stages())
         return out;
-    const std::vector<int32_t>& blocks = g.stages[static_cast<size_t>(a.stage)].exchange_blocks;
+    const std::vector<PlanExchange>& layers =
+        g.stages[static_cast<size_t>(a.stage)].exchange_layers;
     auto add = [&](ActionKind kind, int32_t block) {
         PlanAction x;
         x.kind = kind;
@@ -133,19 +134,30 @@ std::vector<PlanAction> exchanges_of(const Graph& g, const PlanAction& a) {
         out.push_back(x);
     };
     if (a.kind == ActionKind::forward) {
-        for (int32_t b : blocks) {
-            add(ActionKind::dispatch_forward, b);
-            add(ActionKind::combine_forward, b);
+        for (const PlanExchange& x : layers) {
+            add(ActionKind::dispatch_forward, x.block);
+            add(ActionKind::combine_forward, x.block);
         }
         return out;
     }
-    for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
-        if (g.recompute) {
-            add(ActionKind::dispatch_forward, *it);
-            add(ActionKind::combine_forward, *it);
+    // Residual group by residual group from the last: under full recomputation the group's
+    // forward again (its layers in order), then its layers' backwards from the last.
+    for (size_t end = layers.size(); end > 0;) {
+        size_t begin = end - 1;
+        const PlanExchange& last = layers[begin];
+        while (last.group >= 0 && begin > 0 && layers[begin - 1].block == last.block &&
+               layers[begin - 1].group == last.group)
+            --begin;
+        if (g.recompute && last.group >= 0)
+            for (size_t i = begin; i < end; ++i) {
+                add(ActionKind::dispatch_forward, layers[i].block);
+                add(ActionKind::combine_forward, layers[i].block);
+            }
+        for (size_t i = end; i-- > begin;) {
+            add(ActionKind::combine_backward, layers[i].block);
+            add(ActionKind::dispatch_backward, layers[i].block);
         }
-        add(ActionKind::combine_backward, *it);
-        add(ActionKind::dispatch_backward, *it);
+        end = begin;
     }
     return out;
 }
@@ -215,8 +227,9 @@ std::string print(const Graph& g, int width) {
         if (s.all_to_alls > 0) {
             std::snprintf(buf, sizeof buf,
                           "            ep: %d all-to-alls of %.2f MB among %d ranks inside each "
-                          "F, B and I (dispatch and combine; listed after each)\n",
-                          s.all_to_alls, static_cast<double>(s.all_to_all_bytes) / 1e6, g.ep);
+                          "F, B and I (dispatch and combine; listed after each%s)\n",
+                          s.all_to_alls, static_cast<double>(s.all_to_all_bytes) / 1e6, g.ep,
+                          g.recompute ? "; B and I redo the forward's first" : "");
             out += buf;
         }
         if (s.cp_ring_bytes > 0) {

@@ -38,8 +38,8 @@ enum class ActionKind : uint8_t {
     // and microbatch), in the order listed: in a forward, block by block, the dispatch (each
     // token copy to its expert's rank) and the combine (the experts' outputs back); in a
     // backward, block by block from the last, the combine's backward (the outputs' gradients
-    // to the experts) and the dispatch's backward (the inputs' gradients back), each block's
-    // recomputed dispatch and combine first under full recomputation.
+    // to the experts) and the dispatch's backward (the inputs' gradients back); under full
+    // recomputation a residual group's forward ones again before its backward ones.
     dispatch_forward,  // DISPATCH_F
     combine_forward,   // COMBINE_F
     combine_backward,  // COMBINE_B
@@ -93,6 +93,16 @@ struct PlanShard {
     bool operator==(const PlanShard&) const = default;
 };
 
+/// A layer of routed experts under expert parallelism: its block, and the residual group of
+/// the block it sits in (its index among the block's items), which full recomputation runs
+/// again inside the backward; -1 outside a group (never run again).
+struct PlanExchange {
+    int32_t block = 0;
+    int32_t group = -1;
+
+    bool operator==(const PlanExchange&) const = default;
+};
+
 /// One pipeline stage: a contiguous run of blocks, plus the embeddings on the first stage and
 /// the head and loss on the last. Costs are per microbatch on one tensor-parallel shard.
 struct PlanStage {
@@ -134,9 +144,9 @@ struct PlanStage {
     /// each; 0 without it.
     int32_t all_to_alls = 0;
     int64_t all_to_all_bytes = 0;
-    /// The blocks whose routed experts exchange tokens (ascending; empty without ep): each
-    /// compute action of the stage is followed by their DISPATCH / COMBINE actions.
-    std::vector<int32_t> exchange_blocks;
+    /// The layers of routed experts that exchange tokens, in model order (empty without ep):
+    /// each compute action of the stage is followed by their DISPATCH / COMBINE actions.
+    std::vector<PlanExchange> exchange_layers;
     /// The routed experts' parameters among `parameters` (under ep > 1; 0 otherwise): their
     /// state is shared by the dp x cp / ep ranks that hold them.
     int64_t expert_parameters = 0;
@@ -195,8 +205,6 @@ struct Graph {
     int32_t rank_of(int32_t dp_, int32_t pp_, int32_t tp_, int32_t cp_ = 0) const {
         return ((dp_ * pp + pp_) * cp + cp_) * tp + tp_;
     }
-    /// The ranks that hold the same weights as `r` and reduce their gradients together: every
-    /// (dp, cp) with r's (pp, tp). ZeRO shards over them.
     /// The ranks that exchange tokens with `r` in its all-to-alls: the ep consecutive
     /// (dp, cp) positions of r's (pp, tp) that share r's block of ep.
     std::vector<int32_t> expert_group(const PlanRank& r) const {
@@ -206,6 +214,8 @@ struct Graph {
             out.push_back(rank_of(q / cp, r.pp, r.tp, q % cp));
         return out;
     }
+    /// The ranks that hold the same weights as `r` and reduce their gradients together: every
+    /// (dp, cp) with r's (pp, tp). ZeRO shards over them.
     std::vector<int32_t> replica_group(const PlanRank& r) const {
         std::vector<int32_t> out;
         for (int32_t d = 0; d < dp; ++d)

@@ -43,7 +43,11 @@ json to_json(const Graph& g) {
             st["all_to_alls"] = s.all_to_alls;
             st["all_to_all_bytes"] = s.all_to_all_bytes;
         }
-        if (!s.exchange_blocks.empty()) st["exchange_blocks"] = s.exchange_blocks;
+        if (!s.exchange_layers.empty()) {
+            json layers = json::array();
+            for (const PlanExchange& x : s.exchange_layers) layers.push_back({x.block, x.group});
+            st["exchange_layers"] = layers;
+        }
         if (s.expert_buckets > 0) st["expert_buckets"] = s.expert_buckets;
         if (s.expert_parameters > 0) st["expert_parameters"] = s.expert_parameters;
         stages.push_back(st);
@@ -150,7 +154,9 @@ bool from_json(const json& j, Graph& out, std::string& error) {
             st.units = s.value("units", 1);
             st.all_to_alls = s.value("all_to_alls", 0);
             st.all_to_all_bytes = s.value("all_to_all_bytes", int64_t{0});
-            st.exchange_blocks = s.value("exchange_blocks", std::vector<int32_t>{});
+            if (s.contains("exchange_layers"))
+                for (const json& x : s.at("exchange_layers"))
+                    st.exchange_layers.push_back({x.at(0).get<int32_t>(), x.at(1).get<int32_t>()});
             st.expert_buckets = s.value("expert_buckets", 0);
             st.expert_parameters = s.value("expert_parameters", int64_t{0});
             for (const json& sh : s.at("shards")) {

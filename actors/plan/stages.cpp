@@ -109,14 +109,21 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
         c.attention_flops = c.flops_forward;
         // The ring passes every other rank's key and value blocks through this one.
         if (p.mesh.cp > 1) c.cp_ring_bytes = static_cast<int64_t>((cp - 1) * 2 * N * kv * hd * elt);
+        // The scores' gradient is two products each way (dq, dk; dp, dv). A flash kernel keeps
+        // no probabilities, so its backward first computes q k^T again: five products to the
+        // forward's two (Dao 2023, FlashAttention-2, section 3.1.2). A materialized kernel under
+        // selective recomputation redoes its whole forward (Korthikanti et al. 2022, section 4).
+        const bool materialized = l.kernel == AttentionKernel::materialized;
         c.flops_input_grad = weights + 2 * scores;
+        if (!materialized) c.flops_input_grad += scores / 2;
+        if (materialized && p.schedule.recompute == Recompute::selective)
+            c.flops_input_grad += scores;
         c.flops_weight_grad = weights;
         // A flash kernel reads q, k and v and writes its output, and keeps no T x T matrix.
         // A materialized one writes the scores, reads them into the softmax, writes the
         // probabilities and reads them into the product with v: four passes over b h T^2
         // elements (the rank's 1 / cp of them); it keeps the probabilities for the backward
         // unless the backward recomputes them (selective or full recomputation).
-        const bool materialized = l.kernel == AttentionKernel::materialized;
         c.bytes_elementwise =
             materialized ? 4 * b * h * T * T * elt / cp : 4 * N * (h + 2 * kv) * hd * elt;
         // What the unit keeps (models/units_block.cpp): its input (the rank's shard under sp),
@@ -741,13 +748,14 @@ std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>
         st.cp_ring_bytes = c.cp_ring_bytes;
         st.all_to_alls = c.all_to_alls;
         st.all_to_all_bytes = c.all_to_all_bytes;
-        if (p.mesh.ep > 1)
-            for (int32_t k = 0; k < st.blocks; ++k)
-                for (const ModelItemSpec& it :
-                     p.model.blocks[static_cast<size_t>(st.first_block + k)].items)
-                    for (const LayerSpec& l : it.layers)
-                        if (l.kind == LayerKind::moe)
-                            st.exchange_blocks.push_back(st.first_block + k);
+        for (int32_t k = 0; k < st.blocks && p.mesh.ep > 1; ++k) {
+            const auto& parts = p.model.blocks[static_cast<size_t>(st.first_block + k)].items;
+            for (size_t i = 0; i < parts.size(); ++i)
+                for (const LayerSpec& l : parts[i].layers)
+                    if (l.kind == LayerKind::moe)
+                        st.exchange_layers.push_back(
+                            {st.first_block + k, parts[i].residual ? static_cast<int32_t>(i) : -1});
+        }
         st.expert_parameters = p.mesh.ep > 1 ? c.expert_parameters : 0;
         st.attention_flops = c.attention_flops;
         st.boundary_bytes = N * p.model.width * elt;

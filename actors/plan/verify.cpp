@@ -17,8 +17,11 @@ std::string where(const PlanRank& r) {
 }
 
 // The custom table's cell nearest to action i: the action itself, else the compute action it
-// feeds (a receive) or follows (a send).
+// feeds (a receive) or follows (a send, an all-to-all).
 lang::SourceLoc loc_near(const PlanRank& r, size_t i) {
+    if (i < r.actions.size() && is_exchange(r.actions[i].kind))
+        for (size_t k = i; k-- > 0;)
+            if (is_compute(r.actions[k].kind)) return r.actions[k].loc;
     for (size_t k = i; k < r.actions.size(); ++k)
         if (is_compute(r.actions[k].kind)) return r.actions[k].loc;
     for (size_t k = i; k-- > 0;)

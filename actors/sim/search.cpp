@@ -306,11 +306,6 @@ SearchReport search(const SearchOptions& o) {
         lang::FrontendOptions sharded = fo;
         sharded.overrides.push_back("mesh.zero=3");
         lang::CheckResult retry = checked(o, sharded);
-        if (!retry.ok()) {
-            // ZeRO 3 beside expert parallelism is refused: shard without ep (it is searched).
-            sharded.overrides.push_back("mesh.ep=1");
-            retry = checked(o, sharded);
-        }
         if (retry.ok()) {
             own_refusal = base.report();
             base = std::move(retry);

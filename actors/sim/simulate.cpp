@@ -535,9 +535,12 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
     if (o.cost == CostModel::profile) {
         t.step_time_s = t.makespan;
         double tokens = static_cast<double>(g.microbatch_tokens) * g.microbatches * g.dp;
+        // Model FLOPs: every product once forward and twice backward (input and weight
+        // gradients; the scores' gradient is two products each way), three times the forward;
+        // what recomputation (or a flash kernel's backward) runs again is not counted (MFU, not
+        // Korthikanti et al.'s hardware FLOPs utilization).
         double flops = 0;
-        for (const PlanStage& s : g.stages)
-            flops += (s.flops_forward + s.flops_input_grad + s.flops_weight_grad);
+        for (const PlanStage& s : g.stages) flops += 3 * s.flops_forward;
         flops *= static_cast<double>(g.microbatches) * g.dp * g.tp * g.cp;
         // Every rank's peak, of its own kind.
         double peak = 0;

@@ -73,6 +73,21 @@ train {
 }
 
 const std::string mixtral_args = "experts: 4, top_k: 2, hidden: 16, aux_loss: 0.05";
+
+// Two mixtures of experts in one residual group and a third outside any group, which full
+// recomputation does not run again.
+std::string grouped_and_bare_script() {
+    const std::string moe = "moe(16, experts: 4, top_k: 2, hidden: 16) shard hidden";
+    std::string text = moe_script(mixtral_args);
+    const std::string group =
+        "            moe: moe(16, " + mixtral_args + ") shard hidden\n        }\n";
+    const size_t at = text.find(group);
+    if (at == std::string::npos) return "";
+    text.replace(at, group.size(),
+                 "            first: " + moe + "\n            second: " + moe +
+                     "\n        }\n        bare: " + moe + "\n");
+    return text;
+}
 const std::string deepseek_args = "experts: 8, top_k: 3, hidden: 8, shared: 2, normalize: false, "
                                   "aux_loss: 0.05";
 
@@ -283,6 +298,38 @@ TEST(ExpertRuntime, AnAllToAllThePlanDoesNotListFailsTheStep) {
     EXPECT_NE(got.error.find("all-to-all(s) ran that the plan does not list before `0B0`"),
               std::string::npos)
         << got.error;
+}
+
+// Full recomputation runs a residual group's forward again, its all-to-alls with it, before the
+// group's backward; a layer outside any group keeps what it needs and exchanges only its
+// gradients. The plan lists exactly what the runtime runs (a count that differs fails the step),
+// and the losses are ep 1's.
+TEST(ExpertRuntime, RecomputationRedoesOnlyTheResidualGroupsAllToAlls) {
+    const std::string text = grouped_and_bare_script();
+    ASSERT_FALSE(text.empty());
+    Program p = tests::checked_script(text, {"mesh.dp=2", "mesh.ep=2", "schedule.recompute=full"});
+    plan::PlanResult planned = plan::lower(p);
+    ASSERT_TRUE(planned.ok()) << plan::render_errors("t.dist", planned.errors);
+    const auto& list = planned.graph->ranks[0].actions;
+    size_t b = 0;
+    while (b < list.size() && plan::to_string(list[b]) != "0B0") ++b;
+    std::vector<std::string> got;
+    for (size_t i = b + 1; i < list.size() && plan::is_exchange(list[i].kind); ++i)
+        got.push_back(plan::to_string(list[i]));
+    const std::vector<std::string> block1 = {
+        "0COMBINE_B0@1",  "0DISPATCH_B0@1",                                    // bare
+        "0DISPATCH_F0@1", "0COMBINE_F0@1",  "0DISPATCH_F0@1", "0COMBINE_F0@1", // group again
+        "0COMBINE_B0@1",  "0DISPATCH_B0@1", "0COMBINE_B0@1",  "0DISPATCH_B0@1"};
+    std::vector<std::string> want = block1;
+    for (const std::string& w : block1) want.push_back(w.substr(0, w.size() - 1) + "0");
+    EXPECT_EQ(got, want);
+    tests::JobCurve ref = train(text, {"mesh.dp=2", "mesh.ep=1", "schedule.recompute=full"});
+    tests::JobCurve split = train(text, {"mesh.dp=2", "mesh.ep=2", "schedule.recompute=full"});
+    ASSERT_EQ(ref.error, "");
+    ASSERT_EQ(split.error, "");
+    ASSERT_EQ(split.losses.size(), ref.losses.size());
+    for (size_t i = 0; i < ref.losses.size(); ++i)
+        EXPECT_NEAR(split.losses[i], ref.losses[i], 1e-5 * ref.losses[i]) << "step " << i + 1;
 }
 
 TEST(ExpertRuntime, OneRankTrainsAsOneDevice) {

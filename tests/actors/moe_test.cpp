@@ -349,7 +349,7 @@ Graph without_exchanges(Graph g) {
         r.actions.erase(std::remove_if(r.actions.begin(), r.actions.end(),
                                        [](const PlanAction& a) { return is_exchange(a.kind); }),
                         r.actions.end());
-    for (PlanStage& s : g.stages) s.exchange_blocks.clear();
+    for (PlanStage& s : g.stages) s.exchange_layers.clear();
     return g;
 }
 
@@ -362,7 +362,8 @@ Graph without_exchanges(Graph g) {
 TEST(MixtureOfExperts, ThePlanListsEveryAllToAllInTheOrderTheModelRunsThem) {
     Graph g = lowered(checked(tiny("dp: 2\n    ep: 2")));
     ASSERT_EQ(g.stages.size(), 1u);
-    EXPECT_EQ(g.stages[0].exchange_blocks, (std::vector<int32_t>{0, 1}));
+    // Each block's experts sit in its second residual group.
+    EXPECT_EQ(g.stages[0].exchange_layers, (std::vector<PlanExchange>{{0, 1}, {1, 1}}));
     for (int32_t r = 0; r < 2; ++r) {
         size_t f = index_of(g, r, "0F0"), b = index_of(g, r, "0B0");
         EXPECT_EQ(words(g, r, f + 1, 4),
@@ -457,13 +458,13 @@ TEST(MixtureOfExperts, AnAllToAllWaitsForTheSlowestMemberOfItsGroup) {
     const size_t f = index_of(g, 0, "0F0");
     ASSERT_EQ(f, index_of(g, 1, "0F0"));
     // Four all-to-alls cut rank 0's forward into pieces of 0.2 and rank 1's into 0.6: each
-    // starts when rank 1 gets there, 0.6 after the last one ended.
+    // starts when rank 1 gets there, 0.6 after the last one ended; rank 0 came 0.4 earlier and
+    // waited (its span holds the wait, as the runtime measures it).
     for (size_t k = 0; k < 4; ++k) {
         const double start = 0.6 + 1.1 * static_cast<double>(k);
-        for (size_t r = 0; r < 2; ++r) {
-            EXPECT_NEAR(t.start[r][f + 1 + k], start, 1e-12) << "rank " << r << " all-to-all " << k;
-            EXPECT_NEAR(t.end[r][f + 1 + k], start + 0.5, 1e-12);
-        }
+        EXPECT_NEAR(t.start[1][f + 1 + k], start, 1e-12) << "all-to-all " << k;
+        EXPECT_NEAR(t.start[0][f + 1 + k], start - 0.4, 1e-12) << "all-to-all " << k;
+        for (size_t r = 0; r < 2; ++r) EXPECT_NEAR(t.end[r][f + 1 + k], start + 0.5, 1e-12);
     }
     EXPECT_NEAR(t.end[0][f], 4.4 + 0.2, 1e-12);
     EXPECT_NEAR(t.end[1][f], 4.4 + 0.6, 1e-12);

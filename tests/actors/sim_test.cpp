@@ -2,6 +2,7 @@
 // profile, and that the SVG and the Chrome trace are well-formed.
 #include "actors/plan/graph_json.hpp"
 #include "actors/plan/lower.hpp"
+#include "actors/plan/stages.hpp"
 #include "actors/plan/verify.hpp"
 #include "actors/sim/simulate.hpp"
 #include "lang/check.hpp"
@@ -88,6 +89,34 @@ TEST(GraphJson, ReadingRefusesBadActions) {
         EXPECT_EQ(to_string(*parse_action(good)), good);
     for (const char* bad : {"F0", "0F", "0SEND_F1", "0F1>r2", "0Q1", "0F1x"})
         EXPECT_FALSE(parse_action(bad).has_value()) << bad;
+}
+
+// Attention's input gradient: its weights' products once, and the scores' gradient, two products
+// each way where the forward has two (4 b T^2 heads head_dim FLOPs); a flash kernel first
+// computes q k^T again (five products in all, FlashAttention-2's backward), a materialized one
+// under selective recomputation its whole core forward (Korthikanti et al. 2022).
+TEST(CostModel, AttentionBackwardRedoesWhatItDoesNotKeep) {
+    auto attention = [](std::vector<std::string> sets) {
+        sets.push_back("train.batch=4");
+        Program p = checked("gpt_tiny.dist", sets);
+        for (const ModelItemSpec& it : p.model.blocks.front().items)
+            for (const LayerSpec& l : it.layers)
+                if (l.kind == LayerKind::attention)
+                    return std::make_pair(p, cost_of_items(p, {it}));
+        ADD_FAILURE() << "no attention";
+        return std::make_pair(p, PartCost{});
+    };
+    auto [p, flash] = attention({});
+    const double b = static_cast<double>(p.train.microbatch_size);
+    const double T = static_cast<double>(p.model.context), C = static_cast<double>(p.model.width);
+    const double scores = 4 * b * T * T * C; // heads x head_dim = width
+    const double weights = flash.flops_weight_grad;
+    EXPECT_NEAR(flash.flops_forward, weights + scores, 1e-9 * scores);
+    EXPECT_NEAR(flash.flops_input_grad, weights + 2.5 * scores, 1e-9 * scores);
+    const std::string kept = "model.attention_kernel=\"materialized\"";
+    EXPECT_NEAR(attention({kept}).second.flops_input_grad, weights + 2 * scores, 1e-9 * scores);
+    EXPECT_NEAR(attention({kept, "schedule.recompute=selective"}).second.flops_input_grad,
+                weights + 3 * scores, 1e-9 * scores);
 }
 
 TEST(Simulate, ProfileReportAddsUp) {
