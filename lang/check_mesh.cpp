@@ -300,6 +300,10 @@ const EditableField editable_fields[] = {
          h.matmul_efficiency = v;
          h.matmul_efficiency_by_width.clear();
      }},
+    {"compute.attention_efficiency", 0, true, 1, false,
+     [](HardwareProfile& h, double v) { h.attention_efficiency = v; }},
+    {"compute.attention_block", 0, true, 1 << 20, true,
+     [](HardwareProfile& h, double v) { h.attention_block = static_cast<int64_t>(v); }},
     {"memory.bytes", 0, true, 9.2e18, true,
      [](HardwareProfile& h, double v) { h.memory_bytes = static_cast<int64_t>(v); }},
     {"memory.bandwidth", 0, true, 1e300, false,

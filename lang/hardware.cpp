@@ -216,6 +216,11 @@ std::optional<HardwareProfile> load_profile(const std::filesystem::path& path,
             diags.error(node_loc(file, root.at_path("compute.matmul_efficiency").node(), root),
                         "`matmul_efficiency` is a fraction of peak, at most 1");
     }
+    p.attention_efficiency = r.number("compute.attention_efficiency", false);
+    if (p.attention_efficiency > 1.0)
+        diags.error(node_loc(file, root.at_path("compute.attention_efficiency").node(), root),
+                    "`attention_efficiency` is a fraction of peak, at most 1");
+    p.attention_block = static_cast<int64_t>(r.number("compute.attention_block", false));
     read_calibration(r, root, file, diags, p.calibration);
     if (diags.error_count() > before) return std::nullopt;
     return p;

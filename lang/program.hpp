@@ -214,9 +214,15 @@ struct HardwareProfile {
     LinkSpec inter_host;
     /// The fraction of peak that matmuls reach (a published measurement for a datasheet
     /// profile; 0: the simulator's default). `matmul_efficiency_by_width`, when given, is
-    /// (model width, efficiency) points: wider models' matmuls run closer to peak.
+    /// (width, efficiency) points, the width of a tensor-parallel shard (model width / tp):
+    /// larger matmuls run closer to peak.
     double matmul_efficiency = 0.0;
     std::vector<std::pair<double, double>> matmul_efficiency_by_width;
+    /// A flash attention kernel's fraction of peak over the score and value products it runs
+    /// (0: the matmuls' efficiency), and the query rows of its tiles: a causal mask skips every
+    /// tile wholly above the diagonal (0: 128, FlashAttention-2's).
+    double attention_efficiency = 0.0;
+    int64_t attention_block = 0;
     Calibration calibration;
 
     /// Ranks on this machine's CPU cores: the `cpu` profile, or one `dist calibrate` measured

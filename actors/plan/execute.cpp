@@ -213,6 +213,27 @@ void conclude(const Graph& g, const Collectives& dp, const Exchanges& ex, ExecTi
     }
 }
 
+/// A compute action cut by the all-to-alls listed after it: its first piece before them, one
+/// after each. Where it is in the rank's list (-1: none open), each piece's seconds, and the
+/// earliest it may end (ZeRO 3's last unit).
+struct Cut {
+    int64_t at = -1;
+    double piece = 0, not_before = 0;
+
+    bool open() const { return at >= 0; }
+    /// Cuts the compute at `pos` of `seconds` into k + 1 pieces: the first one's seconds.
+    double begin(size_t pos, double seconds, size_t k, double end_not_before) {
+        at = static_cast<int64_t>(pos);
+        piece = seconds / static_cast<double>(k + 1);
+        not_before = end_not_before;
+        return piece;
+    }
+    /// Whether the all-to-all at `pos` is the last of the cut (its piece ends the compute).
+    static bool last(const std::vector<PlanAction>& list, size_t pos) {
+        return pos + 1 >= list.size() || !is_exchange(list[pos + 1].kind);
+    }
+};
+
 ExecTimes sized(const Graph& g) {
     const size_t n = g.ranks.size();
     ExecTimes t;
@@ -235,10 +256,7 @@ ExecTimes execute_devices(const Graph& g, const ExecCosts& costs) {
     std::map<MessageKey, double> arrived;
     Collectives dp(g, costs);
     Exchanges ex(g, costs);
-    // A compute action cut by its all-to-alls: which (or -1), each piece's seconds, and the
-    // earliest it may end (ZeRO 3's last unit).
-    std::vector<int64_t> open(n, -1);
-    std::vector<double> piece(n, 0.0), open_not_before(n, 0.0);
+    std::vector<Cut> cut(n);
     std::vector<double> at_step(n, -1.0); // when each rank reached STEP
     bool progress = true;
     while (progress) {
@@ -257,10 +275,7 @@ ExecTimes execute_devices(const Graph& g, const ExecCosts& costs) {
                     end = std::max(start + compute, gate.not_before);
                     if (size_t k = exchanges_after(rank, pos); k > 0) {
                         // Its first piece now; its end once the last all-to-all is over.
-                        open[r] = static_cast<int64_t>(pos);
-                        piece[r] = compute / static_cast<double>(k + 1);
-                        open_not_before[r] = gate.not_before;
-                        end = start + piece[r];
+                        end = start + cut[r].begin(pos, compute, k, gate.not_before);
                     }
                 } else if (is_exchange(a.kind)) {
                     auto when = ex.enter(rank, a, start);
@@ -269,13 +284,12 @@ ExecTimes execute_devices(const Graph& g, const ExecCosts& costs) {
                     t.start[r][pos] = ex.arrived[r];
                     t.end[r][pos] = when->second;
                     clock[r] = when->second;
-                    if (open[r] >= 0) {
-                        clock[r] += piece[r];
-                        if (pos + 1 >= rank.actions.size() ||
-                            !is_exchange(rank.actions[pos + 1].kind)) {
-                            clock[r] = std::max(clock[r], open_not_before[r]);
-                            t.end[r][static_cast<size_t>(open[r])] = clock[r];
-                            open[r] = -1;
+                    if (cut[r].open()) {
+                        clock[r] += cut[r].piece;
+                        if (Cut::last(rank.actions, pos)) {
+                            clock[r] = std::max(clock[r], cut[r].not_before);
+                            t.end[r][static_cast<size_t>(cut[r].at)] = clock[r];
+                            cut[r] = {};
                         }
                     }
                     ++pos;
@@ -334,9 +348,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
     };
     std::vector<Running> run(n);
     Exchanges ex(g, costs);
-    // A compute action cut by its all-to-alls (as in execute_devices).
-    std::vector<int64_t> open(n, -1);
-    std::vector<double> piece(n, 0.0), open_not_before(n, 0.0);
+    std::vector<Cut> cut(n);
     std::vector<double> at_step(n, -1.0); // when each rank reached STEP
     std::set<double> wakes;               // future times at which a waiting rank may go on
     double now = 0;
@@ -369,10 +381,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                             if (!gate.ready) break;
                             if (size_t k = exchanges_after(rank, pos); k > 0) {
                                 // Its first piece now; the others after its all-to-alls.
-                                open[r] = static_cast<int64_t>(pos);
-                                piece[r] = compute / static_cast<double>(k + 1);
-                                open_not_before[r] = gate.not_before;
-                                compute = piece[r];
+                                compute = cut[r].begin(pos, compute, k, gate.not_before);
                                 gate.not_before = 0;
                             }
                             if (gate.start > now) {
@@ -400,11 +409,11 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                         ex.leave(rank);
                         t.start[r][pos] = ex.arrived[r];
                         t.end[r][pos] = when->second;
-                        if (open[r] >= 0) {
+                        if (cut[r].open()) {
                             // The compute's next piece, which ends it after the last one.
-                            bool last = pos + 1 >= rank.actions.size() ||
-                                        !is_exchange(rank.actions[pos + 1].kind);
-                            run[r] = {true, piece[r], piece[r], last ? open_not_before[r] : 0.0,
+                            const Cut& c = cut[r];
+                            run[r] = {true, c.piece, c.piece,
+                                      Cut::last(rank.actions, pos) ? c.not_before : 0.0,
                                       costs.threads(rank)};
                             moved = true; // members waiting at it go on at `now` too
                             break;
@@ -466,17 +475,15 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                 t.start[r][t.stopped_at[r]] > now)
                 continue;
             run[r].on = false;
-            if (open[r] < 0) {
+            if (!cut[r].open()) {
                 t.end[r][t.stopped_at[r]++] = now;
                 continue;
             }
             // A piece of a compute action cut by its all-to-alls: the last one ends it.
             const size_t i = t.stopped_at[r]++;
-            const auto& list = g.ranks[r].actions;
-            if (i != static_cast<size_t>(open[r]) &&
-                (i + 1 >= list.size() || !is_exchange(list[i + 1].kind))) {
-                t.end[r][static_cast<size_t>(open[r])] = now;
-                open[r] = -1;
+            if (i != static_cast<size_t>(cut[r].at) && Cut::last(g.ranks[r].actions, i)) {
+                t.end[r][static_cast<size_t>(cut[r].at)] = now;
+                cut[r] = {};
             }
         }
     }

@@ -136,6 +136,12 @@ struct PlanStage {
     /// weighted share of the forward spent in attention, behind which the ring hides.
     int64_t cp_ring_bytes = 0;
     double attention_flops = 0;
+    /// Causal flash attention: the FLOPs of its score and value products in one forward and in
+    /// one input gradient (parts of flops_forward and flops_input_grad, counted over the whole
+    /// T x T square as MFU counts them), and the sequence length T they span. A kernel skips
+    /// the tiles above the diagonal: about half of these run.
+    double flash_forward = 0, flash_input_grad = 0;
+    int64_t flash_sequence = 0;
     /// ZeRO 3 gathers weights a unit (a block, the embeddings, the head) at a time: the
     /// largest unit's parameters on one tensor-parallel rank, and the stage's unit count.
     int64_t largest_unit_parameters = 0;

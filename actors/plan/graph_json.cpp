@@ -36,6 +36,7 @@ json to_json(const Graph& g) {
             {"buckets", s.buckets},
             {"cp_ring_bytes", s.cp_ring_bytes},
             {"attention_flops", s.attention_flops},
+            {"flash", {{"F", s.flash_forward}, {"I", s.flash_input_grad}, {"T", s.flash_sequence}}},
             {"largest_unit_parameters", s.largest_unit_parameters},
             {"units", s.units},
             {"shards", shards}};
@@ -150,6 +151,11 @@ bool from_json(const json& j, Graph& out, std::string& error) {
             st.buckets = s.at("buckets").get<std::vector<int64_t>>();
             st.cp_ring_bytes = s.value("cp_ring_bytes", int64_t{0});
             st.attention_flops = s.value("attention_flops", 0.0);
+            if (s.contains("flash")) {
+                st.flash_forward = s.at("flash").value("F", 0.0);
+                st.flash_input_grad = s.at("flash").value("I", 0.0);
+                st.flash_sequence = s.at("flash").value("T", int64_t{0});
+            }
             st.largest_unit_parameters = s.value("largest_unit_parameters", int64_t{0});
             st.units = s.value("units", 1);
             st.all_to_alls = s.value("all_to_alls", 0);

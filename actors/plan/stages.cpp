@@ -41,6 +41,8 @@ void PartCost::add(const PartCost& o) {
     tp_reductions += o.tp_reductions;
     cp_ring_bytes += o.cp_ring_bytes;
     attention_flops += o.attention_flops;
+    flash_forward += o.flash_forward;
+    flash_input_grad += o.flash_input_grad;
     all_to_alls += o.all_to_alls;
     all_to_all_bytes = std::max(all_to_all_bytes, o.all_to_all_bytes);
     expert_parameters += o.expert_parameters;
@@ -115,7 +117,11 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
         // selective recomputation redoes its whole forward (Korthikanti et al. 2022, section 4).
         const bool materialized = l.kernel == AttentionKernel::materialized;
         c.flops_input_grad = weights + 2 * scores;
-        if (!materialized) c.flops_input_grad += scores / 2;
+        if (!materialized) {
+            c.flops_input_grad += scores / 2;
+            c.flash_forward = scores;
+            c.flash_input_grad = 2.5 * scores;
+        }
         if (materialized && p.schedule.recompute == Recompute::selective)
             c.flops_input_grad += scores;
         c.flops_weight_grad = weights;
@@ -328,7 +334,10 @@ PartCost block_cost(const Program& p, size_t i) {
     PartCost c = cost_of_items(p, p.model.blocks[i].items);
     c.activation_bytes = block_activation_bytes(p, p.model.blocks[i]);
     // Full recomputation runs the forward again inside the backward.
-    if (p.schedule.recompute == Recompute::full) c.flops_input_grad += c.flops_forward;
+    if (p.schedule.recompute == Recompute::full) {
+        c.flops_input_grad += c.flops_forward;
+        c.flash_input_grad += c.flash_forward;
+    }
     return c;
 }
 
@@ -758,6 +767,9 @@ std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>
         }
         st.expert_parameters = p.mesh.ep > 1 ? c.expert_parameters : 0;
         st.attention_flops = c.attention_flops;
+        st.flash_forward = c.flash_forward;
+        st.flash_input_grad = c.flash_input_grad;
+        st.flash_sequence = c.flash_forward > 0 ? p.model.context : 0;
         st.boundary_bytes = N * p.model.width * elt;
         st.tp_reductions = c.tp_reductions;
         // With sequence parallelism each all-reduce is a reduce-scatter and an all-gather of

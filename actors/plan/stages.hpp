@@ -21,6 +21,7 @@ struct PartCost {
     int32_t tp_reductions = 0;
     int64_t cp_ring_bytes = 0;  // key/value bytes passed along the cp ring in one forward
     double attention_flops = 0; // the forward FLOPs the ring hides behind
+    double flash_forward = 0, flash_input_grad = 0; // causal flash products (PlanStage)
     /// Mixtures of experts: all-to-alls in one forward (a dispatch and a combine per layer; as
     /// many in the backward), the bytes each rank puts in one, and the parameters of routed
     /// experts on this rank (their gradients are reduced over dp x cp / ep ranks).

@@ -222,15 +222,15 @@ std::vector<std::pair<std::vector<int32_t>, std::string>> groups_of(const plan::
         {tp, "tp group"}, {dp, "dp group"}, {model, "model group"}, {cp, "cp group"}};
     if (graph.ep > 1) {
         // Expert parallelism within one (pp, tp) position's dp x cp ranks, numbered
-        // q = dp_index cp + cp_index: ep consecutive q share the experts (the all-to-alls), and
-        // the q equal modulo ep hold the same experts (their gradients' reduction).
+        // q = dp_index cp + cp_index: ep consecutive q share the experts (the all-to-alls,
+        // Graph::expert_group), and the q equal modulo ep hold the same experts (their
+        // gradients' reduction, among the replica group).
         auto q = [&](const plan::PlanRank& r) { return r.dp * graph.cp + r.cp; };
         std::vector<int32_t> ep{5}, edp{6};
-        for (const auto& r : graph.ranks) {
-            if (r.pp != me.pp || r.tp != me.tp) continue;
-            if (q(r) / graph.ep == q(me) / graph.ep) ep.push_back(r.rank);
-            if (q(r) % graph.ep == q(me) % graph.ep) edp.push_back(r.rank);
-        }
+        for (int32_t r : graph.expert_group(me)) ep.push_back(r);
+        for (int32_t r : graph.replica_group(me))
+            if (q(graph.ranks[static_cast<size_t>(r)]) % graph.ep == q(me) % graph.ep)
+                edp.push_back(r);
         out.push_back({ep, "ep group"});
         out.push_back({edp, "expert dp group"});
     }

@@ -33,7 +33,21 @@ namespace {
 
 struct Profile {
     double flops = 1e12, mem_bw = 1e11, efficiency = 0.5;
+    /// Flash attention's fraction of peak (0: the matmuls') and its tiles' query rows.
+    double attention_efficiency = 0;
+    double attention_block = 128;
     LinkSpec intra{1e10, 1e-6}, inter{1e9, 1e-5};
+
+    /// Seconds of `flops` FLOPs of which `flash` are a causal flash kernel's products over a
+    /// sequence of `seq`: the kernel runs the tiles on or below the diagonal, 1/2 + B / 2T of
+    /// the square for tiles of B query rows (a rank's load-balanced cp share too: its two
+    /// chunks' diagonal tiles are the same fraction of its 1/cp).
+    double seconds(double all, double flash, int64_t seq) const {
+        if (flash <= 0 || seq <= 0) return all / (flops * efficiency);
+        const double run = std::min(1.0, 0.5 + attention_block / (2.0 * static_cast<double>(seq)));
+        const double att = attention_efficiency > 0 ? attention_efficiency : efficiency;
+        return (all - flash) / (flops * efficiency) + flash * run / (flops * att);
+    }
 };
 
 Profile profile_of(const Graph& g, const Program& p, const SimOptions& o,
@@ -45,10 +59,15 @@ Profile profile_of(const Graph& g, const Program& p, const SimOptions& o,
     if (h.intra_host.bandwidth > 0) pr.intra = h.intra_host;
     if (h.inter_host.bandwidth > 0) pr.inter = h.inter_host;
     pr.efficiency = h.matmul_efficiency > 0 ? h.matmul_efficiency : o.efficiency;
+    pr.attention_efficiency = h.attention_efficiency;
+    if (h.attention_block > 0) pr.attention_block = static_cast<double>(h.attention_block);
     const auto& curve = h.matmul_efficiency_by_width;
     if (!curve.empty()) {
-        // Linear in log(width) between the profile's points, constant beyond them.
-        const double w = static_cast<double>(p.model.width);
+        // Keyed by the width of a tensor-parallel shard (the matmuls' size on one device: a
+        // block's are (tokens x width/tp) by (width/tp x width) and the like), linear in
+        // log(width) between the profile's points, constant beyond them.
+        const double w = static_cast<double>(p.model.width) /
+                         static_cast<double>(std::max<int64_t>(1, p.mesh.tp));
         pr.efficiency = w <= curve.front().first ? curve.front().second : curve.back().second;
         for (size_t i = 1; i < curve.size(); ++i)
             if (w > curve[i - 1].first && w <= curve[i].first) {
@@ -239,16 +258,20 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
             LinkSpec l = cp_link(r);
             double send =
                 (ax.cp - 1) * l.latency + static_cast<double>(s.cp_ring_bytes) / l.bandwidth;
-            ring = std::max(0.0, send - s.attention_flops / rate);
+            ring = std::max(
+                0.0, send - pr.seconds(s.attention_flops, s.flash_forward, s.flash_sequence));
         }
+        const int64_t T = s.flash_sequence;
         switch (a.kind) {
         case ActionKind::forward:
-            return s.flops_forward / rate + s.bytes_elementwise / pr.mem_bw + tp + ring;
+            return pr.seconds(s.flops_forward, s.flash_forward, T) +
+                   s.bytes_elementwise / pr.mem_bw + tp + ring;
         case ActionKind::backward_input:
-            return s.flops_input_grad / rate + 2 * s.bytes_elementwise / pr.mem_bw + tp + 2 * ring;
+            return pr.seconds(s.flops_input_grad, s.flash_input_grad, T) +
+                   2 * s.bytes_elementwise / pr.mem_bw + tp + 2 * ring;
         case ActionKind::backward_weight: return s.flops_weight_grad / rate;
         case ActionKind::backward:
-            return (s.flops_input_grad + s.flops_weight_grad) / rate +
+            return pr.seconds(s.flops_input_grad + s.flops_weight_grad, s.flash_input_grad, T) +
                    2 * s.bytes_elementwise / pr.mem_bw + tp + 2 * ring;
         default: return 0.0;
         }

@@ -311,4 +311,20 @@ TEST(Rates, ADatasheetEfficiencyByWidthLoadsAndIsChecked) {
     std::string report = bad_diags.render(sources);
     EXPECT_NE(report.find("bad.toml:5:35:"), std::string::npos) << report;
     EXPECT_NE(report.find("widths ascending"), std::string::npos) << report;
+    // Flash attention's own efficiency and tile rows load; an efficiency above 1 is refused
+    // where it is written.
+    fs::path att = dir.path / "att.toml";
+    std::ofstream(att) << head << "attention_efficiency = 0.6\nattention_block = 64\n" << rest;
+    lang::Diagnostics att_diags;
+    auto q = lang::load_profile(att, sources, att_diags);
+    ASSERT_TRUE(q.has_value()) << att_diags.render(sources);
+    EXPECT_DOUBLE_EQ(q->attention_efficiency, 0.6);
+    EXPECT_EQ(q->attention_block, 64);
+    fs::path over = dir.path / "over.toml";
+    std::ofstream(over) << head << "attention_efficiency = 1.5\n" << rest;
+    lang::Diagnostics over_diags;
+    EXPECT_FALSE(lang::load_profile(over, sources, over_diags).has_value());
+    report = over_diags.render(sources);
+    EXPECT_NE(report.find("over.toml:5:"), std::string::npos) << report;
+    EXPECT_NE(report.find("at most 1"), std::string::npos) << report;
 }

@@ -112,8 +112,9 @@ TEST_P(Equivalence, LossesAndWeightsMatchOneDevice) {
         for (int64_t i = 0; i < w.value.numel(); ++i) {
             diff += (a[i] - b[i]) * static_cast<double>(a[i] - b[i]);
             norm += b[i] * static_cast<double>(b[i]);
-            if (loose == 1)
+            if (loose == 1) {
                 ASSERT_NEAR(a[i], b[i], 1e-4) << w.name << " " << i << " of " << w.value.numel();
+            }
         }
     }
     // Adam turns a gradient element near zero into a step of about the learning rate whatever

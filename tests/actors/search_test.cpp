@@ -245,6 +245,12 @@ TEST(Search, HardwareOverridesChangeTheAnswer) {
     sim::Timeline twice = simulated(file, {"hardware.compute.peak_flops_bf16=624e12"});
     sim::Timeline once = simulated(file, {});
     EXPECT_LT(twice.step_time_s, once.step_time_s);
+    // Slower flash attention lengthens the step; tiles as long as the sequence run the whole
+    // T x T square, the causal half skipped no more.
+    sim::Timeline slow_attention = simulated(file, {"hardware.compute.attention_efficiency=0.05"});
+    EXPECT_GT(slow_attention.step_time_s, once.step_time_s);
+    sim::Timeline whole = simulated(file, {"hardware.compute.attention_block=1048576"});
+    EXPECT_GT(whole.step_time_s, once.step_time_s);
     // Memory comes from the edited profile.
     sim::Timeline small = simulated(file, {"hardware.memory.bytes=1e9"});
     EXPECT_EQ(small.memory_limit_bytes, 1000000000);
@@ -264,6 +270,8 @@ TEST(Search, HardwareOverridesAreCheckedAndLocated) {
     EXPECT_NE(e.find("--set:1:1"), std::string::npos) << e;
     EXPECT_NE(e.find("did you mean `hardware.links.inter_host.bandwidth`"), std::string::npos) << e;
     e = errors("hardware.compute.matmul_efficiency=1.5");
+    EXPECT_NE(e.find("a fraction in (0, 1]"), std::string::npos) << e;
+    e = errors("hardware.compute.attention_efficiency=2");
     EXPECT_NE(e.find("a fraction in (0, 1]"), std::string::npos) << e;
     e = errors("hardware.memory.bytes=-3");
     EXPECT_NE(e.find("positive whole number"), std::string::npos) << e;

@@ -113,7 +113,11 @@ TEST(CostModel, AttentionBackwardRedoesWhatItDoesNotKeep) {
     const double weights = flash.flops_weight_grad;
     EXPECT_NEAR(flash.flops_forward, weights + scores, 1e-9 * scores);
     EXPECT_NEAR(flash.flops_input_grad, weights + 2.5 * scores, 1e-9 * scores);
+    // A flash kernel's products over the square are marked: the simulator runs the causal half.
+    EXPECT_NEAR(flash.flash_forward, scores, 1e-9 * scores);
+    EXPECT_NEAR(flash.flash_input_grad, 2.5 * scores, 1e-9 * scores);
     const std::string kept = "model.attention_kernel=\"materialized\"";
+    EXPECT_EQ(attention({kept}).second.flash_forward, 0.0);
     EXPECT_NEAR(attention({kept}).second.flops_input_grad, weights + 2 * scores, 1e-9 * scores);
     EXPECT_NEAR(attention({kept, "schedule.recompute=selective"}).second.flops_input_grad,
                 weights + 3 * scores, 1e-9 * scores);
@@ -277,6 +281,60 @@ TEST(Simulate, ProfileCostsOfAHandMadeGraph) {
     s = sim::simulate(g, p);
     ASSERT_TRUE(s.ok());
     EXPECT_NEAR(s.timeline->makespan, 32.0, 1e-9);
+}
+
+TEST(Simulate, CausalFlashRunsTheTilesOnAndBelowTheDiagonal) {
+    // One rank, one microbatch: F then B. F: 1e12 FLOPs, 0.8e12 of them a causal flash kernel's
+    // over a sequence of 1024; I and W 1e12 each, no flash. 1e12 FLOP/s, matmuls at 0.5,
+    // attention at 0.25 in tiles of 128 rows: the kernel runs 1/2 + 128/2048 of its square,
+    // F = 0.2 / 0.5 + 0.8 x 0.5625 / 0.25 = 2.2 s, B = 2 / 0.5 = 4 s.
+    PlanResult r = schedule_graph(ScheduleKind::gpipe, 1, 1, 1);
+    ASSERT_TRUE(r.ok());
+    Graph g = *r.graph;
+    for (PlanStage& s : g.stages) {
+        s.flops_forward = s.flops_input_grad = s.flops_weight_grad = 1e12;
+        s.flash_forward = 0.8e12;
+        s.flash_sequence = 1024;
+    }
+    Program p;
+    p.mesh.profile.peak_flops_f32 = 1e12;
+    p.mesh.profile.memory_bandwidth = 1e12;
+    p.mesh.profile.intra_host = {1e9, 0.0};
+    p.mesh.profile.inter_host = {1e9, 0.0};
+    p.mesh.profile.matmul_efficiency = 0.5;
+    p.mesh.profile.attention_efficiency = 0.25;
+    sim::SimResult s = sim::simulate(g, p);
+    ASSERT_TRUE(s.ok());
+    EXPECT_NEAR(s.timeline->makespan, 6.2, 1e-9);
+    // Tiles as long as the sequence: the whole square runs, F = 0.4 + 0.8 / 0.25 = 3.6 s.
+    p.mesh.profile.attention_block = 1024;
+    s = sim::simulate(g, p);
+    ASSERT_TRUE(s.ok());
+    EXPECT_NEAR(s.timeline->makespan, 7.6, 1e-9);
+    // MFU counts the whole square either way: 3 x 1e12 in 7.6 s at 1e12 FLOP/s.
+    EXPECT_NEAR(s.timeline->mfu, 3.0 / 7.6, 1e-9);
+}
+
+TEST(Simulate, EfficiencyCurveIsReadAtTheTensorParallelShardsWidth) {
+    // Points (256, 0.25) and (1024, 1.0), linear in log(width): a 1024-wide model over tp 2 has
+    // shards 512 wide, efficiency 0.625; one F, I and W of 1e12 FLOPs each at 1e12 FLOP/s.
+    PlanResult r = schedule_graph(ScheduleKind::gpipe, 1, 1, 1);
+    ASSERT_TRUE(r.ok());
+    Graph g = *r.graph;
+    for (PlanStage& s : g.stages) s.flops_forward = s.flops_input_grad = s.flops_weight_grad = 1e12;
+    Program p;
+    p.mesh.profile.peak_flops_f32 = 1e12;
+    p.mesh.profile.memory_bandwidth = 1e12;
+    p.mesh.profile.matmul_efficiency_by_width = {{256, 0.25}, {1024, 1.0}};
+    p.model.width = 1024;
+    p.mesh.tp = 2;
+    sim::SimResult s = sim::simulate(g, p);
+    ASSERT_TRUE(s.ok());
+    EXPECT_NEAR(s.timeline->makespan, 3.0 / 0.625, 1e-9);
+    p.mesh.tp = 1;
+    s = sim::simulate(g, p);
+    ASSERT_TRUE(s.ok());
+    EXPECT_NEAR(s.timeline->makespan, 3.0, 1e-9);
 }
 
 TEST(Render, TextTimelineOfASmallCaseDrawnByHand) {
