@@ -55,6 +55,25 @@ bool well_formed(const std::string& xml, std::string& why) {
     return open.empty();
 }
 
+/// GPipe over `stages` ranks, one microbatch, every stage's F, I and W 1e12 FLOPs.
+Graph hand_made(int32_t stages) {
+    PlanResult r = schedule_graph(ScheduleKind::gpipe, stages, 1, 1);
+    EXPECT_TRUE(r.ok());
+    Graph g = *r.graph;
+    for (PlanStage& s : g.stages) s.flops_forward = s.flops_input_grad = s.flops_weight_grad = 1e12;
+    return g;
+}
+
+/// A device of 1e12 FLOP/s and 1e12 bytes/s of memory, links of `intra` and `inter` bytes/s.
+Program hand_device(double intra = 1e9, double inter = 1e9) {
+    Program p;
+    p.mesh.profile.peak_flops_f32 = 1e12;
+    p.mesh.profile.memory_bandwidth = 1e12;
+    p.mesh.profile.intra_host = {intra, 0.0};
+    p.mesh.profile.inter_host = {inter, 0.0};
+    return p;
+}
+
 } // namespace
 
 TEST(GraphJson, RoundTripGivesAnEqualGraph) {
@@ -259,18 +278,9 @@ TEST(Simulate, ProfileCostsOfAHandMadeGraph) {
     // GPipe, p = 2, m = 1. Each stage: 1e12 FLOPs forward, as many for I and for W; 1 GB sent
     // across. The device: 1e12 FLOP/s at efficiency 0.5, links of 1 GB/s without latency.
     // F = 2 s, B = I + W = 4 s, a transfer 1 s: F0 + send + F1 + B1 + send + B0 = 14 s.
-    PlanResult r = schedule_graph(ScheduleKind::gpipe, 2, 1, 1);
-    ASSERT_TRUE(r.ok());
-    Graph g = *r.graph;
-    for (PlanStage& s : g.stages) {
-        s.flops_forward = s.flops_input_grad = s.flops_weight_grad = 1e12;
-        s.boundary_bytes = 1000000000;
-    }
-    Program p;
-    p.mesh.profile.peak_flops_f32 = 1e12;
-    p.mesh.profile.memory_bandwidth = 1e12;
-    p.mesh.profile.intra_host = {1e9, 0.0};
-    p.mesh.profile.inter_host = {1e8, 0.0};
+    Graph g = hand_made(2);
+    for (PlanStage& s : g.stages) s.boundary_bytes = 1000000000;
+    Program p = hand_device(1e9, 1e8);
     sim::SimResult s = sim::simulate(g, p);
     ASSERT_TRUE(s.ok());
     EXPECT_NEAR(s.timeline->makespan, 14.0, 1e-9);
@@ -288,19 +298,12 @@ TEST(Simulate, CausalFlashRunsTheTilesOnAndBelowTheDiagonal) {
     // over a sequence of 1024; I and W 1e12 each, no flash. 1e12 FLOP/s, matmuls at 0.5,
     // attention at 0.25 in tiles of 128 rows: the kernel runs 1/2 + 128/2048 of its square,
     // F = 0.2 / 0.5 + 0.8 x 0.5625 / 0.25 = 2.2 s, B = 2 / 0.5 = 4 s.
-    PlanResult r = schedule_graph(ScheduleKind::gpipe, 1, 1, 1);
-    ASSERT_TRUE(r.ok());
-    Graph g = *r.graph;
+    Graph g = hand_made(1);
     for (PlanStage& s : g.stages) {
-        s.flops_forward = s.flops_input_grad = s.flops_weight_grad = 1e12;
         s.flash_forward = 0.8e12;
         s.flash_sequence = 1024;
     }
-    Program p;
-    p.mesh.profile.peak_flops_f32 = 1e12;
-    p.mesh.profile.memory_bandwidth = 1e12;
-    p.mesh.profile.intra_host = {1e9, 0.0};
-    p.mesh.profile.inter_host = {1e9, 0.0};
+    Program p = hand_device();
     p.mesh.profile.matmul_efficiency = 0.5;
     p.mesh.profile.attention_efficiency = 0.25;
     sim::SimResult s = sim::simulate(g, p);
@@ -318,13 +321,8 @@ TEST(Simulate, CausalFlashRunsTheTilesOnAndBelowTheDiagonal) {
 TEST(Simulate, EfficiencyCurveIsReadAtTheTensorParallelShardsWidth) {
     // Points (256, 0.25) and (1024, 1.0), linear in log(width): a 1024-wide model over tp 2 has
     // shards 512 wide, efficiency 0.625; one F, I and W of 1e12 FLOPs each at 1e12 FLOP/s.
-    PlanResult r = schedule_graph(ScheduleKind::gpipe, 1, 1, 1);
-    ASSERT_TRUE(r.ok());
-    Graph g = *r.graph;
-    for (PlanStage& s : g.stages) s.flops_forward = s.flops_input_grad = s.flops_weight_grad = 1e12;
-    Program p;
-    p.mesh.profile.peak_flops_f32 = 1e12;
-    p.mesh.profile.memory_bandwidth = 1e12;
+    Graph g = hand_made(1);
+    Program p = hand_device();
     p.mesh.profile.matmul_efficiency_by_width = {{256, 0.25}, {1024, 1.0}};
     p.model.width = 1024;
     p.mesh.tp = 2;
