@@ -4,6 +4,8 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -38,6 +40,19 @@ class Reader {
             return 0.0;
         }
         return *v;
+    }
+
+    // A positive whole number (a count, a size in bytes or elements): 64.5 is refused, not
+    // truncated; 8e10 and 64.0 are whole.
+    int64_t whole(std::string_view path, bool required = true) {
+        double v = number(path, required);
+        if (v == 0.0) return 0;
+        if (v != std::floor(v) || v > 9.0e18) {
+            diags_.error(node_loc(file_, root_.at_path(path).node(), root_),
+                         "`" + std::string(path) + "` must be a whole number");
+            return 0;
+        }
+        return static_cast<int64_t>(v);
     }
 
     std::string string(std::string_view path, bool required = true) {
@@ -86,7 +101,8 @@ class Reader {
 };
 
 int32_t count(Reader& r, std::string_view key) {
-    return static_cast<int32_t>(r.number(key));
+    int64_t n = r.whole(key);
+    return n > INT32_MAX ? INT32_MAX : static_cast<int32_t>(n);
 }
 
 void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnostics& diags,
@@ -118,30 +134,26 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
                         "`block_overhead` must be two numbers of seconds, at least 0");
     }
     r.rows("calibration.matmul", [&](Reader& t) {
-        c.matmul.push_back({t.string("kernel"), static_cast<int64_t>(t.number("m")),
-                            static_cast<int64_t>(t.number("n")),
-                            static_cast<int64_t>(t.number("k")), count(t, "threads"),
-                            t.number("flops")});
+        c.matmul.push_back({t.string("kernel"), t.whole("m"), t.whole("n"), t.whole("k"),
+                            count(t, "threads"), t.number("flops")});
     });
     r.rows("calibration.attention", [&](Reader& t) {
-        c.attention.push_back({static_cast<int64_t>(t.number("seq")),
-                               static_cast<int64_t>(t.number("head_dim")), count(t, "threads"),
+        c.attention.push_back({t.whole("seq"), t.whole("head_dim"), count(t, "threads"),
                                t.number("forward"), t.number("backward")});
     });
     r.rows("calibration.elementwise", [&](Reader& t) {
-        c.elementwise.push_back({t.string("op"), static_cast<int64_t>(t.number("elements")),
-                                 count(t, "threads"), t.number("forward"), t.number("backward")});
+        c.elementwise.push_back({t.string("op"), t.whole("elements"), count(t, "threads"),
+                                 t.number("forward"), t.number("backward")});
     });
     r.rows("calibration.sharing", [&](Reader& t) {
         c.sharing.push_back({count(t, "threads"), t.number("speed")});
     });
     r.rows("calibration.transfer", [&](Reader& t) {
-        c.transfers.push_back(
-            {t.string("transport"), static_cast<int64_t>(t.number("bytes")), t.number("seconds")});
+        c.transfers.push_back({t.string("transport"), t.whole("bytes"), t.number("seconds")});
     });
     r.rows("calibration.collective", [&](Reader& t) {
         c.collectives.push_back({t.string("backend"), t.string("op"), count(t, "ranks"),
-                                 static_cast<int64_t>(t.number("bytes")), t.number("seconds")});
+                                 t.whole("bytes"), t.number("seconds")});
     });
     if (c.matmul.empty() || c.sharing.empty())
         diags.error(node_loc(file, root.at_path("calibration").node(), root),
@@ -182,10 +194,10 @@ std::optional<HardwareProfile> load_profile(const std::filesystem::path& path,
     }
     p.peak_flops_f32 = r.number("compute.peak_flops_f32");
     p.peak_flops_bf16 = r.number("compute.peak_flops_bf16");
-    p.memory_bytes = static_cast<int64_t>(r.number("memory.bytes"));
+    p.memory_bytes = r.whole("memory.bytes");
     p.memory_bandwidth = r.number("memory.bandwidth");
     if (root.at_path("host.devices")) {
-        p.devices_per_host = static_cast<int64_t>(r.number("host.devices"));
+        p.devices_per_host = r.whole("host.devices");
     }
     p.intra_host.bandwidth = r.number("links.intra_host.bandwidth");
     p.intra_host.latency = r.number("links.intra_host.latency");
@@ -220,7 +232,7 @@ std::optional<HardwareProfile> load_profile(const std::filesystem::path& path,
     if (p.attention_efficiency > 1.0)
         diags.error(node_loc(file, root.at_path("compute.attention_efficiency").node(), root),
                     "`attention_efficiency` is a fraction of peak, at most 1");
-    p.attention_block = static_cast<int64_t>(r.number("compute.attention_block", false));
+    p.attention_block = r.whole("compute.attention_block", false);
     read_calibration(r, root, file, diags, p.calibration);
     if (diags.error_count() > before) return std::nullopt;
     return p;

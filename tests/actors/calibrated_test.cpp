@@ -215,6 +215,33 @@ TEST(Rates, AProfileWithABadCalibrationRowIsRefusedWhereItIs) {
     EXPECT_NE(report.find("`flops` must be a positive number"), std::string::npos) << report;
 }
 
+// A count or a size that is not whole is refused where it is written, not truncated: a
+// 64.5-row attention block would otherwise price as 64; 8e10 bytes is whole and loads.
+TEST(Rates, AProfileWithAFractionalCountIsRefusedWhereItIs) {
+    TempDir dir("fraction");
+    auto write = [&](const std::string& name, const std::string& block) {
+        fs::path file = dir.path / (name + ".toml");
+        std::ofstream(file) << "name = \"" << name << "\"\n"
+                            << "[compute]\npeak_flops_f32 = 1e11\npeak_flops_bf16 = 1e11\n"
+                            << block
+                            << "\n[memory]\nbytes = 8e10\nbandwidth = 1e10\n"
+                               "[links.intra_host]\nbandwidth = 1e10\nlatency = 1e-6\n"
+                               "[links.inter_host]\nbandwidth = 1e9\nlatency = 1e-5\n";
+        return file;
+    };
+    lang::SourceManager sources;
+    lang::Diagnostics diags;
+    auto good = lang::load_profile(write("whole", "attention_block = 64.0"), sources, diags);
+    ASSERT_TRUE(good.has_value()) << diags.render(sources);
+    EXPECT_EQ(good->attention_block, 64);
+    EXPECT_EQ(good->memory_bytes, 80'000'000'000);
+    EXPECT_FALSE(lang::load_profile(write("half", "attention_block = 64.5"), sources, diags));
+    std::string report = diags.render(sources);
+    EXPECT_NE(report.find("half.toml:5:19:"), std::string::npos) << report;
+    EXPECT_NE(report.find("`compute.attention_block` must be a whole number"), std::string::npos)
+        << report;
+}
+
 // `dist calibrate --quick` measures this machine, writes a profile that loads with every number
 // positive and every grid complete, and `devices: NAME` then finds it and prices plans by it.
 TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
