@@ -479,8 +479,8 @@ void account_memory(const Graph& g, const PlanRank& r, RankReport& rep, int64_t 
                             rep.activations_bytes + rep.communication_bytes;
 }
 
-// Every rank's weights, gradients, optimizer state and buffers, with the activations of all
-// ranks summed as they rise and fall together over the step.
+} // namespace
+
 int64_t shared_peak(const Timeline& t) {
     int64_t fixed = 0;
     std::vector<std::tuple<double, size_t, size_t>> events; // time, rank, step
@@ -494,19 +494,26 @@ int64_t shared_peak(const Timeline& t) {
     std::vector<int64_t> level(t.ranks.size(), 0);
     int64_t sum = 0, most = 0;
     for (size_t i = 0; i < events.size();) {
+        // The ranks' levels after every change at this instant; a rank that rises and falls
+        // within it (a span of no length) holds its highest for that instant, beside the
+        // others' final levels.
         const double time = std::get<0>(events[i]);
+        const size_t first = i;
         for (; i < events.size() && std::get<0>(events[i]) == time; ++i) {
             const auto [at, r, step] = events[i];
             const int64_t bytes = t.ranks[r].activation_steps[step].second;
             sum += bytes - level[r];
             level[r] = bytes;
         }
-        most = std::max(most, sum);
+        int64_t spike = 0;
+        for (size_t j = first; j < i; ++j) {
+            const auto [at, r, step] = events[j];
+            spike = std::max(spike, t.ranks[r].activation_steps[step].second - level[r]);
+        }
+        most = std::max(most, sum + spike);
     }
     return fixed + most;
 }
-
-} // namespace
 
 SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
     SimResult res;

@@ -77,6 +77,11 @@ struct SimResult {
     bool ok() const { return timeline.has_value(); }
 };
 
+/// The most all ranks hold at once: every rank's weights, gradients, optimizer state and
+/// buffers, with their activations (RankReport::activation_steps) summed as they rise and fall
+/// together over the step. Timeline::shared_peak_bytes.
+int64_t shared_peak(const Timeline& t);
+
 /// Verifies, then simulates one training step. `p` gives the hardware profile and memory
 /// figures; with unit costs it may be a default Program.
 SimResult simulate(const plan::Graph& g, const Program& p, const SimOptions& o = {});

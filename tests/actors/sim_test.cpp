@@ -348,3 +348,27 @@ TEST(Render, TextTimelineOfASmallCaseDrawnByHand) {
     EXPECT_NE(text.find("rank 0  01..AA.BB\n"), std::string::npos) << text;
     EXPECT_NE(text.find("rank 1  .0AA1BB..\n"), std::string::npos) << text;
 }
+
+// Ranks sharing one memory: the activations they hold at each instant, summed. A span of no
+// length still holds its working memory for that instant (the rank's own peak counts it), and
+// two ranks that free and take at the same instant are not counted twice.
+TEST(Simulate, SharedPeakCountsAMomentarySpikeAndNoHandOverTwice) {
+    sim::Timeline t;
+    t.ranks.resize(2);
+    auto rank = [](sim::RankReport& r, int64_t fixed,
+                   std::vector<std::pair<double, int64_t>> steps) {
+        r.activation_steps = std::move(steps);
+        for (const auto& s : r.activation_steps)
+            r.activations_bytes = std::max(r.activations_bytes, s.second);
+        r.peak_memory_bytes = fixed + r.activations_bytes;
+    };
+    // Rank 0 keeps 60 from t=0, spikes to 500 for an instant at t=2, frees all at t=5.
+    rank(t.ranks[0], 1000, {{0, 60}, {1, 60}, {2, 500}, {2, 60}, {5, 0}});
+    // Rank 1 holds 50 from t=0 to t=3, then takes 300 at t=5 as rank 0 frees.
+    rank(t.ranks[1], 2000, {{0, 50}, {3, 0}, {5, 300}, {6, 0}});
+    EXPECT_EQ(sim::shared_peak(t), 1000 + 2000 + 500 + 50);
+    // Alone, a rank's shared peak is its own.
+    sim::Timeline one;
+    one.ranks = {t.ranks[0]};
+    EXPECT_EQ(sim::shared_peak(one), one.ranks[0].peak_memory_bytes);
+}
