@@ -851,18 +851,31 @@ void layer_kernels(const Program& p, const LayerSpec& l, std::vector<KernelCall>
     case LayerKind::lm_head: matmul(C, l.vocab / shard); break;
     case LayerKind::cross_entropy: elementwise("cross_entropy", N * vocab_of(p, l) / shard); break;
     case LayerKind::moe: {
-        // The router, then each rank's share of the token copies through its experts (as one
-        // matmul of all of them: balanced routing), then the shared experts.
+        // The router; each admitted copy's token row copied out (the dispatch, a loop of the
+        // host's); each of the rank's experts with its share of the copies (balanced routing)
+        // copied in, through the MLP, and copied back; the weighted sum of each token's copies
+        // (the combine, another loop); then the shared experts.
         const auto copies =
             static_cast<int64_t>(routed_copies(l, p.mesh.ep, static_cast<double>(N)));
         const int64_t hidden = l.hidden / shard;
         const bool glu = l.activation == Activation::swiglu;
+        const int64_t local = std::max<int64_t>(1, l.experts / p.mesh.ep);
+        const int64_t rows = (copies + local - 1) / local;
+        auto serial = [&](int64_t elements) {
+            KernelCall c{K::elementwise, "copy", elements};
+            c.serial = true;
+            out.push_back(c);
+        };
         out.push_back({K::matmul, "", N, l.experts, C});
-        elementwise("copy", N * l.top_k * C);
-        out.push_back({K::matmul, "", copies, glu ? 2 * hidden : hidden, C});
-        elementwise(glu ? "swiglu" : "gelu", copies * hidden);
-        out.push_back({K::matmul, "", copies, C, hidden});
-        elementwise("copy", N * l.top_k * C);
+        serial(N * l.top_k * C);
+        for (int64_t e = 0; e < local; ++e) {
+            serial(rows * C);
+            out.push_back({K::matmul, "", rows, glu ? 2 * hidden : hidden, C});
+            elementwise(glu ? "swiglu" : "gelu", rows * hidden);
+            out.push_back({K::matmul, "", rows, C, hidden});
+            serial(rows * C);
+        }
+        serial(N * l.top_k * C);
         if (l.shared_experts > 0) {
             const int64_t sh = l.shared_experts * l.shared_hidden / shard;
             matmul(C, glu ? 2 * sh : sh);

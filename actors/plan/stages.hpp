@@ -79,6 +79,9 @@ struct KernelCall {
     bool bias = false; // matmul: adds a bias (a pass over its output, and a column sum back)
     /// attention: the share of the T x T scores the rank computes (1 / cp).
     double share = 1.0;
+    /// A loop of the host's own around the kernels (a mixture of experts' dispatch and
+    /// combine), on one thread whatever the rank has.
+    bool serial = false;
 };
 
 /// The kernels of one stage's forward, in order (embeddings, blocks, head).

@@ -274,9 +274,18 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     std::set<std::string> transports;
     for (const TransferSample& t : c.transfers) transports.insert(t.transport);
     EXPECT_TRUE(transports.count("inprocess"));
-    std::set<std::string> backends;
-    for (const CollectiveSample& s : c.collectives) backends.insert(s.backend);
-    EXPECT_TRUE(backends.count("inprocess"));
+    // Every collective the runtime runs, the mixture of experts' all-to-all too, on each backend
+    // measured, at every size.
+    std::map<std::string, std::map<std::string, std::set<int64_t>>> collectives;
+    for (const CollectiveSample& s : c.collectives) collectives[s.backend][s.op].insert(s.bytes);
+    EXPECT_TRUE(collectives.count("inprocess"));
+    for (const auto& [backend, ops] : collectives) {
+        EXPECT_EQ(ops.size(), 4u) << backend;
+        for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "all_to_all"})
+            EXPECT_EQ(ops.count(op) ? ops.at(op) : std::set<int64_t>{},
+                      collectives.at("inprocess").at("all_reduce"))
+                << backend << " " << op;
+    }
     // The datasheet fields come from the measurements.
     EXPECT_GT(p->peak_flops_f32, 0);
     EXPECT_GT(p->memory_bandwidth, 0);

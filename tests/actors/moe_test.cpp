@@ -237,6 +237,37 @@ TEST(MixtureOfExperts, ARankHoldsItsShareOfTheExpertsAndSendsTopKCopies) {
     EXPECT_EQ(all.stages[0].parameters, p.model.parameters - 2 * 3 * expert);
 }
 
+// The kernels a calibrated profile prices a stage by are the ones the layer runs: each of the
+// rank's experts its own pair of products on its share of the copies, and together the FLOPs
+// the plan counts for the stage; the dispatch and combine loops run on one thread.
+TEST(MixtureOfExperts, TheStagesKernelsAreTheExpertsTheRankHoldsWithTheStagesFlops) {
+    for (const char* mesh : {"dp: 4", "dp: 4\n    ep: 2", "dp: 4\n    ep: 4"}) {
+        SCOPED_TRACE(mesh);
+        Program p = checked(tiny(mesh, "experts: 4, top_k: 2, hidden: 96"));
+        Graph g = lowered(p);
+        ASSERT_EQ(g.stages.size(), 1u);
+        const int64_t ep = p.mesh.ep;
+        double flops = 0;
+        int64_t experts_up = 0, serial = 0;
+        for (const KernelCall& k : stage_kernels(p, g.stages[0])) {
+            const double m = static_cast<double>(k.m), n = static_cast<double>(k.n);
+            const double kk = static_cast<double>(k.k);
+            if (k.kind == KernelCall::Kind::matmul) flops += 2 * m * n * kk;
+            if (k.kind == KernelCall::Kind::attention)
+                flops += 4 * m * n * n * static_cast<double>(k.heads) * kk * k.share;
+            if (k.kind == KernelCall::Kind::matmul && k.k == 64 && k.n == 2 * 96) ++experts_up;
+            serial += k.serial ? 1 : 0;
+        }
+        // Two blocks, each with 4 / ep experts on the rank and, per expert, a copy in and a
+        // copy out, beside the dispatch and the combine.
+        EXPECT_EQ(experts_up, 2 * 4 / ep);
+        EXPECT_EQ(serial, 2 * (2 + 2 * 4 / ep));
+        // Up to a row of each expert's share, rounded up to whole rows.
+        const double row = 2.0 * 64 * (2 * 96) + 2.0 * 96 * 64;
+        EXPECT_NEAR(flops, g.stages[0].flops_forward, 2.0 * (4.0 / ep) * row);
+    }
+}
+
 TEST(MixtureOfExperts, TheExpectedMaximumOfNormalsHasItsClosedForms) {
     // E[max] of two and of three standard normals: 1 / sqrt(pi) and 3 / (2 sqrt(pi)).
     const double pi = 3.14159265358979323846;
