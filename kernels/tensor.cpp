@@ -1,6 +1,8 @@
 // tensor.cpp: allocators, tensors and bf16 conversion.
 #include "kernels/tensor.hpp"
 
+#include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -47,10 +49,16 @@ Allocator::~Allocator() {
     for (auto& [bytes, ptr] : free_) ops_.release(ptr, device_.index);
 }
 
-void* Allocator::allocate(size_t bytes) {
-    if (bytes == 0) bytes = 1;
+size_t Allocator::size_class(size_t bytes) {
+    if (bytes <= 1024) return std::max<size_t>(64, (bytes + 63) / 64 * 64);
+    const size_t step = std::bit_floor(bytes) / 4;
+    return (bytes + step - 1) / step * step;
+}
+
+void* Allocator::allocate(size_t asked) {
+    const size_t bytes = size_class(asked);
     std::lock_guard<std::mutex> lock(mutex_);
-    in_use_ += bytes;
+    in_use_ += asked;
     peak_ = std::max(peak_, in_use_);
     auto it = free_.find(bytes);
     if (it != free_.end()) {
@@ -67,7 +75,7 @@ void* Allocator::allocate(size_t bytes) {
             if (!p) throw std::bad_alloc();
         } catch (...) {
             if (attempt > 0 || free_.empty()) {
-                in_use_ -= bytes;
+                in_use_ -= asked;
                 throw;
             }
             for (auto& [size, ptr] : free_) {
@@ -82,12 +90,11 @@ void* Allocator::allocate(size_t bytes) {
     return p;
 }
 
-void Allocator::release(void* ptr, size_t bytes) {
+void Allocator::release(void* ptr, size_t asked) {
     if (!ptr) return;
-    if (bytes == 0) bytes = 1;
     std::lock_guard<std::mutex> lock(mutex_);
-    in_use_ -= bytes;
-    free_.emplace(bytes, ptr);
+    in_use_ -= asked;
+    free_.emplace(size_class(asked), ptr);
 }
 
 Allocator& Allocator::cpu() {

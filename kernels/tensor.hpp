@@ -51,8 +51,12 @@ struct MemoryOps {
     static MemoryOps host();
 };
 
-/// Reuses buffers across steps: a freed buffer goes to a free list for its exact byte size.
+/// Reuses buffers across steps: a freed buffer goes to the free list of its size class, and a
+/// request takes a buffer of its class (size_class: at most a quarter more than asked), so
+/// tensors whose sizes change from step to step (a mixture of experts' rows per expert) reuse
+/// the buffers of earlier steps instead of piling up a free list of every size ever asked.
 /// When the device refuses a new buffer, the free lists go back to it and it is asked again.
+/// bytes_in_use and the peak count the bytes asked for; bytes_reserved the classes' bytes.
 class Allocator {
   public:
     explicit Allocator(Device device, MemoryOps ops = MemoryOps::host())
@@ -63,6 +67,9 @@ class Allocator {
 
     void* allocate(size_t bytes);
     void release(void* ptr, size_t bytes);
+    /// The bytes a request of `bytes` takes: multiples of 64 up to 1 KiB, then four classes
+    /// per power of two (p, 1.25p, 1.5p, 1.75p).
+    static size_t size_class(size_t bytes);
 
     Device device() const { return device_; }
     const MemoryOps& ops() const { return ops_; }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <random>
 #include <stdexcept>
 #include <vector>
 
@@ -49,6 +50,34 @@ TEST(Allocator, SteadyStateAllocatesNothingNew) {
     EXPECT_EQ(alloc.bytes_in_use(), 0u);
 }
 
+// Tensors whose sizes change every step (a mixture of experts' rows per expert) take buffers of
+// a few size classes, each at most a quarter above what was asked, and reuse them: the books
+// stay as small as the largest step needs, where one free list per exact size grew every step.
+TEST(Allocator, SizesThatVaryFromStepToStepReuseAFewClasses) {
+    EXPECT_EQ(Allocator::size_class(1), 64u);
+    EXPECT_EQ(Allocator::size_class(1024), 1024u);
+    EXPECT_EQ(Allocator::size_class(1025), 1280u);
+    EXPECT_EQ(Allocator::size_class(4096), 4096u);
+    EXPECT_EQ(Allocator::size_class(4097), 5120u);
+    EXPECT_EQ(Allocator::size_class(7 << 20), 7u << 20);
+    for (size_t b : {1500u, 100000u, 3000000u}) {
+        EXPECT_GE(Allocator::size_class(b), b);
+        EXPECT_LE(Allocator::size_class(b), b + b / 4);
+    }
+    Allocator alloc(Device::cpu());
+    std::mt19937 rng(3);
+    std::uniform_int_distribution<int64_t> rows(200, 300); // rows of 128 floats: 100-150 KiB
+    for (int step = 0; step < 200; ++step) {
+        std::vector<Tensor> experts;
+        for (int e = 0; e < 4; ++e)
+            experts.emplace_back(std::vector<int64_t>{rows(rng), 128}, DType::f32, alloc);
+    }
+    // 100-150 KiB spans the classes 112, 128 and 160 KiB; four tensors of each at most.
+    EXPECT_LE(alloc.fresh_allocations(), 12u);
+    EXPECT_LE(alloc.bytes_reserved(), 4u * 160 * 1024 * 3);
+    EXPECT_EQ(alloc.bytes_in_use(), 0u);
+}
+
 namespace {
 // A device of 1000 bytes: host memory, counted.
 size_t budget_used = 0;
@@ -73,12 +102,12 @@ TEST(Allocator, AFullDeviceGetsItsFreeBuffersBackBeforeARefusal) {
     ops.release = budget_release;
     {
         Allocator alloc(Device{Device::Kind::cuda, 1}, ops);
-        { Tensor a({100}, DType::f32, alloc), b({100}, DType::f32, alloc); } // 800 bytes, freed
-        EXPECT_EQ(alloc.bytes_reserved(), 800u);
-        // 600 bytes fit only once the two free 400-byte buffers are given back.
+        { Tensor a({96}, DType::f32, alloc), b({96}, DType::f32, alloc); } // 768 bytes, freed
+        EXPECT_EQ(alloc.bytes_reserved(), 768u);
+        // 600 bytes (a 640-byte class) fit only once the two free 384-byte buffers go back.
         Tensor c({150}, DType::f32, alloc);
-        EXPECT_EQ(budget_used, 600u);
-        EXPECT_EQ(alloc.bytes_reserved(), 600u);
+        EXPECT_EQ(budget_used, 640u);
+        EXPECT_EQ(alloc.bytes_reserved(), 640u);
         EXPECT_EQ(alloc.bytes_in_use(), 600u);
         // Nothing free to give back: the device's own error, and the books unchanged.
         try {
