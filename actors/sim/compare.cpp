@@ -23,7 +23,11 @@ std::string relative(double measured, double predicted) {
     return buf;
 }
 
-// Seconds of each kind of compute action on each rank.
+// A mixture of experts' all-to-alls, a row of their own: their spans lie inside the F, B and I
+// that run them, and hold the wait for the group's last member as well as the transfer.
+const char* const all_to_all_row = "all-to-all (in F, B, I)";
+
+// Seconds of each kind of compute action on each rank, and of the all-to-alls inside them.
 std::vector<std::map<std::string, double>> busy_by_kind(const Timeline& t) {
     std::vector<std::map<std::string, double>> out(t.ranks.size());
     for (size_t i = 0; i < t.ranks.size(); ++i) {
@@ -31,6 +35,7 @@ std::vector<std::map<std::string, double>> busy_by_kind(const Timeline& t) {
         const plan::PlanRank& rank = t.graph.ranks[static_cast<size_t>(r.rank)];
         for (const Span& s : r.spans)
             out[i][plan::op_name(rank.actions[s.action].kind)] += s.end - s.start;
+        for (const Span& s : r.exchanges) out[i][all_to_all_row] += s.end - s.start;
     }
     return out;
 }
@@ -59,7 +64,7 @@ std::string disagreement_text(const Timeline& measured, const Timeline& predicte
     std::string out = "measured against predicted, summed over the ranks:\n";
     char buf[256];
     for (const auto& [kind, mp] : total) {
-        std::snprintf(buf, sizeof buf, "  %-14s measured %10s, predicted %10s%s\n", kind.c_str(),
+        std::snprintf(buf, sizeof buf, "  %-23s measured %10s, predicted %10s%s\n", kind.c_str(),
                       ms(mp.first).c_str(), ms(mp.second).c_str(),
                       relative(mp.first, mp.second).c_str());
         out += buf;
@@ -67,7 +72,7 @@ std::string disagreement_text(const Timeline& measured, const Timeline& predicte
     double mi = 0, pi = 0;
     for (const RankReport& r : measured.ranks) mi += r.idle;
     for (const RankReport& r : predicted.ranks) pi += r.idle;
-    std::snprintf(buf, sizeof buf, "  %-14s measured %10s, predicted %10s%s\n", "idle",
+    std::snprintf(buf, sizeof buf, "  %-23s measured %10s, predicted %10s%s\n", "idle",
                   ms(mi).c_str(), ms(pi).c_str(), relative(mi, pi).c_str());
     out += buf;
     // The rank and kind with the largest absolute gap.

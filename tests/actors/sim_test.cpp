@@ -372,3 +372,33 @@ TEST(Simulate, SharedPeakCountsAMomentarySpikeAndNoHandOverTwice) {
     one.ranks = {t.ranks[0]};
     EXPECT_EQ(sim::shared_peak(one), one.ranks[0].peak_memory_bytes);
 }
+
+// `explain` after a run of a mixture of experts: the all-to-alls inside the compute actions get
+// a row of their own, measured (with the waits for the group) beside predicted.
+TEST(Simulate, TheDisagreementShowsTheAllToAllsInsideTheComputeApart) {
+    sim::Timeline measured, predicted;
+    PlanRank rank;
+    rank.actions = {{ActionKind::forward, 0, 0}, {ActionKind::dispatch_forward, 0, 0}};
+    rank.actions[1].block = 0;
+    for (sim::Timeline* t : {&measured, &predicted}) {
+        t->graph.ranks = {rank};
+        t->ranks.resize(1);
+    }
+    measured.ranks[0].spans = {{0, 0.000, 0.010}};
+    measured.ranks[0].exchanges = {{1, 0.002, 0.006}};
+    predicted.ranks[0].spans = {{0, 0.000, 0.008}};
+    predicted.ranks[0].exchanges = {{1, 0.002, 0.004}};
+    std::string text = sim::disagreement_text(measured, predicted);
+    EXPECT_NE(
+        text.find("  F                       measured    10.0 ms, predicted     8.0 ms (-20%)"),
+        std::string::npos)
+        << text;
+    EXPECT_NE(
+        text.find("  all-to-all (in F, B, I) measured     4.0 ms, predicted     2.0 ms (-50%)"),
+        std::string::npos)
+        << text;
+    // Without all-to-alls there is no such row.
+    measured.ranks[0].exchanges.clear();
+    predicted.ranks[0].exchanges.clear();
+    EXPECT_EQ(sim::disagreement_text(measured, predicted).find("all-to-all"), std::string::npos);
+}
