@@ -5,7 +5,7 @@
 # tiny GPT (width 128) and one 4x wider (width 512) for real on each mesh of the list below and
 # simulates the same plan with the calibrated profile: the measured median step time (steps 6 to
 # the end; the first ones warm up) against `dist sim`'s step time, and the last step's measured
-# bubble against the predicted one. Meshes: pp 1, 2 and 4 with 1F1B; dp 2 x tp 2 x pp 2; every
+# bubble against the predicted one. Meshes: pp 1, 2 and 4 with 1F1B; dp 2; dp 2 x tp 2 x pp 2; every
 # pipeline schedule at pp 2. ROUNDS (default 3) rounds of every mesh, one after another, each
 # round's measured step shown. `dist calibrate` keeps the fastest of its measurements (the
 # machine undisturbed), so the prediction is set beside the fastest round, and beside the
@@ -30,6 +30,7 @@ layouts() { # width: one line per mesh, its label and its overrides separated by
     echo "pp 1, 1f1b, m 2;--set mesh.pp=1 --set schedule.microbatches=2"
     echo "pp 2, 1f1b, m 4;--set mesh.pp=2 --set schedule.microbatches=4"
     echo "pp 4, 1f1b, m 8;--set mesh.pp=4 --set schedule.microbatches=8"
+    echo "dp 2, m 2;--set mesh.dp=2 --set schedule.microbatches=2"
     echo "dp 2 x tp 2 x pp 2, m 4;--set mesh.dp=2 --set mesh.tp=2 --set mesh.pp=2 --set schedule.microbatches=4"
     for kind in gpipe interleaved_1f1b looped_bfs zb_h1 zb_h2 zbv dualpipev; do
         case $kind in interleaved_1f1b|looped_bfs|zbv|dualpipev) v=2;; *) v=1;; esac
