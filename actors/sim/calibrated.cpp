@@ -217,13 +217,13 @@ double Rates::collective(const std::string& backend, const std::string& op, int3
 namespace {
 
 StageSeconds kernel_seconds(const Program& p, const plan::PlanStage& s, const Rates& r,
-                            double rank) {
+                            double rank_threads) {
     StageSeconds out;
     using K = plan::KernelCall::Kind;
     for (const plan::KernelCall& k : plan::stage_kernels(p, s)) {
         const double m = static_cast<double>(k.m), n = static_cast<double>(k.n),
                      kk = static_cast<double>(k.k);
-        const double threads = k.serial ? 1.0 : rank;
+        const double threads = k.serial ? 1.0 : rank_threads; // the host's own loops: one
         switch (k.kind) {
         case K::matmul: {
             const double flops = 2 * m * n * kk;
