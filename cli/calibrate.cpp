@@ -25,6 +25,8 @@
 #include "transport/ucx.hpp"
 
 #include <omp.h>
+#include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -385,6 +387,49 @@ std::vector<SharingPoint> measure_sharing(int32_t cores, const Plan& plan, Progr
         progress.tick("cores shared by ranks");
     }
     return out;
+}
+
+// The OS scheduler's time slice: two threads that never block, held to one core, each timing
+// how long it runs before the other has its turn (a gap in its clock). The median turn.
+double measure_slice(Progress& progress) {
+    std::vector<double> turns[2];
+    std::atomic<int32_t> ready{0};
+    auto spin = [&](std::vector<double>& out) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(sched_getcpu(), &one);
+        pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+        ++ready;
+        while (ready < 2) {
+        }
+        auto t0 = Clock::now(), last = t0, began = t0;
+        while (last - t0 < std::chrono::milliseconds(600)) {
+            auto now = Clock::now();
+            if (now - last > std::chrono::microseconds(50)) {
+                if (began != t0) out.push_back(std::chrono::duration<double>(last - began).count());
+                began = now;
+            }
+            last = now;
+        }
+    };
+    // Both on the core the first one is on.
+    std::thread a([&] { spin(turns[0]); });
+    while (ready < 1) std::this_thread::yield();
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    pthread_getaffinity_np(a.native_handle(), sizeof mask, &mask);
+    std::thread b([&] {
+        pthread_setaffinity_np(pthread_self(), sizeof mask, &mask);
+        spin(turns[1]);
+    });
+    a.join();
+    b.join();
+    progress.tick("the scheduler's time slice");
+    std::vector<double> all(turns[0]);
+    all.insert(all.end(), turns[1].begin(), turns[1].end());
+    if (all.size() < 4) return 0.0; // the two never took turns: no slice seen
+    std::sort(all.begin(), all.end());
+    return all[all.size() / 2];
 }
 
 // ----- communication ------------------------------------------------------------------------
@@ -750,7 +795,7 @@ LinkSpec link_of(const std::vector<TransferSample>& samples, const std::string& 
 std::string profile_text(const std::string& name, const std::string& command, int32_t cores,
                          double took, const ActionFit& fit, const std::vector<MatmulRate>& mm,
                          const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt,
-                         const std::vector<SharingPoint>& sharing,
+                         const std::vector<SharingPoint>& sharing, double slice,
                          const std::vector<TransferSample>& transfers,
                          const std::vector<CollectiveSample>& collectives,
                          const std::vector<std::string>& skipped) {
@@ -836,8 +881,12 @@ std::string profile_text(const std::string& name, const std::string& command, in
       << "sharing = [\n";
     for (const SharingPoint& s : sharing)
         o << "  { threads = " << s.threads << ", speed = " << number(s.speed) << " },\n";
-    o << "]\n"
-      << "# One-way seconds of a message (half an activation's round trip with its gradient).\n"
+    o << "]\n";
+    if (slice > 0)
+        o << "# How long a thread runs before another waiting for its core has a turn (seconds):\n"
+          << "# the OS scheduler's time slice, seen by two threads held to one core.\n"
+          << "slice = " << number(slice) << "\n";
+    o << "# One-way seconds of a message (half an activation's round trip with its gradient).\n"
       << "transfer = [\n";
     for (const TransferSample& t : transfers)
         o << "  { transport = \"" << t.transport << "\", bytes = " << t.bytes
@@ -887,7 +936,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
         static_cast<int>(plan.threads.size() *
                          (3 * plan.grid.size() * plan.grid.size() * plan.grid.size() +
                           plan.seqs.size() * plan.head_dims.size() + 11 * plan.elements.size())) +
-        2 * cores - 1 + 3 * static_cast<int>(plan.message.size()) * 4 + (c.quick ? 7 : 19) +
+        2 * cores + 3 * static_cast<int>(plan.message.size()) * 4 + (c.quick ? 7 : 19) +
         static_cast<int>(plan.message.size()) * (cores >= 4 ? 2 : 1); // the all-to-alls
     Progress progress(err, total);
     auto t0 = Clock::now();
@@ -898,6 +947,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     auto elt = measure_elementwise(plan, progress);
     omp_set_num_threads(cores);
     auto sharing = measure_sharing(cores, plan, progress);
+    const double slice = measure_slice(progress);
     auto transfers = measure_transfers(cores, plan, progress, skipped);
     auto collectives = measure_collectives(cores, plan, progress, skipped);
     Calibration measured;
@@ -906,12 +956,13 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     measured.attention = att;
     measured.elementwise = elt;
     measured.sharing = sharing;
+    measured.slice_s = slice;
     ActionFit fit = fit_actions(probes, measured, cores);
     progress.end();
     std::string command = "dist calibrate --out " + c.out + (c.quick ? " --quick" : "") +
                           (c.cores > 0 ? " --cores " + std::to_string(c.cores) : "");
     std::string text = profile_text(name, command, cores, since(t0), fit, mm, att, elt, sharing,
-                                    transfers, collectives, skipped);
+                                    slice, transfers, collectives, skipped);
     std::string e = models::write_file_atomically(c.out, {text});
     if (!e.empty()) {
         err << "error: " << e << "\n";

@@ -111,6 +111,7 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
     c.command = r.string("calibration.command");
     c.date = r.string("calibration.date");
     c.cores = count(r, "calibration.cores");
+    c.slice_s = r.number("calibration.slice", false);
     if (const toml::array* scales = root.at_path("calibration.scales").as_array()) {
         bool good = scales->size() == 4;
         for (size_t i = 0; good && i < 4; ++i) {

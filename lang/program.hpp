@@ -185,6 +185,9 @@ struct CollectiveSample {
 struct Calibration {
     std::string command, date;
     int32_t cores = 0; // the cores a process's ranks share (0: not calibrated)
+    /// The OS scheduler's time slice: how long a thread runs before another that waits for its
+    /// core has a turn (seconds; 0: not measured, threads on a core share it evenly).
+    double slice_s = 0;
     /// Whole actions against their kernels (buffers, caches, bookkeeping): what a forward's
     /// blocks, its ends (embeddings, head, loss), a backward's blocks and ends cost per second
     /// of their kernels.

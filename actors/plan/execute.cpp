@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -333,6 +335,134 @@ ExecTimes execute_devices(const Graph& g, const ExecCosts& costs) {
     return t;
 }
 
+// Single-threaded ranks that outnumber a host's cores, run as the OS scheduler runs their
+// threads: each busy thread queued on one core, the threads of a core taking turns of one time
+// slice each (ExecCosts::slice; none: sharing the core equally). A thread that starts goes back
+// to the core it last ran on if that one is idle, else to an idle core, else to the end of its
+// last core's queue; a core that falls idle takes the last waiting thread of the fullest. An
+// action shorter than a slice thus runs whole once it has a core, after a wait in the queue
+// that is idle time, not part of its span; a long one takes turns with the ones around it.
+class CoreQueues {
+  public:
+    CoreQueues(const Graph& g, const ExecCosts& costs)
+        : g_(g), cores_(static_cast<int32_t>(costs.cores)), slice_(costs.slice),
+          core_(g.ranks.size(), -1), busy_(g.ranks.size(), false) {
+        std::map<int32_t, int32_t> seen;
+        std::map<int32_t, bool> single;
+        for (const PlanRank& r : g.ranks) {
+            core_[static_cast<size_t>(r.rank)] = seen[r.host]++ % cores_;
+            auto it = single.emplace(r.host, true).first;
+            it->second = it->second && costs.threads(r) == 1.0;
+        }
+        for (const auto& [host, ranks] : seen)
+            if (ranks > cores_ && single[host])
+                hosts_[host].assign(static_cast<size_t>(cores_), Core{});
+    }
+
+    bool covers(size_t r) const { return hosts_.count(g_.ranks[r].host) > 0; }
+
+    /// Queues the ranks busy at `now`, rotates the slices that are over. Returns the ranks
+    /// that got a core for the first time since they became busy.
+    std::vector<size_t> place(const std::vector<bool>& busy, double now) {
+        std::vector<size_t> first;
+        for (auto& [host, cores] : hosts_) {
+            for (Core& c : cores) {
+                const bool ran = !c.queue.empty();
+                std::erase_if(c.queue, [&](size_t r) { return !busy[r]; });
+                if (ran && (c.queue.empty() || c.queue.front() != c.running)) turn(c, now, first);
+            }
+        }
+        for (size_t r = 0; r < busy.size(); ++r) {
+            if (!covers(r) || busy_[r] == busy[r]) continue;
+            busy_[r] = busy[r];
+            if (!busy[r]) {
+                started_.erase(r); // its next action waits for a core anew
+                continue;
+            }
+            auto& cores = hosts_[g_.ranks[r].host];
+            auto at = static_cast<size_t>(core_[r]);
+            if (!cores[at].queue.empty())
+                for (size_t k = 0; k < cores.size(); ++k)
+                    if (cores[k].queue.empty()) {
+                        at = k;
+                        break;
+                    }
+            core_[r] = static_cast<int32_t>(at);
+            Core& c = cores[at];
+            c.queue.push_back(r);
+            if (c.queue.size() == 1)
+                turn(c, now, first);
+            else if (c.queue.size() == 2 && slice_ > 0)
+                // The one running alone has had slice after slice; it finishes this one.
+                c.since += std::floor((now - c.since) / slice_) * slice_;
+        }
+        for (auto& [host, cores] : hosts_) {
+            while (true) {
+                auto idle = std::find_if(cores.begin(), cores.end(),
+                                         [](const Core& c) { return c.queue.empty(); });
+                auto full =
+                    std::max_element(cores.begin(), cores.end(), [](const Core& a, const Core& b) {
+                        return a.queue.size() < b.queue.size();
+                    });
+                if (idle == cores.end() || full->queue.size() < 2) break;
+                size_t r = full->queue.back();
+                full->queue.pop_back();
+                core_[r] = static_cast<int32_t>(idle - cores.begin());
+                idle->queue.push_back(r);
+                turn(*idle, now, first);
+            }
+            for (Core& c : cores)
+                if (slice_ > 0 && c.queue.size() > 1 && now >= c.since + slice_ * (1 - 1e-9)) {
+                    c.queue.push_back(c.queue.front());
+                    c.queue.pop_front();
+                    turn(c, now, first);
+                }
+        }
+        return first;
+    }
+
+    /// Rank r's share of a core now (it is covered and busy).
+    double share(size_t r) const {
+        const Core& c = hosts_.at(g_.ranks[r].host)[static_cast<size_t>(core_[r])];
+        if (slice_ <= 0) return 1.0 / static_cast<double>(c.queue.size());
+        return c.running == r ? 1.0 : 0.0;
+    }
+
+    /// When the next slice ends on a core that others wait for (infinity: none).
+    double next_turn() const {
+        double t = std::numeric_limits<double>::infinity();
+        if (slice_ <= 0) return t;
+        for (const auto& [host, cores] : hosts_)
+            for (const Core& c : cores)
+                if (c.queue.size() > 1) t = std::min(t, c.since + slice_);
+        return t;
+    }
+
+  private:
+    struct Core {
+        std::deque<size_t> queue; // the front one runs
+        size_t running = SIZE_MAX;
+        double since = 0; // when the front one's slice began
+    };
+
+    // The front of c's queue begins a slice.
+    void turn(Core& c, double now, std::vector<size_t>& first) {
+        c.since = now;
+        c.running = c.queue.empty() ? SIZE_MAX : c.queue.front();
+        if (c.running == SIZE_MAX || started_.count(c.running)) return;
+        started_.insert(c.running);
+        first.push_back(c.running);
+    }
+
+    const Graph& g_;
+    int32_t cores_;
+    double slice_;
+    std::vector<int32_t> core_; // the core each rank last ran on
+    std::vector<bool> busy_;    // at the last placement
+    std::map<int32_t, std::vector<Core>> hosts_;
+    std::set<size_t> started_; // busy ranks that have had a core
+};
+
 // Ranks sharing a host's cores: an event-driven execution in time order. Between two events
 // every running compute action progresses at its speed given the threads then busy on its host.
 ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
@@ -351,6 +481,8 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
     std::vector<Cut> cut(n);
     std::vector<double> at_step(n, -1.0); // when each rank reached STEP
     std::set<double> wakes;               // future times at which a waiting rank may go on
+    std::unique_ptr<CoreQueues> queues;
+    if (costs.cores >= 1) queues = std::make_unique<CoreQueues>(g, costs);
     double now = 0;
     while (true) {
         // Every idle rank goes as far as it can at `now`.
@@ -445,12 +577,27 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
         }
         // The threads busy on each host, and the next event.
         std::map<int32_t, double> busy;
-        for (size_t r = 0; r < n; ++r)
-            if (run[r].on && run[r].left > 0 && t.start[r][t.stopped_at[r]] <= now)
-                busy[g.ranks[r].host] += run[r].threads;
+        std::vector<bool> busy_now(n, false);
+        for (size_t r = 0; r < n; ++r) {
+            busy_now[r] = run[r].on && run[r].left > 0 && t.start[r][t.stopped_at[r]] <= now;
+            if (busy_now[r]) busy[g.ranks[r].host] += run[r].threads;
+        }
+        if (queues)
+            for (size_t r : queues->place(busy_now, now)) {
+                // A compute action's span begins when its thread first has a core (not a
+                // later piece of one cut by its all-to-alls).
+                const size_t at = t.stopped_at[r];
+                const ActionKind k = g.ranks[r].actions[at].kind;
+                if ((is_compute(k) || k == ActionKind::step) &&
+                    (!cut[r].open() || at == static_cast<size_t>(cut[r].at)))
+                    t.start[r][at] = now;
+            }
         auto speed_of = [&](size_t r) {
             double alone = costs.speed(run[r].threads);
-            return costs.speed(std::max(busy[g.ranks[r].host], run[r].threads)) / alone;
+            const double on = busy[g.ranks[r].host];
+            if (queues && queues->covers(r))
+                return queues->share(r) * costs.speed(std::min(on, costs.cores)) / alone;
+            return costs.speed(std::max(on, run[r].threads)) / alone;
         };
         double next = std::numeric_limits<double>::infinity();
         for (size_t r = 0; r < n; ++r) {
@@ -462,6 +609,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
         }
         auto wake = wakes.upper_bound(now);
         if (wake != wakes.end()) next = std::min(next, *wake);
+        if (queues) next = std::min(next, queues->next_turn());
         if (!std::isfinite(next)) break; // nothing runs and nothing will arrive
         for (size_t r = 0; r < n; ++r) {
             if (!run[r].on || t.start[r][t.stopped_at[r]] > now || run[r].left <= 0) continue;

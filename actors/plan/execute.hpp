@@ -36,6 +36,12 @@ struct ExecCosts {
     /// actions that overlap there stretch (processor sharing); unset, each rank has a device.
     std::function<double(const PlanRank& rank)> threads;
     std::function<double(double threads)> speed;
+    /// The host's cores and the OS scheduler's time slice. When single-threaded ranks outnumber
+    /// a host's cores, each busy one is queued on a core and the threads of a core take turns
+    /// of `slice` seconds (0: share it equally); see CoreQueues in execute.cpp. 0 cores: every
+    /// busy thread slowed alike, by `speed`.
+    double cores = 0;
+    double slice = 0;
     /// STEP computes the global gradient norm first, as the runtime does: an all-reduce over
     /// the ranks of a model replica (over every rank under ZeRO), so a rank's STEP starts when
     /// the rank gets there and its update once all of them have. Off for the verifier.

@@ -391,6 +391,10 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     c.step_barrier = true;
     c.threads = [threads](const PlanRank&) { return threads; };
     c.speed = [rates](double busy) { return rates->sharing(busy); };
+    c.cores = cal.cores;
+    // Ranks that wait for each other inside an action (tensor and context parallelism) give up
+    // their core at every wait, long before a slice ends: they share it evenly.
+    c.slice = g.tp == 1 && g.cp == 1 ? cal.slice_s : 0.0;
     return c;
 }
 

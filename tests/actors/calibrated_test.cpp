@@ -170,6 +170,55 @@ TEST(SharedCores, OnlyOverlappingWorkIsStretched) {
     EXPECT_GE(end, 12.0 - 1e-9);
 }
 
+// Three single-threaded ranks on two cores, as the OS runs them: ranks 0 and 2 start on core 0
+// and take turns of one slice (0.25), rank 1 has core 1 to itself. Worked by hand, F 1 and
+// B 2 each: rank 1's F ends at 1 and its B at 3. Rank 0's F has had four turns at 1.75; its
+// thread goes on to its B without waiting, but its slice is over, so rank 2 finishes its F at
+// 2 and goes on to its B in turn. At 3 each B has had two turns (0.5); core 1 falls idle and
+// takes the one waiting on core 0 (rank 0), so both finish the 1.5 they have left at 4.5. A span
+// begins when its thread first has a core: rank 2's F at 0.25, not at 0.
+TEST(SharedCores, RanksBeyondTheCoresQueueOnACoreAndTakeTurnsOfASlice) {
+    Graph g = planned(
+        checked("gpt_tiny.dist", {"mesh.dp=3", "train.batch=18", "schedule.microbatches=1"}));
+    ExecCosts c = distinct_costs();
+    c.compute = [](const PlanRank&, const PlanAction& a) {
+        return a.kind == ActionKind::forward ? 1.0 : a.kind == ActionKind::backward ? 2.0 : 0.0;
+    };
+    c.reduction = [](const PlanRank&, const PlanAction&) { return 0.0; };
+    c.threads = [](const PlanRank&) { return 1.0; };
+    c.speed = [](double) { return 1.0; };
+    c.cores = 2;
+    c.slice = 0.25;
+    ExecTimes t = execute(g, c);
+    ASSERT_TRUE(t.complete);
+    auto span = [&](size_t r, ActionKind kind) {
+        const auto& actions = g.ranks[r].actions;
+        for (size_t i = 0; i < actions.size(); ++i)
+            if (actions[i].kind == kind) return std::pair{t.start[r][i], t.end[r][i]};
+        ADD_FAILURE() << "rank " << r << " has no " << plan::op_name(kind);
+        return std::pair{-1.0, -1.0};
+    };
+    const std::vector<std::array<double, 4>> expect = {
+        {0.0, 1.75, 1.75, 4.5}, {0.0, 1.0, 1.0, 3.0}, {0.25, 2.0, 2.0, 4.5}};
+    for (size_t r = 0; r < 3; ++r) {
+        auto [fs, fe] = span(r, ActionKind::forward);
+        auto [bs, be] = span(r, ActionKind::backward);
+        EXPECT_NEAR(fs, expect[r][0], 1e-9) << "rank " << r;
+        EXPECT_NEAR(fe, expect[r][1], 1e-9) << "rank " << r;
+        EXPECT_NEAR(bs, expect[r][2], 1e-9) << "rank " << r;
+        EXPECT_NEAR(be, expect[r][3], 1e-9) << "rank " << r;
+    }
+    // Without a slice the threads of a core share it evenly: ranks 0 and 2 at half speed, so
+    // their F's end together at 2; rank 1's, alone on core 1, at 1.
+    c.slice = 0;
+    ExecTimes even = execute(g, c);
+    ASSERT_TRUE(even.complete);
+    t = even;
+    EXPECT_NEAR(span(0, ActionKind::forward).second, 2.0, 1e-9);
+    EXPECT_NEAR(span(2, ActionKind::forward).second, 2.0, 1e-9);
+    EXPECT_NEAR(span(1, ActionKind::forward).second, 1.0, 1e-9);
+}
+
 TEST(Rates, InterpolateBetweenMeasuredShapesAndClampOutside) {
     Calibration c;
     c.cores = 2;
@@ -271,6 +320,9 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         EXPECT_TRUE(ops.count(op)) << op;
     EXPECT_FALSE(c.attention.empty());
     EXPECT_EQ(c.sharing.size(), static_cast<size_t>(2 * c.cores - 1));
+    // Two threads held to one core took turns: the scheduler's slice, milliseconds long.
+    EXPECT_GT(c.slice_s, 0);
+    EXPECT_LT(c.slice_s, 0.5);
     std::set<std::string> transports;
     for (const TransferSample& t : c.transfers) transports.insert(t.transport);
     EXPECT_TRUE(transports.count("inprocess"));
