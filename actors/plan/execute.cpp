@@ -505,7 +505,10 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                                 break;
                             }
                             if (costs.step_barrier) {
-                                if (at_step[r] < 0) at_step[r] = now;
+                                if (at_step[r] < 0) {
+                                    at_step[r] = now;
+                                    moved = true; // ranks waiting at the barrier look again
+                                }
                                 if (norm_barrier(g, rank, at_step) < 0) break;
                             }
                         } else {
