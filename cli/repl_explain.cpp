@@ -21,7 +21,7 @@ namespace {
 using plan::ActionKind;
 using plan::PlanAction;
 
-enum class Cause { warmup, activation, gradient, dp_reduction, norm, transfer, cooldown };
+enum class Cause { warmup, activation, gradient, dp_reduction, norm, transfer, core, cooldown };
 
 struct Wait {
     Cause cause = Cause::transfer;
@@ -173,6 +173,7 @@ std::string cause_text(Cause c, int32_t peer) {
         return "waiting for the gradient norm before the update: rank " + p +
                " of the replica finishes last";
     case Cause::transfer: return "in transit: the transfers' own time";
+    case Cause::core: return "waiting for a core: the host's ranks outnumber its cores";
     case Cause::cooldown: return "cool-down: its work is done while other ranks finish";
     }
     return "";
@@ -264,6 +265,14 @@ idle_of(const sim::Timeline& t, const Explainer& ex, int32_t rank) {
     for (size_t k = 0; k < spans.size(); ++k) {
         double gap = spans[k].start - prev;
         prev = std::max(prev, spans[k].end);
+        // The end of the gap, when the action could have begun but its thread had no core.
+        const double core = std::min(std::max(gap, 0.0), spans[k].core_wait);
+        if (core > 1e-12 * std::max(1.0, t.makespan)) {
+            auto& slot = out[{Cause::core, -1}];
+            slot.first += core;
+            slot.second += 1;
+            gap -= core;
+        }
         if (gap <= 1e-12 * std::max(1.0, t.makespan)) continue;
         Wait w = ex.wait_before(rank, k, true);
         auto& slot = out[{w.cause, w.peer}];

@@ -241,11 +241,13 @@ ExecTimes sized(const Graph& g) {
     ExecTimes t;
     t.start.resize(n);
     t.end.resize(n);
+    t.core_wait.resize(n);
     t.stopped_at.assign(n, 0);
     t.waits_for.assign(n, {});
     for (size_t r = 0; r < n; ++r) {
         t.start[r].assign(g.ranks[r].actions.size(), 0.0);
         t.end[r].assign(g.ranks[r].actions.size(), 0.0);
+        t.core_wait[r].assign(g.ranks[r].actions.size(), 0.0);
     }
     return t;
 }
@@ -592,8 +594,10 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                 const size_t at = t.stopped_at[r];
                 const ActionKind k = g.ranks[r].actions[at].kind;
                 if ((is_compute(k) || k == ActionKind::step) &&
-                    (!cut[r].open() || at == static_cast<size_t>(cut[r].at)))
+                    (!cut[r].open() || at == static_cast<size_t>(cut[r].at))) {
+                    t.core_wait[r][at] = now - t.start[r][at];
                     t.start[r][at] = now;
+                }
             }
         auto speed_of = [&](size_t r) {
             double alone = costs.speed(run[r].threads);

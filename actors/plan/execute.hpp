@@ -53,8 +53,11 @@ ExecCosts zero_costs();
 
 struct ExecTimes {
     std::vector<std::vector<double>> start, end; // per rank, per action
-    std::vector<size_t> stopped_at;              // per rank: actions completed
-    bool complete = false;                       // every rank reached the end of its list
+    /// Per rank, per action: the seconds a compute action's thread waited for a core before
+    /// its start (ranks beyond a host's cores, ExecCosts::cores); 0 elsewhere.
+    std::vector<std::vector<double>> core_wait;
+    std::vector<size_t> stopped_at; // per rank: actions completed
+    bool complete = false;          // every rank reached the end of its list
     /// When not complete: for each rank that is blocked, the ranks it waits for.
     std::vector<std::vector<int32_t>> waits_for;
 };

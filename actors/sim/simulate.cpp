@@ -552,7 +552,7 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
             if (!plan::is_compute(a.kind) && a.kind != ActionKind::step) continue;
             double s = times.start[r][i], e = times.end[r][i];
             if (e <= s && a.kind == ActionKind::step) continue;
-            rep.spans.push_back({i, s, e});
+            rep.spans.push_back({i, s, e, times.core_wait[r][i]});
             rep.busy += e - s;
             if (first) rep.first_start = s;
             first = false;

@@ -34,6 +34,9 @@ struct SimOptions {
 struct Span {
     size_t action = 0; // index into the rank's list
     double start = 0, end = 0;
+    /// Seconds its thread waited for a core just before `start` (ranks that outnumber a host's
+    /// cores): idle time, not part of the span.
+    double core_wait = 0;
 };
 
 struct RankReport {

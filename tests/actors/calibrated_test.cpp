@@ -213,6 +213,12 @@ TEST(SharedCores, RanksBeyondTheCoresQueueOnACoreAndTakeTurnsOfASlice) {
         EXPECT_NEAR(bs, expect[r][2], 1e-9) << "rank " << r;
         EXPECT_NEAR(be, expect[r][3], 1e-9) << "rank " << r;
     }
+    // The wait for a core is kept beside the span: rank 2's F waited one slice.
+    for (size_t i = 0; i < g.ranks[2].actions.size(); ++i)
+        if (g.ranks[2].actions[i].kind == ActionKind::forward)
+            EXPECT_NEAR(t.core_wait[2][i], 0.25, 1e-9);
+    for (size_t i = 0; i < g.ranks[0].actions.size(); ++i)
+        EXPECT_EQ(t.core_wait[0][i], 0.0) << to_string(g.ranks[0].actions[i]);
     // Without a slice the threads of a core share it evenly: ranks 0 and 2 at half speed, so
     // their F's end together at 2; rank 1's, alone on core 1, at 1.
     c.slice = 0;

@@ -36,12 +36,13 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
     return s;
 }
 
-// `dist ARGS < input` in `dir`.
-Result run_in(const fs::path& dir, const std::string& args, const std::string& input) {
+// `ENV dist ARGS < input` in `dir` (ENV: settings, each followed by a space).
+Result run_in(const fs::path& dir, const std::string& args, const std::string& input,
+              const std::string& env = "") {
     fs::path in_file = dir / ".stdin";
     std::ofstream(in_file, std::ios::binary) << input;
-    Result r = dist::tests::run_shell("cd '" + dir.string() + "' && " + DIST_BINARY + " " + args +
-                                      " < '" + in_file.string() + "' 2>&1");
+    Result r = dist::tests::run_shell("cd '" + dir.string() + "' && " + env + DIST_BINARY + " " +
+                                      args + " < '" + in_file.string() + "' 2>&1");
     fs::remove(in_file);
     return r;
 }
@@ -243,6 +244,28 @@ TEST(Repl, CompareShowsWhatEachZeroStageSaves) {
     ASSERT_EQ(peaks.size(), 3u) << r.out;
     EXPECT_GT(peaks[0], peaks[1]) << r.out;
     EXPECT_GT(peaks[1], peaks[2]) << r.out;
+}
+
+// Two pipeline ranks on a calibrated machine of one core: when both have work, one waits for
+// the core, and `explain` sets that wait apart from the pipeline's own.
+TEST(Repl, ExplainSetsApartTheWaitForACoreWhereRanksOutnumberTheCores) {
+    TempDir dir("one-core");
+    fs::create_directories(dir.path / "hardware");
+    Result cal = run_in(dir.path, "calibrate --quick --cores 1 --out hardware/one.toml", "");
+    ASSERT_EQ(cal.status, 0) << cal.out;
+    const std::string args = "repl " + src +
+                             "/examples/gpt_tiny.dist --set mesh.devices=one --set mesh.pp=2 "
+                             "--set schedule.microbatches=4";
+    const std::string env = "DIST_PATH='" + dir.path.string() + "' ";
+    Result r = run_in(dir.path, args, "explain\n", env);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("waiting for a core: the host's ranks outnumber its cores"),
+              std::string::npos)
+        << r.out;
+    // With a core for each rank, no rank waits for one.
+    Result two = run_in(dir.path, args + " --set mesh.pp=1", "explain\n", env);
+    ASSERT_EQ(two.status, 0) << two.out;
+    EXPECT_EQ(two.out.find("waiting for a core"), std::string::npos) << two.out;
 }
 
 TEST(Repl, AThousandRanksPlanAndSimulate) {
