@@ -348,7 +348,7 @@ class CoreQueues {
   public:
     CoreQueues(const Graph& g, const ExecCosts& costs)
         : g_(g), cores_(static_cast<int32_t>(costs.cores)), slice_(costs.slice),
-          core_(g.ranks.size(), -1), busy_(g.ranks.size(), false) {
+          core_(g.ranks.size(), -1), busy_(g.ranks.size(), false), covered_(g.ranks.size(), false) {
         std::map<int32_t, int32_t> seen;
         std::map<int32_t, bool> single;
         for (const PlanRank& r : g.ranks) {
@@ -359,9 +359,11 @@ class CoreQueues {
         for (const auto& [host, ranks] : seen)
             if (ranks > cores_ && single[host])
                 hosts_[host].assign(static_cast<size_t>(cores_), Core{});
+        for (size_t r = 0; r < covered_.size(); ++r)
+            covered_[r] = hosts_.count(g.ranks[r].host) > 0;
     }
 
-    bool covers(size_t r) const { return hosts_.count(g_.ranks[r].host) > 0; }
+    bool covers(size_t r) const { return covered_[r]; }
 
     /// Queues the ranks busy at `now`, rotates the slices that are over. Returns the ranks
     /// that got a core for the first time since they became busy.
@@ -461,6 +463,7 @@ class CoreQueues {
     double slice_;
     std::vector<int32_t> core_; // the core each rank last ran on
     std::vector<bool> busy_;    // at the last placement
+    std::vector<bool> covered_; // on a host in hosts_
     std::map<int32_t, std::vector<Core>> hosts_;
     std::set<size_t> started_; // busy ranks that have had a core
 };
