@@ -63,14 +63,14 @@ constexpr double gelu_scale = 0.7978845608028654; // sqrt(2 / pi)
 template <typename T>
 void matmul_forward(const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC,
                     T* out) {
-    // out (N,OC) = inp (N,C) @ weight^T (C,OC)
-    gemm(CblasNoTrans, CblasTrans, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC);
-    if (!bias) return;
+    // out (N,OC) = inp (N,C) @ weight^T (C,OC) + bias. The bias is written first and the
+    // product added to it (beta 1): BLAS would otherwise clear out (beta 0) and the bias be
+    // added after, two passes over out where one does.
+    if (bias) {
 #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-        T* row = out + n * OC;
-        for (int64_t o = 0; o < OC; ++o) row[o] += bias[o];
+        for (int64_t n = 0; n < N; ++n) std::copy(bias, bias + OC, out + n * OC);
     }
+    gemm(CblasNoTrans, CblasTrans, N, OC, C, T(1), inp, C, weight, C, T(bias ? 1 : 0), out, OC);
 }
 
 template <typename T>
