@@ -423,6 +423,7 @@ void attention_forward(const T* q, const T* k, const T* v, int64_t B, int64_t T_
                     const int64_t visible = t0 + r + 1; // causal: keys 0..t0+r
                     T mx = *std::max_element(row, row + visible);
                     double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
                     for (int64_t j = 0; j < visible; ++j) {
                         row[j] = vexp(row[j] - mx);
                         sum += row[j];
