@@ -300,8 +300,9 @@ std::vector<StreamRate> measure_elementwise(const Plan& plan, Progress& progress
          }},
         // A fresh gradient buffer, zeroed (the kernels accumulate into it).
         {"zero", [&](int64_t n, bool) { kernels::Tensor::zeros({n}); }},
-        // A linear layer's bias: added to each output row (forward), its gradient the column
-        // sums (backward); the loops of kernels/cpu's matmul_forward and _backward_weight.
+        // A linear layer's bias: written to each output row before the product is added to it
+        // (forward), its gradient the column sums (backward); the loops of kernels/cpu's
+        // matmul_forward and _backward_weight.
         {"bias",
          [&](int64_t n, bool bw) {
              const int64_t rows = n / C;
@@ -309,8 +310,7 @@ std::vector<StreamRate> measure_elementwise(const Plan& plan, Progress& progress
              const float* b = w.data();
              if (!bw) {
 #pragma omp parallel for schedule(static)
-                 for (int64_t r = 0; r < rows; ++r)
-                     for (int64_t o = 0; o < C; ++o) out[r * C + o] += b[o];
+                 for (int64_t r = 0; r < rows; ++r) std::copy(b, b + C, out + r * C);
                  return;
              }
              float* db = dw.data();

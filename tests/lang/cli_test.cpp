@@ -377,6 +377,41 @@ TEST(Cli, RunsMemoryPeakIsTheOneTheModelPredicts) {
     }
 }
 
+// ZeRO 2 as this runtime runs it keeps whole gradient buffers until the step's reduce-scatter,
+// where the memory model shards them: the run says how much of its peak that is, and the
+// prediction with it added matches the measured peak. ZeRO 1 keeps them whole in both.
+TEST(Cli, RunsMemoryLineSaysWhatZeroTwoHoldsWholeHere) {
+    const std::string base = "run examples/gpt_tiny.dist --quiet --set 'train.data=synthetic()' "
+                             "--set train.stop_after=2 --set mesh.dp=2 ";
+    auto figure = [](const std::string& out, const std::string& from, const std::string& word) {
+        const size_t at = out.find(from);
+        if (at == std::string::npos) return -1.0;
+        const std::string line = out.substr(at, out.find('\n', at) - at);
+        const size_t w = line.find(word);
+        double x = -1;
+        if (w != std::string::npos) std::sscanf(line.c_str() + w + word.size(), "%lf", &x);
+        return x;
+    };
+    Result one = run(base + "--set mesh.zero=1");
+    ASSERT_EQ(one.status, 0) << one.err;
+    EXPECT_EQ(one.out.find("whole here"), std::string::npos) << one.out;
+    Result two = run(base + "--set mesh.zero=2");
+    ASSERT_EQ(two.status, 0) << two.err;
+    const double measured = figure(two.out, "memory: measured", "measured ");
+    const double predicted = figure(two.out, "memory: measured", "predicted ");
+    const double whole = figure(two.out, "memory: ZeRO 2", "reduce-scatter: ");
+    ASSERT_GT(measured, 0) << two.out;
+    ASSERT_GT(predicted, 0) << two.out;
+    ASSERT_GT(whole, 0) << two.out;
+    // Half of gpt_tiny's f32 gradients on each of the two ranks: 4 bytes per parameter in all.
+    Result check = run("check examples/gpt_tiny.dist");
+    ASSERT_EQ(check.status, 0) << check.err;
+    const double millions = figure(check.out, "ok (gpt, ", "ok (gpt, ");
+    ASSERT_GT(millions, 0) << check.out;
+    EXPECT_NEAR(whole, 4.0 * millions, 0.1) << two.out;
+    EXPECT_NEAR((predicted + whole) / measured, 1.0, 0.1) << two.out;
+}
+
 // The last step as it ran and as the simulator predicts it: one trace of two processes with the
 // same actions on every rank, both timelines in one picture, and the two step times and bubbles
 // on the run's last line.
