@@ -25,13 +25,15 @@ double unit_interval(uint64_t bits) {
 
 } // namespace
 
-float initial_value(uint64_t seed, const std::string& name, int64_t index, const Init& init) {
+namespace {
+
+// initial_value with the name's hash taken once, not at every element.
+float initial_value_of(uint64_t seed, uint64_t h, int64_t index, const Init& init) {
     switch (init.kind) {
     case Init::Kind::zeros: return 0.0f;
     case Init::Kind::ones: return 1.0f;
     case Init::Kind::normal: {
         // Box-Muller on two uniforms drawn from (seed, name, index) alone.
-        uint64_t h = name_hash(name);
         uint64_t i = static_cast<uint64_t>(index);
         double u1 = 1.0 - unit_interval(hash64(seed, h, 2 * i));
         double u2 = unit_interval(hash64(seed, h, 2 * i + 1));
@@ -40,6 +42,12 @@ float initial_value(uint64_t seed, const std::string& name, int64_t index, const
     }
     }
     return 0.0f;
+}
+
+} // namespace
+
+float initial_value(uint64_t seed, const std::string& name, int64_t index, const Init& init) {
+    return initial_value_of(seed, name_hash(name), index, init);
 }
 
 std::vector<int64_t> Shard::local_shape(const std::vector<int64_t>& full) const {
@@ -80,8 +88,12 @@ Parameter& ParameterStore::add(std::string name, std::vector<int64_t> shape, Ini
     std::vector<int64_t> local = shard.local_shape(shape);
     kernels::Tensor host(local);
     float* x = host.data<float>();
-    for (int64_t i = 0; i < host.numel(); ++i)
-        x[i] = initial_value(seed, p.name, shard.global_index(shape, i), init);
+    // Each element depends on its index alone: the threads split them in any order.
+    const uint64_t h = name_hash(p.name);
+    const int64_t n = host.numel();
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
+    for (int64_t i = 0; i < n; ++i)
+        x[i] = initial_value_of(seed, h, shard.global_index(shape, i), init);
     p.value = allocator_->device().kind == kernels::Device::Kind::cpu ? host : host.to(*allocator_);
     p.grad = kernels::Tensor::zeros(local, kernels::DType::f32, *allocator_);
     p.m = kernels::Tensor::zeros(local, kernels::DType::f32, *allocator_);
