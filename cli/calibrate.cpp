@@ -143,7 +143,7 @@ Plan plan_for(int32_t cores, bool quick) {
         p.seqs = {64, 256, 1024};
         p.head_dims = {32, 64, 128};
         p.elements = {1 << 14, 1 << 17, 1 << 20, 1 << 23};
-        p.message = {256, 1 << 16, 1 << 20, 1 << 24};
+        p.message = {256, 1 << 16, 1 << 20, 1 << 24, 1 << 26};
     }
     return p;
 }

@@ -372,7 +372,15 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         double t = rates->transfer(from.host == to.host ? "inprocess" : "ucx-tcp", bytes);
         return t >= 0 ? t : fallback.transfer(from, to, a);
     };
-    c.reduction = [&g, fallback, collective](const PlanRank& r, const PlanAction& a) {
+    // The reducer's own passes over memory, on its one thread (RankExecutor::Reducer): it
+    // packs a bucket's gradients into one buffer and, after an all-reduce, copies them back and
+    // scales them by 1 / N_d; before a reduce-scatter it clears the buffer and packs every
+    // member's shares, after it copies back and scales its own.
+    auto copies = [rates](double bytes) {
+        const double n = bytes / 4;
+        return n > 0 ? n / rates->elementwise("copy", n, 1.0, false) : 0.0;
+    };
+    c.reduction = [&g, fallback, collective, copies](const PlanRank& r, const PlanAction& a) {
         const PlanStage& s = g.stages[static_cast<size_t>(a.stage)];
         const char* op =
             a.kind == ActionKind::reduce_scatter ? "reduce_scatter"
@@ -386,7 +394,14 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
             a.kind == ActionKind::gather_forward || a.kind == ActionKind::gather_backward;
         if (gather ? s.expert_parameters > 0 : s.expert_bucket(a.microbatch))
             return fallback.reduction(r, a); // groups of their own: the link model's
-        return collective(g.replica_group(r), op, bytes, fallback.reduction(r, a));
+        double own = 0;
+        if (a.kind == ActionKind::reduce_grad) {
+            own = 3 * copies(bytes);
+        } else if (a.kind == ActionKind::reduce_scatter) {
+            const double members = static_cast<double>(g.replica_group(r).size());
+            own = 2 * copies(bytes) + 2 * copies(bytes / members);
+        }
+        return own + collective(g.replica_group(r), op, bytes, fallback.reduction(r, a));
     };
     c.step_barrier = true;
     c.threads = [threads](const PlanRank&) { return threads; };

@@ -214,9 +214,11 @@ TEST(SharedCores, RanksBeyondTheCoresQueueOnACoreAndTakeTurnsOfASlice) {
         EXPECT_NEAR(be, expect[r][3], 1e-9) << "rank " << r;
     }
     // The wait for a core is kept beside the span: rank 2's F waited one slice.
-    for (size_t i = 0; i < g.ranks[2].actions.size(); ++i)
-        if (g.ranks[2].actions[i].kind == ActionKind::forward)
+    for (size_t i = 0; i < g.ranks[2].actions.size(); ++i) {
+        if (g.ranks[2].actions[i].kind == ActionKind::forward) {
             EXPECT_NEAR(t.core_wait[2][i], 0.25, 1e-9);
+        }
+    }
     for (size_t i = 0; i < g.ranks[0].actions.size(); ++i)
         EXPECT_EQ(t.core_wait[0][i], 0.0) << to_string(g.ranks[0].actions[i]);
     // Without a slice the threads of a core share it evenly: ranks 0 and 2 at half speed, so
@@ -363,6 +365,32 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     double t8 = nlohmann::json::parse(eight.out)["step_time_s"].get<double>();
     EXPECT_GT(t4, 0);
     EXPECT_GT(t8, 1.5 * t4);
+
+    // On two data-parallel ranks the gradient buckets are reduced after the last backward, on
+    // the reducer's one thread: each costs its collective and the reducer's three passes over
+    // it (pack, unpack, scale), so the step's update cannot start before the last backward's
+    // end plus those passes at the profile's one-thread copy rate.
+    Program two = checked("gpt_tiny.dist", {"mesh.dp=2"});
+    two.mesh.profile = *p;
+    Graph g = *lower(two).graph;
+    sim::SimResult res = sim::simulate(g, two);
+    ASSERT_TRUE(res.ok());
+    const sim::RankReport& rank = res.timeline->ranks[0];
+    const auto& acts = g.ranks[0].actions;
+    double last_backward = 0, update = -1;
+    for (const sim::Span& sp : rank.spans) {
+        if (acts[sp.action].kind == ActionKind::backward) last_backward = sp.end;
+        if (acts[sp.action].kind == ActionKind::step) update = sp.start;
+    }
+    ASSERT_GT(update, 0);
+    sim::Rates rates(c);
+    double passes = 0;
+    for (int64_t b : g.stages[0].buckets) {
+        const double n = static_cast<double>(b) / 4;
+        passes += 3 * n / rates.elementwise("copy", n, 1.0, false);
+    }
+    ASSERT_GT(passes, 0);
+    EXPECT_GE(update - last_backward, passes * (1 - 1e-9));
 }
 
 TEST(Calibrate, RefusesAnOutputThatIsNotAProfile) {
