@@ -107,7 +107,10 @@ void ReplSession::cmd_run(const std::string& args) {
     std::sort(times.begin(), times.end());
     double median = times.empty() ? last.metrics.step_time_s : times[times.size() / 2];
     out_ << sim::comparison_line(median, measured.bubble_fraction, predicted, p.mesh.profile.name)
-         << "\n(`explain` says where they differ)\n";
+         << "\n";
+    if (std::string hint = sim::calibration_hint(p.mesh.profile); !hint.empty())
+        out_ << hint << "\n";
+    out_ << "(`explain` says where they differ)\n";
     last_measured_ = std::move(measured);
 }
 

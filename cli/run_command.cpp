@@ -172,10 +172,13 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
                                   step_times.end());
         std::sort(times.begin(), times.end());
         double median = times.empty() ? measured.step_time_s : times[times.size() / 2];
-        if (predicted.ok())
+        if (predicted.ok()) {
             out << sim::comparison_line(median, measured.bubble_fraction, *predicted.timeline,
                                         p.mesh.profile.name)
                 << "\n";
+            if (std::string hint = sim::calibration_hint(p.mesh.profile); !hint.empty())
+                out << hint << "\n";
+        }
         if (predicted.ok() && p.mesh.profile.cpu() && session.processes() == 1) {
             // Every rank lives in this process, on the host allocator: its peak against the most
             // the simulated ranks hold at once.

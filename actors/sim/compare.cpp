@@ -54,6 +54,13 @@ std::string comparison_line(double measured_step_s, double measured_bubble,
     return buf;
 }
 
+std::string calibration_hint(const HardwareProfile& profile) {
+    if (profile.name != "cpu" || profile.calibration.cores > 0) return "";
+    return "(the cpu profile is a datasheet guess, not this machine: `dist calibrate --out "
+           "DIR/hardware/here.toml` measures it, and `--set mesh.devices=here` with DIR on "
+           "DIST_PATH predicts with it; docs/simulator.md)";
+}
+
 std::string disagreement_text(const Timeline& measured, const Timeline& predicted) {
     auto m = busy_by_kind(measured), p = busy_by_kind(predicted);
     std::map<std::string, std::pair<double, double>> total; // kind -> (measured, predicted)

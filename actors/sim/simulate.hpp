@@ -136,6 +136,9 @@ std::string chrome_trace(const std::vector<std::pair<std::string, const Timeline
 /// 87.9 ms (0.99x); bubble: measured 28.9%, predicted 27.6% (`dist sim` with the P profile)".
 std::string comparison_line(double measured_step_s, double measured_bubble,
                             const Timeline& predicted, const std::string& profile);
+/// Beside a run's comparison on the `cpu` datasheet profile, which knows nothing of the machine:
+/// how to calibrate this one ("" for any other profile, a calibrated one included).
+std::string calibration_hint(const HardwareProfile& profile);
 /// Where a measured step and the prediction of the same plan disagree: each kind of action's
 /// time summed over the ranks, the idle time, and the rank and kind with the largest gap.
 std::string disagreement_text(const Timeline& measured, const Timeline& predicted);

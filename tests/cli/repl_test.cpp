@@ -266,6 +266,18 @@ TEST(Repl, ExplainSetsApartTheWaitForACoreWhereRanksOutnumberTheCores) {
     Result two = run_in(dir.path, args + " --set mesh.pp=1", "explain\n", env);
     ASSERT_EQ(two.status, 0) << two.out;
     EXPECT_EQ(two.out.find("waiting for a core"), std::string::npos) << two.out;
+    // `run` sets the measured steps beside the calibrated profile's prediction, with no word of
+    // calibrating; on the `cpu` datasheet profile it says how to.
+    Result ran = run_in(dir.path, args + " --set mesh.pp=1", "run 2\n", env);
+    ASSERT_EQ(ran.status, 0) << ran.out;
+    EXPECT_NE(ran.out.find("(`dist sim` with the one profile)"), std::string::npos) << ran.out;
+    EXPECT_EQ(ran.out.find("dist calibrate"), std::string::npos) << ran.out;
+    Result guess = run_in(dir.path, "repl " + src + "/examples/gpt_tiny.dist", "run 2\n", "");
+    ASSERT_EQ(guess.status, 0) << guess.out;
+    EXPECT_NE(guess.out.find("the cpu profile is a datasheet guess, not this machine: `dist "
+                             "calibrate --out"),
+              std::string::npos)
+        << guess.out;
 }
 
 TEST(Repl, AThousandRanksPlanAndSimulate) {
