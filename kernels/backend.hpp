@@ -118,6 +118,12 @@ class Backend {
     }
     /// x (n) *= s.
     virtual void scale(float* x, int64_t n, double s) = 0;
+    /// dst (n) = src (n) * s, as a copy and then scale() would leave it, in one pass where the
+    /// device has one.
+    virtual void copy_scaled(const float* src, int64_t n, double s, float* dst) {
+        copy_block(src, n, dst, n, 1, n);
+        scale(dst, n, s);
+    }
     /// Waits until the ops queued on the device have run (the CPU runs each op at its call).
     /// Only the ops: a collective another thread has under way on the device is not waited for.
     virtual void synchronize() {}

@@ -250,10 +250,7 @@ class RankExecutor::Reducer {
         });
         if (group) group->all_reduce(buffer, end - begin, transport::ReduceOp::sum);
         float inv = 1.0f / static_cast<float>(dp_->size());
-        walk([&](float* g, int64_t at, int64_t n) {
-            device_.copy_block(buffer + at, n, g, n, 1, n);
-            device_.scale(g, n, inv);
-        });
+        walk([&](float* g, int64_t at, int64_t n) { device_.copy_scaled(buffer + at, n, inv, g); });
     }
 
     // The bucket [begin, end) of the flattened gradients, packed member by member (each
@@ -299,8 +296,7 @@ class RankExecutor::Reducer {
         float inv = 1.0f / static_cast<float>(dp_->size());
         int64_t at = 0;
         for (auto [g, n] : pieces[static_cast<size_t>(me)]) {
-            device_.copy_block(share_.data<float>() + at, n, g, n, 1, n);
-            device_.scale(g, n, inv);
+            device_.copy_scaled(share_.data<float>() + at, n, inv, g);
             at += n;
         }
     }

@@ -373,9 +373,9 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         return t >= 0 ? t : fallback.transfer(from, to, a);
     };
     // The reducer's own passes over memory, on its one thread (RankExecutor::Reducer): it
-    // packs a bucket's gradients into one buffer and, after an all-reduce, copies them back and
-    // scales them by 1 / N_d; before a reduce-scatter it clears the buffer and packs every
-    // member's shares, after it copies back and scales its own.
+    // packs a bucket's gradients into one buffer and, after an all-reduce, copies them back
+    // scaled by 1 / N_d; before a reduce-scatter it clears the buffer and packs every member's
+    // shares, after it copies its own back scaled.
     auto copies = [rates](double bytes) {
         const double n = bytes / 4;
         return n > 0 ? n / rates->elementwise("copy", n, 1.0, false) : 0.0;
@@ -396,10 +396,10 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
             return fallback.reduction(r, a); // groups of their own: the link model's
         double own = 0;
         if (a.kind == ActionKind::reduce_grad) {
-            own = 3 * copies(bytes);
+            own = 2 * copies(bytes);
         } else if (a.kind == ActionKind::reduce_scatter) {
             const double members = static_cast<double>(g.replica_group(r).size());
-            own = 2 * copies(bytes) + 2 * copies(bytes / members);
+            own = 2 * copies(bytes) + copies(bytes / members);
         }
         return own + collective(g.replica_group(r), op, bytes, fallback.reduction(r, a));
     };
