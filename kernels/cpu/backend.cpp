@@ -127,26 +127,16 @@ class CpuBackend final : public Backend {
     }
     void scale(float* x, int64_t n, double s) override { cpu::scale(x, n, s); }
     void copy_scaled(const float* src, int64_t n, double s, float* dst) override {
-        const auto f = static_cast<float>(s);
-#pragma omp parallel for simd schedule(static)
-        for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * f;
+        cpu::copy_scaled(src, n, s, dst);
     }
 
     void add(const float* a, const float* b, int64_t n, float* out) override {
         for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
     }
-    void fill(float* x, int64_t n, float value) override {
-        std::fill(x, x + n, value);
-    }
-    void round_bf16(float* x, int64_t n) override {
-        cpu::round_bf16(x, n);
-    }
-    void to_bf16(const float* x, int64_t n, uint16_t* out) override {
-        cpu::to_bf16(x, n, out);
-    }
-    void from_bf16(const uint16_t* x, int64_t n, float* out) override {
-        cpu::from_bf16(x, n, out);
-    }
+    void fill(float* x, int64_t n, float value) override { std::fill(x, x + n, value); }
+    void round_bf16(float* x, int64_t n) override { cpu::round_bf16(x, n); }
+    void to_bf16(const float* x, int64_t n, uint16_t* out) override { cpu::to_bf16(x, n, out); }
+    void from_bf16(const uint16_t* x, int64_t n, float* out) override { cpu::from_bf16(x, n, out); }
     void add_rows(const float* bias, int64_t N, int64_t C, float* out) override {
         for (int64_t r = 0; r < N; ++r)
             for (int64_t c = 0; c < C; ++c) out[r * C + c] += bias[c];

@@ -564,6 +564,12 @@ template <typename T> void scale(T* x, int64_t n, double s) {
     for (int64_t i = 0; i < n; ++i) x[i] *= ts;
 }
 
+template <typename T> void copy_scaled(const T* src, int64_t n, double s, T* dst) {
+    T ts = static_cast<T>(s);
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * ts;
+}
+
 // ----- bf16 ---------------------------------------------------------------------------------
 
 namespace {
@@ -637,7 +643,8 @@ void from_bf16(const uint16_t* x, int64_t n, float* out) {
                                             int64_t, T*);                                          \
     template void adamw_step<T>(const T*, int64_t, const AdamWConfig&, int64_t, T*, T*, T*);       \
     template double sum_squares<T>(const T*, int64_t);                                             \
-    template void scale<T>(T*, int64_t, double);
+    template void scale<T>(T*, int64_t, double);                                                   \
+    template void copy_scaled<T>(const T*, int64_t, double, T*);
 
 DIST_INSTANTIATE(float)
 DIST_INSTANTIATE(double)

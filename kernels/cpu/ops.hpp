@@ -151,6 +151,8 @@ void adamw_step(const T* grads, int64_t n, const AdamWConfig& config, int64_t st
 template <typename T> double sum_squares(const T* x, int64_t n);
 /// x (n) *= s.
 template <typename T> void scale(T* x, int64_t n, double s);
+/// dst (n) = src (n) * s: a copy and scale() in one pass.
+template <typename T> void copy_scaled(const T* src, int64_t n, double s, T* dst);
 
 /// bf16 (mixed precision), round to nearest even with NaN kept a NaN, as f32_to_bf16 in
 /// kernels/tensor.hpp but vectorised and threaded: x (n) rounded in place and kept as float;

@@ -369,7 +369,8 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     // On two data-parallel ranks the gradient buckets are reduced after the last backward, on
     // the reducer's one thread: each costs its collective and the reducer's two passes over it
     // (pack, and copy back scaled), so the step's update cannot start before the last
-    // backward's end plus those passes at the profile's one-thread copy rate.
+    // backward's end plus the buckets' measured all-reduces and those passes at the profile's
+    // one-thread copy rate.
     Program two = checked("gpt_tiny.dist", {"mesh.dp=2"});
     two.mesh.profile = *p;
     Graph g = *lower(two).graph;
@@ -384,13 +385,15 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     }
     ASSERT_GT(update, 0);
     sim::Rates rates(c);
-    double passes = 0;
+    double passes = 0, reductions = 0;
     for (int64_t b : g.stages[0].buckets) {
         const double n = static_cast<double>(b) / 4;
         passes += 2 * n / rates.elementwise("copy", n, 1.0, false);
+        reductions += rates.collective("inprocess", "all_reduce", 2, static_cast<double>(b));
     }
     ASSERT_GT(passes, 0);
-    EXPECT_GE(update - last_backward, passes * (1 - 1e-9));
+    ASSERT_GT(reductions, 0);
+    EXPECT_GE(update - last_backward, (reductions + passes) * (1 - 1e-9));
 }
 
 TEST(Calibrate, RefusesAnOutputThatIsNotAProfile) {

@@ -399,6 +399,16 @@ TEST(GradNorm, SumOfSquaresAndScale) {
     EXPECT_DOUBLE_EQ(sum_squares(big.data(), static_cast<int64_t>(big.size())), 1048576.0);
 }
 
+// The reducer's copy back of an averaged bucket: one pass that leaves what a copy and scale()
+// would, bit for bit (the gradients must not depend on which of the two ran).
+TEST(GradNorm, CopyScaledIsACopyThenScale) {
+    std::vector<float> src = to_float(random_vec(1000, 7)), two(src.size()), one(src.size());
+    two = src;
+    scale(two.data(), static_cast<int64_t>(two.size()), 1.0 / 3.0);
+    copy_scaled(src.data(), static_cast<int64_t>(src.size()), 1.0 / 3.0, one.data());
+    for (size_t i = 0; i < src.size(); ++i) ASSERT_EQ(one[i], two[i]) << i;
+}
+
 TEST(Attention, LongSequencesSpanSeveralBlocks) {
     // Rows are processed in blocks of 64: 130 positions take three, the last one partial.
     const int64_t B = 1, T = 130, H = 2, KV = 1, D = 3;
