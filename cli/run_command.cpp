@@ -192,25 +192,6 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
                           predicted.timeline->ranks.size() == 1 ? "" : "s", sum / 1e6,
                           measured_peak > 0 ? sum / static_cast<double>(measured_peak) : 0.0);
             out << line << "\n";
-            // The model shards the gradients from ZeRO 2 on, as DeepSpeed and FSDP do; this
-            // runtime keeps them whole until the step reduce-scatters them: say how much of the
-            // difference that is, rather than leave it unexplained.
-            if (graph.zero >= 2 && graph.dp * graph.cp > 1) {
-                double whole = 0;
-                for (const sim::RankReport& rep : predicted.timeline->ranks) {
-                    const plan::PlanRank& r = graph.ranks.at(static_cast<size_t>(rep.rank));
-                    int64_t params = 0;
-                    for (const plan::PlanStage& st : graph.stages)
-                        if (st.pp == r.pp) params += st.parameters;
-                    whole += static_cast<double>(params * 4 - rep.gradients_bytes);
-                }
-                std::snprintf(line, sizeof line,
-                              "memory: ZeRO %d's gradients are sharded in the prediction and "
-                              "whole here until the step's reduce-scatter: %.1f MB of the "
-                              "measured peak (docs/training.md)",
-                              graph.zero, whole / 1e6);
-                out << line << "\n";
-            }
         }
         if (const models::ExpertStats& x = last_step->metrics.experts; !x.empty()) {
             // The routers of the last step: the busiest expert against the mean, beside what

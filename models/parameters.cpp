@@ -86,6 +86,7 @@ Parameter& ParameterStore::add(std::string name, std::vector<int64_t> shape, Ini
     p.full_shape = shape;
     p.shard = shard;
     std::vector<int64_t> local = shard.local_shape(shape);
+    p.shape = local;
     kernels::Tensor host(local);
     float* x = host.data<float>();
     // Each element depends on its index alone: the threads split them in any order.
@@ -300,6 +301,12 @@ std::string merge_serialised(const std::string& bytes, ParameterStore& whole) {
     return {};
 }
 
+int64_t Parameter::numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+}
+
 int64_t ParameterStore::count() const {
     int64_t n = 0;
     for (const auto& p : params_) n += p.value.numel();
@@ -307,7 +314,10 @@ int64_t ParameterStore::count() const {
 }
 
 void ParameterStore::zero_grads() {
-    for (auto& p : params_) p.grad.fill_zero();
+    for (auto& p : params_) {
+        if (p.grad.defined()) p.grad.fill_zero();
+        if (p.grad_share.defined()) p.grad_share.fill_zero();
+    }
 }
 
 } // namespace dist::models

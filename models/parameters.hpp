@@ -43,17 +43,21 @@ struct Shard {
 /// local shape; the moments cover the local elements [state_begin, state_begin + m.numel()):
 /// all of them, or under ZeRO this data-parallel rank's share. Under ZeRO 3 `owned` holds the
 /// values of that share, and `value` is whole (gathered) only while a unit computes with it:
+/// otherwise it is undefined. Under ZeRO 2 and 3 `grad_share` holds the reduced gradient of
+/// the share, and `grad` is whole only from a unit's backward until its reduce-scatter:
 /// otherwise it is undefined.
 struct Parameter {
     std::string name;                // e.g. "h.0.attn.qkv.weight"
     std::vector<int64_t> full_shape; // unsharded
     Shard shard;                     // what this rank holds of it
+    std::vector<int64_t> shape;      // the local shape: the value's and the gradient's
     kernels::Tensor value;
     kernels::Tensor grad;
     kernels::Tensor m;
     kernels::Tensor v;
     int64_t state_begin = 0;
     kernels::Tensor owned;
+    kernels::Tensor grad_share;
     /// Its gradient is this tensor-parallel rank's part of a sum over the group (a norm or
     /// the positions, computed on a sequence shard): the runtime all-reduces it over tp.
     bool sequence_partial = false;
@@ -62,6 +66,14 @@ struct Parameter {
     bool expert = false;
     Init init;
     bool decay = true; // weight decay applies (matrices), or not (biases and norm gains)
+
+    /// The local elements.
+    int64_t numel() const;
+    /// The gradient of the elements the moments cover: the reduced share under ZeRO 2 and 3,
+    /// else that range of the whole gradient.
+    float* state_grad() {
+        return grad_share.defined() ? grad_share.data<float>() : grad.data<float>() + state_begin;
+    }
 };
 
 /// The parameters of a model, in creation order. References stay valid as more are added.
@@ -82,6 +94,7 @@ class ParameterStore {
     std::deque<Parameter>& all() { return params_; }
     const std::deque<Parameter>& all() const { return params_; }
     int64_t count() const;
+    /// Clears every gradient there is: the whole ones and the reduced shares.
     void zero_grads();
 
   private:

@@ -84,13 +84,12 @@ double optimizer_step(const TrainSpec& t, int64_t step, double norm,
     // Each parameter's elements that its moments cover: all, or this rank's ZeRO share.
     if (t.clip > 0 && norm > t.clip)
         for (Parameter* p : params)
-            if (p->m.numel() > 0)
-                device.scale(p->grad.data<float>() + p->state_begin, p->m.numel(), t.clip / norm);
+            if (p->m.numel() > 0) device.scale(p->state_grad(), p->m.numel(), t.clip / norm);
     const double lr = learning_rate(t, step);
     for (Parameter* p : params)
         if (p->m.numel() > 0)
-            device.adamw_step(p->grad.data<float>() + p->state_begin, p->m.numel(), lr,
-                              t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
+            device.adamw_step(p->state_grad(), p->m.numel(), lr, t.optimizer.beta1,
+                              t.optimizer.beta2, t.optimizer.eps,
                               p->decay ? t.optimizer.weight_decay : 0.0, step + 1,
                               p->owned.defined() ? p->owned.data<float>()
                                                  : p->value.data<float>() + p->state_begin,

@@ -172,10 +172,11 @@ struct Linear {
     /// rounded to bf16; the products accumulate in float.
     Bf16 bf16;
 
-    // From the gradient, whose shape is the weight's: the weight's values may be away (ZeRO 3
-    // gathers them only for the forward and the input gradient).
-    int64_t out_features() const { return weight->grad.dim(0); }
-    int64_t in_features() const { return weight->grad.dim(1); }
+    // From the local shape: the weight's values may be away (ZeRO 3 gathers them only for the
+    // forward and the input gradient), and so may its gradient (ZeRO 2 and 3 keep it only
+    // until its reduce-scatter).
+    int64_t out_features() const { return weight->shape[0]; }
+    int64_t in_features() const { return weight->shape[1]; }
 
     /// With `add_bias` false the bias is left for after a reduction (row-parallel).
     Tensor forward(const Tensor& x, bool add_bias = true) const;

@@ -72,7 +72,9 @@ class Unit {
     /// x -> y. The first unit reads tokens (B,T) i32; the loss unit returns per-token losses
     /// (B,T); the others map activations (B,T,C) to (B,T,C) or logits (B,T,V).
     virtual Tensor forward(int64_t mb, const Tensor& x, const Batch& batch) = 0;
-    /// dy -> dx (undefined for the first unit). Keeps what backward_weight needs.
+    /// dy -> dx (undefined for the first unit). Keeps what backward_weight needs, and writes
+    /// no parameter gradient: under ZeRO 2 and 3 the gradients are there only for
+    /// backward_weight.
     virtual Tensor backward_input(int64_t mb, const Tensor& dy) = 0;
     /// Adds this microbatch's parameter gradients and frees its state.
     virtual void backward_weight(int64_t mb) = 0;

@@ -58,7 +58,7 @@ class EmbeddingUnit : public Named {
     void backward_weight(int64_t mb) override {
         Saved s = take(saved_, mb, "embedding");
         s.dy = bf16_.use(s.dy);
-        int64_t C = weight_->grad.dim(1), N = s.tokens.numel();
+        int64_t C = weight_->shape[1], N = s.tokens.numel();
         const int32_t* tok = s.tokens.data<int32_t>();
         if (!tp_.split)
             be_.embedding_backward(tok, s.dy.data<float>(), N, C, weight_->grad.data<float>());

@@ -261,17 +261,32 @@ std::string print(const Graph& g, int width) {
             for (size_t i = 0; i < s.buckets.size(); ++i)
                 (s.expert_bucket(static_cast<int64_t>(i)) ? experts : total) += s.buckets[i];
             const char* group = g.cp > 1 ? "dp x cp" : "dp";
-            std::snprintf(buf, sizeof buf,
-                          "            %s: %zu gradient bucket%s (%.2f MB), each %s once final\n",
-                          group, dense, dense == 1 ? "" : "s", static_cast<double>(total) / 1e6,
-                          g.zero >= 2 ? "reduce-scattered" : "all-reduced");
+            if (g.zero >= 2)
+                std::snprintf(buf, sizeof buf,
+                              "            %s: gradients (%.2f MB) reduce-scattered after every "
+                              "B or W, unit by unit; each rank keeps its share\n",
+                              group, static_cast<double>(total) / 1e6);
+            else
+                std::snprintf(buf, sizeof buf,
+                              "            %s: %zu gradient bucket%s (%.2f MB), each all-reduced "
+                              "once final\n",
+                              group, dense, dense == 1 ? "" : "s",
+                              static_cast<double>(total) / 1e6);
             out += buf;
             if (s.expert_buckets > 0) {
-                std::snprintf(buf, sizeof buf,
-                              "            %s / ep: %d bucket%s of experts' gradients (%.2f MB), "
-                              "each all-reduced among the %d ranks holding the same experts\n",
-                              group, s.expert_buckets, s.expert_buckets == 1 ? "" : "s",
-                              static_cast<double>(experts) / 1e6, g.dp * g.cp / g.ep);
+                if (g.zero >= 2)
+                    std::snprintf(buf, sizeof buf,
+                                  "            %s / ep: experts' gradients (%.2f MB) "
+                                  "reduce-scattered among the %d ranks holding the same "
+                                  "experts\n",
+                                  group, static_cast<double>(experts) / 1e6, g.dp * g.cp / g.ep);
+                else
+                    std::snprintf(buf, sizeof buf,
+                                  "            %s / ep: %d bucket%s of experts' gradients "
+                                  "(%.2f MB), each all-reduced among the %d ranks holding the "
+                                  "same experts\n",
+                                  group, s.expert_buckets, s.expert_buckets == 1 ? "" : "s",
+                                  static_cast<double>(experts) / 1e6, g.dp * g.cp / g.ep);
                 out += buf;
             }
             if (g.zero >= 3) {

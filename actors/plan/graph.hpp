@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dist::plan {
@@ -28,8 +29,8 @@ enum class ActionKind : uint8_t {
     send_backward,   // SEND_B: the gradient of this stage's input to the previous stage's rank
     recv_backward,   // RECV_B: the gradient of this stage's output from the next stage's rank
     reduce_grad,     // REDUCE_GRAD: all-reduce of one gradient bucket over the data-parallel group
-    reduce_scatter,  // REDUCE_SCATTER: the same bucket reduce-scattered (ZeRO 2 and 3): each
-                     // member keeps the sum of its 1/N share
+    reduce_scatter,  // REDUCE_SCATTER: ZeRO 2 and 3's reduce-scatter of a microbatch's
+                     // gradients of a stage, after its B or W: each member keeps its 1/N share
     gather_forward,  // GATHER_F: ZeRO 3's all-gather of a stage's weights for the forward of a
                      // microbatch, unit by unit; issued one compute action ahead (prefetch)
     gather_backward, // GATHER_B: the same before the backward (B or I) of a microbatch
@@ -145,6 +146,9 @@ struct PlanStage {
     /// ZeRO 3 gathers weights a unit (a block, the embeddings, the head) at a time: the
     /// largest unit's parameters on one tensor-parallel rank, and the stage's unit count.
     int64_t largest_unit_parameters = 0;
+    /// ZeRO 2 and 3 hold whole gradients of two units at most, the one computing its weight
+    /// gradient and the one being reduce-scattered: the two largest units' parameters.
+    int64_t two_largest_units_parameters = 0;
     int32_t units = 1;
     /// Expert parallelism: all-to-alls in one forward (as many in B or I), each rank's bytes in
     /// each; 0 without it.
@@ -162,6 +166,14 @@ struct PlanStage {
     int32_t expert_buckets = 0;
     std::vector<PlanShard> shards; // tensors split over tp (empty when tp = 1)
 
+    /// The bytes of the stage's gradients, the dense ones and the routed experts' (the
+    /// buckets' sums).
+    std::pair<int64_t, int64_t> gradient_bytes() const {
+        int64_t dense = 0, experts = 0;
+        for (size_t i = 0; i < buckets.size(); ++i)
+            (expert_bucket(static_cast<int64_t>(i)) ? experts : dense) += buckets[i];
+        return {dense, experts};
+    }
     /// Whether bucket `i` holds routed experts' gradients (one of the last expert_buckets).
     bool expert_bucket(int64_t i) const {
         return expert_buckets > 0 &&

@@ -38,6 +38,7 @@ json to_json(const Graph& g) {
             {"attention_flops", s.attention_flops},
             {"flash", {{"F", s.flash_forward}, {"I", s.flash_input_grad}, {"T", s.flash_sequence}}},
             {"largest_unit_parameters", s.largest_unit_parameters},
+            {"two_largest_units_parameters", s.two_largest_units_parameters},
             {"units", s.units},
             {"shards", shards}};
         if (s.all_to_alls > 0) {
@@ -157,6 +158,7 @@ bool from_json(const json& j, Graph& out, std::string& error) {
                 st.flash_sequence = s.at("flash").value("T", int64_t{0});
             }
             st.largest_unit_parameters = s.value("largest_unit_parameters", int64_t{0});
+            st.two_largest_units_parameters = s.value("two_largest_units_parameters", int64_t{0});
             st.units = s.value("units", 1);
             st.all_to_alls = s.value("all_to_alls", 0);
             st.all_to_all_bytes = s.value("all_to_all_bytes", int64_t{0});

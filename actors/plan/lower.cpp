@@ -117,15 +117,24 @@ Graph assemble(const ScheduleOrder& order, std::vector<PlanStage> stages, Schedu
                     out.push_back(
                         comm(ActionKind::send_backward, a.stage, a.microbatch, peer(a.stage - 1)));
             }
+            // A stage's gradient buckets, all-reduced once its last weight gradient is in; or
+            // under ZeRO 2 and 3 each microbatch's gradients of the stage, reduce-scattered
+            // after every action that writes them (unit by unit as the backward leaves them:
+            // docs/training.md).
             for (size_t k = i; k < end; ++k) {
-                auto it = last_grad.find(compute[k].stage);
-                if (reduces && it != last_grad.end() && it->second == k) {
-                    const PlanStage& st = g.stages[static_cast<size_t>(compute[k].stage)];
-                    ActionKind kind =
-                        zero >= 2 ? ActionKind::reduce_scatter : ActionKind::reduce_grad;
-                    for (size_t b = 0; b < st.buckets.size(); ++b)
-                        out.push_back(comm(kind, st.index, static_cast<int32_t>(b), -1));
+                const PlanAction& a = compute[k];
+                auto it = last_grad.find(a.stage);
+                if (!reduces || it == last_grad.end()) continue;
+                if (zero >= 2) {
+                    if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight)
+                        out.push_back(comm(ActionKind::reduce_scatter, a.stage, a.microbatch, -1));
+                    continue;
                 }
+                if (it->second != k) continue;
+                const PlanStage& st = g.stages[static_cast<size_t>(a.stage)];
+                for (size_t b = 0; b < st.buckets.size(); ++b)
+                    out.push_back(
+                        comm(ActionKind::reduce_grad, st.index, static_cast<int32_t>(b), -1));
             }
             i = end;
         }

@@ -690,9 +690,12 @@ std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>
         PartCost c;
         // ZeRO 3's units: the embeddings, each block, the head.
         st.units = 0;
-        auto unit = [&st](const PartCost& u) {
+        int64_t second = 0; // the second largest unit
+        auto unit = [&st, &second](const PartCost& u) {
             ++st.units;
+            second = std::max(second, std::min(st.largest_unit_parameters, u.parameters));
             st.largest_unit_parameters = std::max(st.largest_unit_parameters, u.parameters);
+            st.two_largest_units_parameters = st.largest_unit_parameters + second;
         };
         if (st.embedding) {
             c.add(pre_cost(p));

@@ -69,6 +69,12 @@ StateGroup state_group(const models::Parameter& p, const RankComms& comms, int32
     return {c, c->size(), c->rank()};
 }
 
+// The reduced gradient a step reads: this member's share under ZeRO 2 and 3, else the whole.
+std::pair<float*, int64_t> reduced_gradient(models::Parameter& p) {
+    if (p.grad_share.defined()) return {p.grad_share.data<float>(), p.grad_share.numel()};
+    return {p.grad.data<float>(), p.grad.numel()};
+}
+
 // The name of the embedding a tied head shares, or "".
 std::string tied_embedding(const ModelSpec& spec) {
     bool tied = false;
@@ -116,19 +122,17 @@ struct RankExecutor::StageState {
 
 // Reduces gradient buckets in the order they are enqueued (the plan's order, the same on every
 // member of the data-parallel group) and averages them over the group. A bucket is an equal
-// share of a stage's gradients, flattened in parameter order.
+// share of a stage's gradients, flattened in parameter order. Under ZeRO 2 and 3 it runs the
+// reduce-scatters of the gradients each unit's backward leaves (GradientScatterer) instead.
 class RankExecutor::Reducer {
   public:
-    /// `scatter`: ZeRO 2, each bucket reduce-scattered, every member keeping the average of
-    /// its share of each parameter (zero_share); else all-reduced and averaged whole.
     /// With split_experts (expert parallelism), the plan's last expert_buckets buckets of a
     /// stage hold its routed experts' gradients, summed over the expert-data-parallel group
     /// (null: a group of one) and averaged over the whole data-parallel one, as every member of
     /// an expert group has added its tokens' share already; the other buckets hold the rest.
     Reducer(transport::Collectives* dp, std::map<int32_t, std::unique_ptr<StageState>>& stages,
-            kernels::Backend& device, bool scatter)
-        : dp_(dp), stages_(stages), scatter_(scatter), device_(device),
-          thread_([this] { loop(); }) {}
+            kernels::Backend& device)
+        : dp_(dp), stages_(stages), device_(device), thread_([this] { loop(); }) {}
     ~Reducer() {
         {
             std::lock_guard lock(mutex_);
@@ -147,9 +151,9 @@ class RankExecutor::Reducer {
         run([this, stage, bucket] { reduce(stage, bucket); });
     }
 
-    /// Queues any other collective of the group (ZeRO 3's gathers) behind those queued: every
-    /// member queues them in one order, so the group runs them in one order. Returns a ticket
-    /// for wait_for.
+    /// Queues any other collective of the group (ZeRO 3's gathers, ZeRO 2's reduce-scatters)
+    /// behind those queued: every member queues them in one order, so the group runs them in
+    /// one order. Returns a ticket for wait_for.
     uint64_t run(std::function<void()> task) {
         std::lock_guard lock(mutex_);
         queue_.push_back(std::move(task));
@@ -172,6 +176,76 @@ class RankExecutor::Reducer {
             auto e = error_;
             error_ = nullptr;
             std::rethrow_exception(e);
+        }
+    }
+
+    /// ZeRO 2 and 3, on this thread: whole gradients of one microbatch (each parameter's
+    /// `grads` beside it), reduce-scattered over each parameter's StateGroup (the data-parallel
+    /// group, or a routed expert's holders), every member packing every member's shares in
+    /// turn, each padded to the longest; this member's shares come back summed and are added to
+    /// its grad_share averaged over the data-parallel group (every holder of an expert has
+    /// added its tokens' share already). The whole gradients are freed after.
+    void scatter(const std::vector<models::Parameter*>& params, const std::vector<Tensor>& grads,
+                 const RankComms& comms, int32_t ep) {
+        const float inv = 1.0f / static_cast<float>(dp_->size());
+        for (const bool expert : {false, true}) {
+            std::vector<size_t> in;
+            StateGroup group;
+            for (size_t i = 0; i < params.size(); ++i)
+                if ((params[i]->expert && ep > 1) == expert) {
+                    in.push_back(i);
+                    group = state_group(*params[i], comms, ep);
+                }
+            if (in.empty()) continue;
+            const int members = group.members, me = group.me;
+            std::vector<int64_t> counts(static_cast<size_t>(members), 0);
+            for (size_t i : in)
+                for (int d = 0; d < members; ++d) {
+                    auto [lo, hi] = zero_share(params[i]->numel(), d, members);
+                    counts[static_cast<size_t>(d)] += hi - lo;
+                }
+            const int64_t chunk = *std::max_element(counts.begin(), counts.end());
+            if (chunk == 0) continue;
+            float* summed = nullptr;
+            if (!group.comms) { // its only holder: the whole gradient is the share
+                if (in.size() != 1) {
+                    if (share_.numel() < chunk) share_ = device_.empty({chunk});
+                    int64_t at = 0;
+                    for (size_t i : in) {
+                        const int64_t n = params[i]->numel();
+                        device_.copy_block(grads[i].data<float>(), n, share_.data<float>() + at, n,
+                                           1, n);
+                        at += n;
+                    }
+                    summed = share_.data<float>();
+                } else {
+                    summed = grads[in[0]].data<float>();
+                }
+            } else {
+                if (buffer_.numel() < chunk * members) buffer_ = device_.empty({chunk * members});
+                if (share_.numel() < chunk) share_ = device_.empty({chunk});
+                float* buffer = buffer_.data<float>();
+                for (int d = 0; d < members; ++d) {
+                    int64_t at = d * chunk;
+                    for (size_t i : in) {
+                        auto [lo, hi] = zero_share(params[i]->numel(), d, members);
+                        device_.copy_block(grads[i].data<float>() + lo, hi - lo, buffer + at,
+                                           hi - lo, 1, hi - lo);
+                        at += hi - lo;
+                    }
+                    if (at < (d + 1) * chunk) device_.fill(buffer + at, (d + 1) * chunk - at, 0.0f);
+                }
+                group.comms->reduce_scatter(buffer, chunk, share_.data<float>());
+                summed = share_.data<float>();
+            }
+            device_.scale(summed, counts[static_cast<size_t>(me)], inv);
+            int64_t at = 0;
+            for (size_t i : in) {
+                float* into = params[i]->grad_share.data<float>();
+                const int64_t n = params[i]->grad_share.numel();
+                device_.add(into, summed + at, n, into);
+                at += n;
+            }
         }
     }
 
@@ -226,20 +300,16 @@ class RankExecutor::Reducer {
             for (auto& p : all) params.push_back(&p);
         }
         int64_t total = 0;
-        for (const auto* p : params) total += p->grad.numel();
+        for (const auto* p : params) total += p->numel();
         int64_t begin = total * bucket / k, end = total * (bucket + 1) / k;
         if (end == begin) return;
-        if (scatter_) {
-            reduce_scatter(params, group, begin, end);
-            return;
-        }
         if (buffer_.numel() != end - begin) buffer_ = device_.empty({end - begin});
         float* buffer = buffer_.data<float>();
         // Pack the bucket's range of the flattened gradients, reduce, unpack averaged.
         auto walk = [&](auto&& visit) {
             int64_t offset = 0;
             for (auto* p : params) {
-                int64_t n = p->grad.numel();
+                int64_t n = p->numel();
                 int64_t lo = std::max(begin, offset), hi = std::min(end, offset + n);
                 if (lo < hi) visit(p->grad.data<float>() + (lo - offset), lo - begin, hi - lo);
                 offset += n;
@@ -253,60 +323,11 @@ class RankExecutor::Reducer {
         walk([&](float* g, int64_t at, int64_t n) { device_.copy_scaled(buffer + at, n, inv, g); });
     }
 
-    // The bucket [begin, end) of the flattened gradients, packed member by member (each
-    // member's shares of the parameters in it, padded to the longest), reduce-scattered over
-    // `group` (the data-parallel group, or the expert-data-parallel one for routed experts);
-    // this member's shares come back summed and are averaged over the data-parallel group in
-    // place (every holder of an expert has added its tokens' share already).
-    void reduce_scatter(const std::vector<models::Parameter*>& params,
-                        transport::Collectives* group, int64_t begin, int64_t end) {
-        const int n_members = group ? group->size() : 1, me = group ? group->rank() : 0;
-        std::vector<std::vector<std::pair<float*, int64_t>>> pieces(static_cast<size_t>(n_members));
-        std::vector<int64_t> counts(static_cast<size_t>(n_members), 0);
-        int64_t offset = 0;
-        for (auto* p : params) {
-            int64_t n = p->grad.numel();
-            for (int d = 0; d < n_members; ++d) {
-                auto [lo, hi] = zero_share(n, d, n_members);
-                int64_t a = std::max(begin, offset + lo), b = std::min(end, offset + hi);
-                if (a >= b) continue;
-                pieces[static_cast<size_t>(d)].push_back(
-                    {p->grad.data<float>() + (a - offset), b - a});
-                counts[static_cast<size_t>(d)] += b - a;
-            }
-            offset += n;
-        }
-        int64_t chunk = *std::max_element(counts.begin(), counts.end());
-        if (chunk == 0) return;
-        if (buffer_.numel() != chunk * n_members) buffer_ = device_.empty({chunk * n_members});
-        if (share_.numel() != chunk) share_ = device_.empty({chunk});
-        buffer_.fill_zero();
-        float* buffer = buffer_.data<float>();
-        for (int d = 0; d < n_members; ++d) {
-            int64_t at = d * chunk;
-            for (auto [g, n] : pieces[static_cast<size_t>(d)]) {
-                device_.copy_block(g, n, buffer + at, n, 1, n);
-                at += n;
-            }
-        }
-        if (group)
-            group->reduce_scatter(buffer, chunk, share_.data<float>());
-        else
-            device_.copy_block(buffer, chunk, share_.data<float>(), chunk, 1, chunk);
-        float inv = 1.0f / static_cast<float>(dp_->size());
-        int64_t at = 0;
-        for (auto [g, n] : pieces[static_cast<size_t>(me)]) {
-            device_.copy_scaled(share_.data<float>() + at, n, inv, g);
-            at += n;
-        }
-    }
-
     transport::Collectives* dp_;
     std::map<int32_t, std::unique_ptr<StageState>>& stages_;
-    bool scatter_;
     bool split_ = false;
     transport::Collectives* edp_ = nullptr;
-    Tensor share_; // this member's summed share of a scattered bucket
+    Tensor share_; // this member's summed share of a scattered unit
     std::mutex mutex_;
     std::condition_variable cv_;
     std::deque<std::function<void()>> queue_;
@@ -316,6 +337,70 @@ class RankExecutor::Reducer {
     kernels::Backend& device_;
     Tensor buffer_; // on the device
     std::thread thread_;
+};
+
+// ----- ZeRO 2 and 3: each unit's gradients reduce-scattered as its backward leaves them -----
+
+// A member keeps only its share of each gradient between units, reduced (Parameter::
+// grad_share), as DeepSpeed's ZeRO 2 and FSDP do. Before a unit's weight gradient its
+// parameters get whole gradient buffers, cleared; once they are in, the buffers go to
+// the communication thread, which reduce-scatters them, adds this member's share, and frees
+// them. Every microbatch's backward does this (a parameter two units read, a tied embedding,
+// after the last of them): the gradients are never whole beyond two units at once, the one
+// computing and the one being reduced, for the price of a reduction per microbatch. Wraps
+// ZeRO 3's WeightGatherer, when there is one, as the stage has one set of hooks.
+class RankExecutor::GradientScatterer final : public models::UnitHooks {
+  public:
+    GradientScatterer(models::Stage& stage, Reducer& comm, const RankComms& comms, int32_t ep,
+                      kernels::Backend& device, models::UnitHooks* inner)
+        : units_(stage.unit_parameters()), comm_(comm), comms_(comms), ep_(ep), device_(device),
+          inner_(inner) {
+        for (const auto& unit : units_)
+            for (models::Parameter* p : unit) ++uses_[p];
+    }
+
+    void before(size_t unit, Phase phase) override {
+        if (inner_) inner_->before(unit, phase);
+        if (phase != Phase::backward_weight) return; // the only phase that writes gradients
+        for (models::Parameter* p : units_[unit])
+            if (!p->grad.defined()) p->grad = device_.zeros(p->shape);
+    }
+
+    void after(size_t unit, Phase phase) override {
+        if (phase == Phase::backward_weight) {
+            // The parameters whose every reader has added its gradient for this microbatch.
+            std::vector<models::Parameter*> done;
+            std::vector<Tensor> grads;
+            for (models::Parameter* p : units_[unit]) {
+                if (++seen_[p] < uses_[p]) continue;
+                seen_[p] = 0;
+                done.push_back(p);
+                grads.push_back(std::move(p->grad));
+                p->grad = Tensor();
+            }
+            if (!done.empty()) {
+                device_.synchronize(); // the gradients are in before another thread reads them
+                const uint64_t ticket =
+                    comm_.run([this, done = std::move(done), grads = std::move(grads)] {
+                        comm_.scatter(done, grads, comms_, ep_);
+                    });
+                // At most two units' gradients whole: wait for the one before.
+                if (last_ > 0) comm_.wait_for(last_);
+                last_ = ticket;
+            }
+        }
+        if (inner_) inner_->after(unit, phase);
+    }
+
+  private:
+    const std::vector<std::vector<models::Parameter*>>& units_;
+    Reducer& comm_;
+    const RankComms& comms_;
+    int32_t ep_;
+    kernels::Backend& device_;
+    models::UnitHooks* inner_;
+    std::map<models::Parameter*, int> uses_, seen_;
+    uint64_t last_ = 0;
 };
 
 // ----- ZeRO 3: the weights of a unit, gathered while it computes ----------------------------
@@ -372,7 +457,7 @@ class RankExecutor::WeightGatherer final : public models::UnitHooks {
         for (models::Parameter* p : units_[unit]) {
             Held& h = held_[p];
             if (h.refs++ > 0) continue;
-            p->value = device_.empty(p->grad.shape());
+            p->value = device_.empty(p->shape);
             h.ticket = comm_.run([this, p] { gather(*p); });
         }
     }
@@ -381,7 +466,7 @@ class RankExecutor::WeightGatherer final : public models::UnitHooks {
     void gather(models::Parameter& p) {
         const StateGroup group = state_group(p, comms_, ep_);
         const int members = group.members;
-        const int64_t n = p.grad.numel();
+        const int64_t n = p.numel();
         const int64_t own = p.owned.numel();
         if (!group.comms) { // its only holder: the share is the whole
             if (own > 0)
@@ -474,7 +559,7 @@ RankExecutor::RankExecutor(const Program& program, const plan::Graph& graph, int
                                                       program, comms_, *device_));
     if (comms_.dp && comms_.dp->size() > 1) {
         zero_ = graph.zero;
-        reducer_ = std::make_unique<Reducer>(comms_.dp, stages_, *device_, zero_ >= 2);
+        reducer_ = std::make_unique<Reducer>(comms_.dp, stages_, *device_);
         if (graph.ep > 1) reducer_->split_experts(comms_.edp);
     }
     if (zero_ >= 1) {
@@ -489,6 +574,11 @@ RankExecutor::RankExecutor(const Program& program, const plan::Graph& graph, int
                 p.v = device_->empty({hi - lo});
                 p.m.fill_zero();
                 p.v.fill_zero();
+                if (zero_ < 2) continue;
+                // ZeRO 2 and 3: the reduced gradient of the share only; whole ones come and go
+                // unit by unit (GradientScatterer).
+                p.grad_share = device_->zeros({hi - lo});
+                p.grad = Tensor();
                 if (zero_ < 3) continue;
                 // ZeRO 3: only the share of the values stays; units gather the rest.
                 p.owned = device_->empty({hi - lo});
@@ -497,11 +587,15 @@ RankExecutor::RankExecutor(const Program& program, const plan::Graph& graph, int
                                         hi - lo, 1, hi - lo);
                 p.value = Tensor();
             }
-            if (zero_ >= 3) {
-                auto g = std::make_unique<WeightGatherer>(s->stage, *reducer_, comms_, graph_.ep,
-                                                          *device_);
+            if (zero_ >= 3)
+                gatherers_[i] = std::make_unique<WeightGatherer>(s->stage, *reducer_, comms_,
+                                                                 graph_.ep, *device_);
+            if (zero_ >= 2) {
+                auto g = std::make_unique<GradientScatterer>(
+                    s->stage, *reducer_, comms_, graph_.ep, *device_,
+                    zero_ >= 3 ? gatherers_[i].get() : nullptr);
                 s->stage.set_hooks(g.get());
-                gatherers_[i] = std::move(g);
+                scatterers_[i] = std::move(g);
             }
         }
     }
@@ -714,9 +808,9 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
             widened(comms_.p2p->recv(a.peer, {step, s + 1, mb, Direction::gradient}), *device_);
         break;
     case ActionKind::reduce_grad:
-    case ActionKind::reduce_scatter:
         if (reducer_) reducer_->enqueue(s, mb);
         break;
+    case ActionKind::reduce_scatter: break; // queued unit by unit in the backward before it
     case ActionKind::gather_forward:
     case ActionKind::gather_backward: {
         auto it = gatherers_.find(s);
@@ -742,21 +836,21 @@ void RankExecutor::sum_sequence_partial_gradients() {
         for (auto& p : s->stage.params().all())
             if (p.sequence_partial) {
                 partial.push_back(&p);
-                total += p.grad.numel();
+                total += reduced_gradient(p).second;
             }
     if (partial.empty()) return;
     Tensor buffer = device_->empty({total});
     int64_t at = 0;
     for (auto* p : partial) {
-        const int64_t n = p->grad.numel();
-        device_->copy_block(p->grad.data<float>(), n, buffer.data<float>() + at, n, 1, n);
+        auto [g, n] = reduced_gradient(*p);
+        device_->copy_block(g, n, buffer.data<float>() + at, n, 1, n);
         at += n;
     }
     comms_.tp->all_reduce(buffer.data<float>(), total, transport::ReduceOp::sum);
     at = 0;
     for (auto* p : partial) {
-        const int64_t n = p->grad.numel();
-        device_->copy_block(buffer.data<float>() + at, n, p->grad.data<float>(), n, 1, n);
+        auto [g, n] = reduced_gradient(*p);
+        device_->copy_block(buffer.data<float>() + at, n, g, n, 1, n);
         at += n;
     }
 }
@@ -770,16 +864,15 @@ void RankExecutor::sum_tied_gradients() {
     if (held.empty()) return;
     if (held.size() == 2) {
         // Embedding and head on this rank (a V-shaped schedule): sum the two locally.
-        float* a = held[0]->grad.data<float>();
-        float* b = held[1]->grad.data<float>();
-        const int64_t n = held[0]->grad.numel();
+        auto [a, n] = reduced_gradient(*held[0]);
+        float* b = reduced_gradient(*held[1]).first;
         device_->add(a, b, n, a);
         device_->copy_block(a, n, b, n, 1, n);
         return;
     }
     if (!comms_.tied) return; // the head is not tied across ranks (one pipeline rank)
-    comms_.tied->all_reduce(held[0]->grad.data<float>(), held[0]->grad.numel(),
-                            transport::ReduceOp::sum);
+    auto [g, n] = reduced_gradient(*held[0]);
+    comms_.tied->all_reduce(g, n, transport::ReduceOp::sum);
 }
 
 double RankExecutor::gradient_norm(bool& loss_nonfinite, double loss_sum) {
@@ -795,7 +888,7 @@ double RankExecutor::gradient_norm(bool& loss_nonfinite, double loss_sum) {
             // and under ZeRO each holder of an expert its share of it.
             auto& into = p.expert && comms_.ep ? experts : grads;
             if (zero_ >= 1 && p.m.numel() > 0)
-                into.push_back({p.grad.data<float>() + p.state_begin, p.m.numel()});
+                into.push_back({p.state_grad(), p.m.numel()});
             else if (zero_ == 0)
                 into.push_back({p.grad.data<float>(), p.grad.numel()});
         }
@@ -831,9 +924,10 @@ void RankExecutor::finish_step(int64_t step, RankStepResult& result) {
     // copies of the first and last stage (Megatron-LM's embedding group).
     sum_tied_gradients();
     sum_sequence_partial_gradients();
-    if (graph_.ep > 1 && !comms_.edp && comms_.dp && comms_.dp->size() > 1) {
+    if (graph_.ep > 1 && !comms_.edp && comms_.dp && comms_.dp->size() > 1 && zero_ < 2) {
         // Every expert here has one holder in the data-parallel group (dp x cp = ep): its
-        // gradient already sums every member's tokens, and only the average is left.
+        // gradient already sums every member's tokens, and only the average is left (ZeRO 2
+        // and 3 took it as they reduced).
         const double inv = 1.0 / static_cast<double>(comms_.dp->size());
         for (auto& [i, s] : stages_)
             for (auto& p : s->stage.params().all())

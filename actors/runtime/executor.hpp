@@ -117,6 +117,7 @@ class RankExecutor {
     struct StageState;
     class Reducer;
     class WeightGatherer;
+    class GradientScatterer;
     class ExchangeClock;
 
     void execute(const plan::PlanAction& a, int64_t step, RankStepResult& result);
@@ -144,6 +145,8 @@ class RankExecutor {
     // ZeRO 3, by stage. Before the reducer, which goes first: its thread may be running one of
     // their gathers.
     std::map<int32_t, std::unique_ptr<WeightGatherer>> gatherers_;
+    // ZeRO 2 and 3, by stage: the hooks that reduce-scatter each unit's gradients.
+    std::map<int32_t, std::unique_ptr<GradientScatterer>> scatterers_;
     std::unique_ptr<Reducer> reducer_;
     kernels::Tensor tokens_, targets_; // this dp rank's rows of the step's batch
     int64_t microbatch_rows_ = 0;

@@ -299,11 +299,17 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
                 t += ring_half(static_cast<double>(s.expert_parameters) * bytes, holders, link);
             return t;
         }
+        if (a.kind == ActionKind::reduce_scatter) {
+            // A microbatch's gradients of the stage; the routed experts' among their holders.
+            auto [dense, experts] = s.gradient_bytes();
+            double t = ring_half(static_cast<double>(dense), all, link);
+            if (experts > 0) t += ring_half(static_cast<double>(experts), holders, link);
+            return t;
+        }
         // Routed experts' gradients: among the replicas holding the same experts.
         const int32_t replicas = s.expert_bucket(a.microbatch) ? holders : all;
         const double bucket = static_cast<double>(s.buckets[static_cast<size_t>(a.microbatch)]);
-        return a.kind == ActionKind::reduce_scatter ? ring_half(bucket, replicas, link)
-                                                    : ring_allreduce(bucket, replicas, link);
+        return ring_allreduce(bucket, replicas, link);
     };
     return c;
 }
@@ -374,8 +380,8 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     };
     // The reducer's own passes over memory, on its one thread (RankExecutor::Reducer): it
     // packs a bucket's gradients into one buffer and, after an all-reduce, copies them back
-    // scaled by 1 / N_d; before a reduce-scatter it clears the buffer and packs every member's
-    // shares, after it copies its own back scaled.
+    // scaled by 1 / N_d; before a reduce-scatter it packs every member's shares, after it
+    // scales its own and adds it to the share it keeps.
     auto copies = [rates](double bytes) {
         const double n = bytes / 4;
         return n > 0 ? n / rates->elementwise("copy", n, 1.0, false) : 0.0;
@@ -387,19 +393,21 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
             : a.kind == ActionKind::gather_forward || a.kind == ActionKind::gather_backward
                 ? "all_gather"
                 : "all_reduce";
-        double bytes = a.kind == ActionKind::gather_forward || a.kind == ActionKind::gather_backward
-                           ? static_cast<double>(s.parameters) * g.bytes_per_element
-                           : static_cast<double>(s.buckets[static_cast<size_t>(a.microbatch)]);
         const bool gather =
             a.kind == ActionKind::gather_forward || a.kind == ActionKind::gather_backward;
-        if (gather ? s.expert_parameters > 0 : s.expert_bucket(a.microbatch))
+        const bool scatter = a.kind == ActionKind::reduce_scatter;
+        double bytes = gather ? static_cast<double>(s.parameters) * g.bytes_per_element
+                       : scatter
+                           ? static_cast<double>(s.gradient_bytes().first)
+                           : static_cast<double>(s.buckets[static_cast<size_t>(a.microbatch)]);
+        if (gather || scatter ? s.expert_parameters > 0 : s.expert_bucket(a.microbatch))
             return fallback.reduction(r, a); // groups of their own: the link model's
         double own = 0;
         if (a.kind == ActionKind::reduce_grad) {
             own = 2 * copies(bytes);
         } else if (a.kind == ActionKind::reduce_scatter) {
             const double members = static_cast<double>(g.replica_group(r).size());
-            own = 2 * copies(bytes) + copies(bytes / members);
+            own = copies(bytes) + 2 * copies(bytes / members);
         }
         return own + collective(g.replica_group(r), op, bytes, fallback.reduction(r, a));
     };
@@ -435,9 +443,12 @@ void account_memory(const Graph& g, const PlanRank& r, RankReport& rep, int64_t 
     const int64_t nd = replicas;
     const int64_t holders = std::max<int64_t>(1, nd / std::max<int32_t>(1, g.ep));
     const int64_t dense = params - experts;
-    int64_t unit = 0;
+    int64_t unit = 0, two_units = 0;
     for (const PlanStage& s : g.stages)
-        if (s.pp == r.pp) unit = std::max(unit, s.largest_unit_parameters);
+        if (s.pp == r.pp) {
+            unit = std::max(unit, s.largest_unit_parameters);
+            two_units = std::max(two_units, s.two_largest_units_parameters);
+        }
     const int32_t zero = nd > 1 ? g.zero : 0; // alone, a rank has nothing to shard over
     // The runtime's 4 + 4 + 8 bytes in either precision: bf16 computes with the f32 master
     // weights cast where they are used, and keeps f32 gradients (docs/training.md).
@@ -445,12 +456,18 @@ void account_memory(const Graph& g, const PlanRank& r, RankReport& rep, int64_t 
     rep.parameters_bytes =
         zero >= 3 ? dense * w / nd + experts * w / holders + std::min(params, 2 * unit) * w
                   : params * w;
-    rep.gradients_bytes = zero >= 2 ? dense * w / nd + experts * w / holders : params * w;
+    // Gradients under ZeRO 2 and 3: the reduced shares, and whole only for the units between
+    // their weight gradient and its reduce-scatter, the one computing and the one reducing.
+    rep.gradients_bytes =
+        zero >= 2 ? dense * w / nd + experts * w / holders + std::min(params, two_units) * w
+                  : params * w;
     rep.optimizer_bytes = zero >= 1 ? dense * k / nd + experts * k / holders : params * k;
     bool p2p = false;
     for (const PlanAction& a : r.actions) p2p = p2p || plan::is_p2p(a.kind);
-    // A send and a receive buffer each way, the largest bucket, one tensor-parallel buffer.
-    rep.communication_bytes = (p2p ? 4 * boundary : 0) + bucket + tp_buf;
+    // A send and a receive buffer each way, the largest bucket (under ZeRO 2 and 3 a unit's
+    // gradients packed for the reduce-scatter), one tensor-parallel buffer.
+    rep.communication_bytes =
+        (p2p ? 4 * boundary : 0) + (zero >= 2 ? std::min(params, unit) * w : bucket) + tp_buf;
     // Activations: walk the compute spans in time order, each microbatch's kept activations
     // with what its forward and backward hold for a moment beside them.
     std::map<std::pair<int32_t, int32_t>, int64_t> live;
@@ -740,8 +757,9 @@ std::vector<StepBounds> busy_bounds(const Program& p, const std::vector<int64_t>
     }
     // The ZeRO stage changes the optimizer step, the memory, and the data-parallel traffic.
     // A rank's collectives run one after another on its communication stream, and STEP waits
-    // for them: each gradient bucket reduced once a step, and under ZeRO 3 the stage's weights
-    // gathered before every forward and every backward.
+    // for them: each gradient bucket reduced once a step (under ZeRO 2 and 3 once a
+    // microbatch), and under ZeRO 3 the stage's weights gathered before every forward and every
+    // backward.
     const bool has_replicas = p.mesh.dp * p.mesh.cp > 1;
     for (size_t z = 0; z < zeros.size(); ++z) {
         StepBounds& b = out[z];
@@ -757,10 +775,15 @@ std::vector<StepBounds> busy_bounds(const Program& p, const std::vector<int64_t>
                 if (st.pp != r.pp) continue;
                 PlanAction a;
                 a.stage = st.index;
-                a.kind = g.zero >= 2 ? ActionKind::reduce_scatter : ActionKind::reduce_grad;
-                for (size_t k = 0; k < st.buckets.size(); ++k) {
-                    a.microbatch = static_cast<int32_t>(k);
-                    comm += c.reduction(r, a);
+                if (g.zero >= 2) { // every microbatch's gradients reduce-scattered
+                    a.kind = ActionKind::reduce_scatter;
+                    comm += static_cast<double>(g.microbatches) * c.reduction(r, a);
+                } else {
+                    a.kind = ActionKind::reduce_grad;
+                    for (size_t k = 0; k < st.buckets.size(); ++k) {
+                        a.microbatch = static_cast<int32_t>(k);
+                        comm += c.reduction(r, a);
+                    }
                 }
                 if (g.zero >= 3) {
                     a.microbatch = 0;

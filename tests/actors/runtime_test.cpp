@@ -149,62 +149,67 @@ std::vector<std::string> zero(int stage, std::vector<std::string> overrides) {
 
 INSTANTIATE_TEST_SUITE_P(
     Meshes, Equivalence,
-    ::testing::Values(Case{"dp2", "gpt", mesh(2, 1, 1, "1f1b", 2)},
-                      Case{"tp2", "gpt", mesh(1, 2, 1, "1f1b", 1)},
-                      Case{"tp4", "gpt", mesh(1, 4, 1, "1f1b", 2)},
-                      Case{"pp2_gpipe", "gpt", mesh(1, 1, 2, "gpipe", 4)},
-                      Case{"pp2_1f1b", "gpt", mesh(1, 1, 2, "1f1b", 4)},
-                      Case{"pp4_1f1b", "gpt", mesh(1, 1, 4, "1f1b", 4)},
-                      Case{"pp2_interleaved_v2", "gpt", mesh(1, 1, 2, "interleaved_1f1b", 4, 2)},
-                      Case{"pp2_looped_bfs_v2", "gpt", mesh(1, 1, 2, "looped_bfs", 4, 2)},
-                      Case{"pp2_zb_h1", "gpt", mesh(1, 1, 2, "zb_h1", 4)},
-                      Case{"pp2_zb_h2", "gpt", mesh(1, 1, 2, "zb_h2", 4)},
-                      Case{"pp2_zbv", "gpt", mesh(1, 1, 2, "zbv", 4, 2)},
-                      Case{"pp2_dualpipev", "gpt", mesh(1, 1, 2, "dualpipev", 4, 2)},
-                      Case{"dp2_tp2_pp2", "gpt", mesh(2, 2, 2, "1f1b", 2)},
-                      Case{"llama_tp2_pp2", "llama", mesh(1, 2, 2, "1f1b", 2)},
-                      Case{"llama_dp2_zb_h1", "llama", mesh(2, 1, 2, "zb_h1", 2)},
-                      // ZeRO: sharded optimizer state (1), and gradients (2), whose shares of
-                      // odd-sized parameters differ in length between members (dp 4).
-                      Case{"dp2_zero1", "gpt", zero(1, mesh(2, 1, 1, "1f1b", 2))},
-                      Case{"dp2_zero2", "gpt", zero(2, mesh(2, 1, 1, "1f1b", 2))},
-                      Case{"dp4_zero2", "gpt", zero(2, mesh(4, 1, 1, "1f1b", 1))},
-                      Case{"dp2_pp2_zero1", "gpt", zero(1, mesh(2, 1, 2, "1f1b", 2))},
-                      Case{"dp2_tp2_pp2_zero2", "gpt", zero(2, mesh(2, 2, 2, "1f1b", 2))},
-                      Case{"llama_dp2_zb_h1_zero2", "llama", zero(2, mesh(2, 1, 2, "zb_h1", 2))},
-                      // ZeRO 3: weights gathered unit by unit, with tensor parallelism, a
-                      // pipeline, and the split backward of a zero-bubble schedule.
-                      Case{"dp2_zero3", "gpt", zero(3, mesh(2, 1, 1, "1f1b", 2))},
-                      Case{"dp4_zero3", "gpt", zero(3, mesh(4, 1, 1, "1f1b", 1))},
-                      Case{"dp2_tp2_zero3", "gpt", zero(3, mesh(2, 2, 1, "1f1b", 2))},
-                      Case{"dp2_pp2_zb_h1_zero3", "gpt", zero(3, mesh(2, 1, 2, "zb_h1", 2))},
-                      Case{"llama_dp2_tp2_zero3", "llama", zero(3, mesh(2, 2, 1, "1f1b", 2))},
-                      // Sequence parallelism: activations on 1/tp of the tokens between the
-                      // tensor-parallel layers, alone, with a pipeline, with ZeRO, on Llama.
-                      Case{"tp2_sp", "gpt", sp(mesh(1, 2, 1, "1f1b", 2))},
-                      Case{"tp4_sp", "gpt", sp(mesh(1, 4, 1, "1f1b", 1))},
-                      Case{"tp2_sp_pp2", "gpt", sp(mesh(1, 2, 2, "1f1b", 2))},
-                      Case{"dp2_tp2_sp_zero3", "gpt", sp(zero(3, mesh(2, 2, 1, "1f1b", 2)))},
-                      Case{"llama_tp2_sp_pp2_zb_h1", "llama", sp(mesh(1, 2, 2, "zb_h1", 2))},
-                      // Context parallelism: two chunks of every sequence per rank, attention
-                      // over every rank's keys and values; with tp, dp, pp, ZeRO, and Llama's
-                      // rotary positions and grouped-query attention.
-                      Case{"cp2", "gpt", cp(2, mesh(1, 1, 1, "1f1b", 2))},
-                      Case{"cp4", "gpt", cp(4, mesh(1, 1, 1, "1f1b", 1))},
-                      Case{"cp2_tp2_dp2", "gpt", cp(2, mesh(2, 2, 1, "1f1b", 2))},
-                      Case{"cp2_pp2_zb_h1_zero2", "gpt", cp(2, zero(2, mesh(1, 1, 2, "zb_h1", 2)))},
-                      Case{"llama_cp2_tp2", "llama", cp(2, mesh(1, 2, 1, "1f1b", 2))},
-                      Case{"llama_cp2_dp2_zero3", "llama",
-                           cp(2, zero(3, mesh(2, 1, 1, "1f1b", 2)))},
-                      // Both: sp shards each rank's two chunks over the tp group.
-                      Case{"cp2_tp2_sp", "gpt", cp(2, sp(mesh(1, 2, 1, "1f1b", 2)))},
-                      Case{"llama_cp2_tp2_sp_pp2", "llama", cp(2, sp(mesh(1, 2, 2, "1f1b", 2)))},
-                      // bf16: activations and gradients cross stages in bf16, every layout
-                      // rounds where one device does.
-                      Case{"bf16_pp2_zb_h1", "gpt", bf16(mesh(1, 1, 2, "zb_h1", 4))},
-                      Case{"bf16_dp2_zero1", "gpt", bf16(zero(1, mesh(2, 1, 1, "1f1b", 2)))},
-                      Case{"bf16_tp2_sp", "gpt", bf16(sp(mesh(1, 2, 1, "1f1b", 2)))},
-                      Case{"llama_bf16_cp2_pp2", "llama", bf16(cp(2, mesh(1, 1, 2, "1f1b", 2)))}),
+    ::testing::Values(
+        Case{"dp2", "gpt", mesh(2, 1, 1, "1f1b", 2)}, Case{"tp2", "gpt", mesh(1, 2, 1, "1f1b", 1)},
+        Case{"tp4", "gpt", mesh(1, 4, 1, "1f1b", 2)},
+        Case{"pp2_gpipe", "gpt", mesh(1, 1, 2, "gpipe", 4)},
+        Case{"pp2_1f1b", "gpt", mesh(1, 1, 2, "1f1b", 4)},
+        Case{"pp4_1f1b", "gpt", mesh(1, 1, 4, "1f1b", 4)},
+        Case{"pp2_interleaved_v2", "gpt", mesh(1, 1, 2, "interleaved_1f1b", 4, 2)},
+        Case{"pp2_looped_bfs_v2", "gpt", mesh(1, 1, 2, "looped_bfs", 4, 2)},
+        Case{"pp2_zb_h1", "gpt", mesh(1, 1, 2, "zb_h1", 4)},
+        Case{"pp2_zb_h2", "gpt", mesh(1, 1, 2, "zb_h2", 4)},
+        Case{"pp2_zbv", "gpt", mesh(1, 1, 2, "zbv", 4, 2)},
+        Case{"pp2_dualpipev", "gpt", mesh(1, 1, 2, "dualpipev", 4, 2)},
+        Case{"dp2_tp2_pp2", "gpt", mesh(2, 2, 2, "1f1b", 2)},
+        Case{"llama_tp2_pp2", "llama", mesh(1, 2, 2, "1f1b", 2)},
+        Case{"llama_dp2_zb_h1", "llama", mesh(2, 1, 2, "zb_h1", 2)},
+        // ZeRO: sharded optimizer state (1), and gradients (2), whose shares of
+        // odd-sized parameters differ in length between members (dp 4).
+        Case{"dp2_zero1", "gpt", zero(1, mesh(2, 1, 1, "1f1b", 2))},
+        Case{"dp2_zero2", "gpt", zero(2, mesh(2, 1, 1, "1f1b", 2))},
+        Case{"dp4_zero2", "gpt", zero(2, mesh(4, 1, 1, "1f1b", 1))},
+        Case{"dp2_pp2_zero1", "gpt", zero(1, mesh(2, 1, 2, "1f1b", 2))},
+        Case{"dp2_tp2_pp2_zero2", "gpt", zero(2, mesh(2, 2, 2, "1f1b", 2))},
+        Case{"llama_dp2_zb_h1_zero2", "llama", zero(2, mesh(2, 1, 2, "zb_h1", 2))},
+        // ZeRO 2 keeps reduced shares only: the tied embedding's two copies summed
+        // on one rank (a V), the norms' partial gradients summed over tp (sp),
+        // and the hooks of a forward and a backward run as one pair (DualPipeV).
+        Case{"dp2_pp2_zbv_zero2", "gpt", zero(2, mesh(2, 1, 2, "zbv", 4, 2))},
+        Case{"dp2_tp2_sp_zero2", "gpt", sp(zero(2, mesh(2, 2, 1, "1f1b", 2)))},
+        Case{"dp2_pp2_dualpipev_zero2", "gpt", zero(2, mesh(2, 1, 2, "dualpipev", 4, 2))},
+        // ZeRO 3: weights gathered unit by unit, with tensor parallelism, a
+        // pipeline, and the split backward of a zero-bubble schedule.
+        Case{"dp2_zero3", "gpt", zero(3, mesh(2, 1, 1, "1f1b", 2))},
+        Case{"dp4_zero3", "gpt", zero(3, mesh(4, 1, 1, "1f1b", 1))},
+        Case{"dp2_tp2_zero3", "gpt", zero(3, mesh(2, 2, 1, "1f1b", 2))},
+        Case{"dp2_pp2_zb_h1_zero3", "gpt", zero(3, mesh(2, 1, 2, "zb_h1", 2))},
+        Case{"llama_dp2_tp2_zero3", "llama", zero(3, mesh(2, 2, 1, "1f1b", 2))},
+        // Sequence parallelism: activations on 1/tp of the tokens between the
+        // tensor-parallel layers, alone, with a pipeline, with ZeRO, on Llama.
+        Case{"tp2_sp", "gpt", sp(mesh(1, 2, 1, "1f1b", 2))},
+        Case{"tp4_sp", "gpt", sp(mesh(1, 4, 1, "1f1b", 1))},
+        Case{"tp2_sp_pp2", "gpt", sp(mesh(1, 2, 2, "1f1b", 2))},
+        Case{"dp2_tp2_sp_zero3", "gpt", sp(zero(3, mesh(2, 2, 1, "1f1b", 2)))},
+        Case{"llama_tp2_sp_pp2_zb_h1", "llama", sp(mesh(1, 2, 2, "zb_h1", 2))},
+        // Context parallelism: two chunks of every sequence per rank, attention
+        // over every rank's keys and values; with tp, dp, pp, ZeRO, and Llama's
+        // rotary positions and grouped-query attention.
+        Case{"cp2", "gpt", cp(2, mesh(1, 1, 1, "1f1b", 2))},
+        Case{"cp4", "gpt", cp(4, mesh(1, 1, 1, "1f1b", 1))},
+        Case{"cp2_tp2_dp2", "gpt", cp(2, mesh(2, 2, 1, "1f1b", 2))},
+        Case{"cp2_pp2_zb_h1_zero2", "gpt", cp(2, zero(2, mesh(1, 1, 2, "zb_h1", 2)))},
+        Case{"llama_cp2_tp2", "llama", cp(2, mesh(1, 2, 1, "1f1b", 2))},
+        Case{"llama_cp2_dp2_zero3", "llama", cp(2, zero(3, mesh(2, 1, 1, "1f1b", 2)))},
+        // Both: sp shards each rank's two chunks over the tp group.
+        Case{"cp2_tp2_sp", "gpt", cp(2, sp(mesh(1, 2, 1, "1f1b", 2)))},
+        Case{"llama_cp2_tp2_sp_pp2", "llama", cp(2, sp(mesh(1, 2, 2, "1f1b", 2)))},
+        // bf16: activations and gradients cross stages in bf16, every layout
+        // rounds where one device does.
+        Case{"bf16_pp2_zb_h1", "gpt", bf16(mesh(1, 1, 2, "zb_h1", 4))},
+        Case{"bf16_dp2_zero1", "gpt", bf16(zero(1, mesh(2, 1, 1, "1f1b", 2)))},
+        Case{"bf16_tp2_sp", "gpt", bf16(sp(mesh(1, 2, 1, "1f1b", 2)))},
+        Case{"llama_bf16_cp2_pp2", "llama", bf16(cp(2, mesh(1, 1, 2, "1f1b", 2)))}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 } // namespace
