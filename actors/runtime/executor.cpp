@@ -454,36 +454,68 @@ class RankExecutor::WeightGatherer final : public models::UnitHooks {
 
     void request(size_t unit, Phase phase) {
         if (!requested_.insert({unit, phase}).second) return;
+        std::vector<models::Parameter*> fresh;
         for (models::Parameter* p : units_[unit]) {
             Held& h = held_[p];
             if (h.refs++ > 0) continue;
             p->value = device_.empty(p->shape);
-            h.ticket = comm_.run([this, p] { gather(*p); });
+            fresh.push_back(p);
         }
+        if (fresh.empty()) return;
+        const uint64_t ticket = comm_.run([this, fresh] { gather(fresh); });
+        for (models::Parameter* p : fresh) held_[p].ticket = ticket;
     }
 
-    // The members' shares of one parameter, each padded to the longest, into its value.
-    void gather(models::Parameter& p) {
-        const StateGroup group = state_group(p, comms_, ep_);
-        const int members = group.members;
-        const int64_t n = p.numel();
-        const int64_t own = p.owned.numel();
-        if (!group.comms) { // its only holder: the share is the whole
-            if (own > 0)
-                device_.copy_block(p.owned.data<float>(), own, p.value.data<float>(), own, 1, own);
-            return;
-        }
-        const int64_t chunk = (n + members - 1) / members;
-        if (mine_.numel() != chunk) mine_ = device_.empty({chunk});
-        if (all_.numel() != chunk * members) all_ = device_.empty({chunk * members});
-        if (own > 0)
-            device_.copy_block(p.owned.data<float>(), own, mine_.data<float>(), own, 1, own);
-        group.comms->all_gather(mine_.data<float>(), chunk, all_.data<float>());
-        for (int d = 0; d < members; ++d) {
-            auto [lo, hi] = zero_share(n, d, members);
-            if (hi > lo)
-                device_.copy_block(all_.data<float>() + d * chunk, hi - lo,
-                                   p.value.data<float>() + lo, hi - lo, 1, hi - lo);
+    // The members' shares of a unit's parameters into their values: one all-gather per group
+    // (the data-parallel one, a routed expert's holders), each member's shares packed in
+    // parameter order and padded to the longest, as FSDP gathers a unit's flat parameter.
+    void gather(const std::vector<models::Parameter*>& params) {
+        for (const bool expert : {false, true}) {
+            std::vector<models::Parameter*> in;
+            StateGroup group;
+            for (models::Parameter* p : params)
+                if ((p->expert && ep_ > 1) == expert) {
+                    in.push_back(p);
+                    group = state_group(*p, comms_, ep_);
+                }
+            if (in.empty()) continue;
+            if (!group.comms) { // their only holder: each share is the whole
+                for (models::Parameter* p : in)
+                    if (const int64_t own = p->owned.numel(); own > 0)
+                        device_.copy_block(p->owned.data<float>(), own, p->value.data<float>(), own,
+                                           1, own);
+                continue;
+            }
+            const int members = group.members;
+            std::vector<int64_t> counts(static_cast<size_t>(members), 0);
+            for (models::Parameter* p : in)
+                for (int d = 0; d < members; ++d) {
+                    auto [lo, hi] = zero_share(p->numel(), d, members);
+                    counts[static_cast<size_t>(d)] += hi - lo;
+                }
+            const int64_t chunk = *std::max_element(counts.begin(), counts.end());
+            if (chunk == 0) continue;
+            if (mine_.numel() < chunk) mine_ = device_.empty({chunk});
+            if (all_.numel() < chunk * members) all_ = device_.empty({chunk * members});
+            int64_t at = 0;
+            for (models::Parameter* p : in) {
+                const int64_t own = p->owned.numel();
+                if (own > 0)
+                    device_.copy_block(p->owned.data<float>(), own, mine_.data<float>() + at, own,
+                                       1, own);
+                at += own;
+            }
+            group.comms->all_gather(mine_.data<float>(), chunk, all_.data<float>());
+            for (int d = 0; d < members; ++d) {
+                at = d * chunk;
+                for (models::Parameter* p : in) {
+                    auto [lo, hi] = zero_share(p->numel(), d, members);
+                    if (hi > lo)
+                        device_.copy_block(all_.data<float>() + at, hi - lo,
+                                           p->value.data<float>() + lo, hi - lo, 1, hi - lo);
+                    at += hi - lo;
+                }
+            }
         }
     }
 
