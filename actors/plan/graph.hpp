@@ -143,7 +143,8 @@ struct PlanStage {
     /// the tiles above the diagonal: about half of these run.
     double flash_forward = 0, flash_input_grad = 0;
     int64_t flash_sequence = 0;
-    /// ZeRO 3 gathers weights a unit (a block, the embeddings, the head) at a time: the
+    /// ZeRO 3 gathers weights a unit (a residual group, or a layer outside one: the
+    /// embeddings, the final norm, the head) at a time, as the runtime's units run: the
     /// largest unit's parameters on one tensor-parallel rank, and the stage's unit count.
     int64_t largest_unit_parameters = 0;
     /// ZeRO 2 and 3 hold whole gradients of two units at most, the one computing its weight

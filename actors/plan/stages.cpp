@@ -688,27 +688,45 @@ std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>
         st.embedding = s == 0;
         st.head = s + 1 == partition.size();
         PartCost c;
-        // ZeRO 3's units: the embeddings, each block, the head.
+        // The runtime's units (models/stage.cpp), which ZeRO 3 gathers and ZeRO 2 and 3
+        // reduce one at a time: each residual group, and each layer outside one (the
+        // embeddings, the final norm, the head, which reads a tied embedding's copy).
         st.units = 0;
         int64_t second = 0; // the second largest unit
-        auto unit = [&st, &second](const PartCost& u) {
+        auto unit = [&st, &second](int64_t parameters) {
             ++st.units;
-            second = std::max(second, std::min(st.largest_unit_parameters, u.parameters));
-            st.largest_unit_parameters = std::max(st.largest_unit_parameters, u.parameters);
+            second = std::max(second, std::min(st.largest_unit_parameters, parameters));
+            st.largest_unit_parameters = std::max(st.largest_unit_parameters, parameters);
             st.two_largest_units_parameters = st.largest_unit_parameters + second;
+        };
+        const bool copy = st.head && tied_elsewhere(p, stage_rank);
+        auto units_of = [&](const std::vector<ModelItemSpec>& items) {
+            for (const ModelItemSpec& it : items) {
+                int64_t group = 0;
+                for (const LayerSpec& l : it.layers) {
+                    int64_t n = cost_of_layer(p, l).parameters;
+                    if (copy && l.kind == LayerKind::lm_head && l.tied)
+                        n += cost_of_layer(p, p.model.pre.front().layers.front()).parameters;
+                    if (it.residual)
+                        group += n;
+                    else
+                        unit(n);
+                }
+                if (it.residual) unit(group);
+            }
         };
         if (st.embedding) {
             c.add(pre_cost(p));
-            unit(pre_cost(p));
+            units_of(p.model.pre);
         }
         for (int32_t k = 0; k < st.blocks; ++k) {
             PartCost b = block_cost(p, static_cast<size_t>(first + k));
             c.add(b);
-            unit(b);
+            units_of(p.model.blocks[static_cast<size_t>(first + k)].items);
         }
         if (st.head) {
             c.add(post_cost(p));
-            unit(post_cost(p));
+            units_of(p.model.post);
         }
         auto shard_items = [&](const std::vector<ModelItemSpec>& items) {
             if (p.mesh.tp <= 1) return;

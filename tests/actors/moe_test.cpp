@@ -339,11 +339,12 @@ TEST(MixtureOfExperts, ZeroSharesTheExpertsStateAmongTheirHolders) {
     const sim::RankReport& r = s.timeline->ranks[0];
     EXPECT_EQ(r.parameters_bytes, g.stages[0].parameters * 4);
     // Beside the shares, whole gradients of the two largest units (the one computing its
-    // weight gradient and the one being reduce-scattered): the two blocks, each larger than
-    // the token embedding (256 x 64) and the head (256 x 64 and the final norm's 64).
-    const int64_t blocks = g.stages[0].parameters - 256 * 64 - (256 * 64 + 64);
-    EXPECT_EQ(g.stages[0].two_largest_units_parameters, blocks);
-    EXPECT_EQ(r.gradients_bytes, dense * 4 / 4 + experts * 4 / 2 + blocks * 4);
+    // weight gradient and the one being reduce-scattered): the two mixtures' residual groups
+    // (an RMS norm's 64, the router's 64 x 4, the rank's two experts), each larger than an
+    // attention group, the token embedding or the head (256 x 64).
+    const int64_t mixture = 64 + 64 * 4 + 2 * expert;
+    EXPECT_EQ(g.stages[0].two_largest_units_parameters, 2 * mixture);
+    EXPECT_EQ(r.gradients_bytes, dense * 4 / 4 + experts * 4 / 2 + 2 * mixture * 4);
     EXPECT_EQ(r.optimizer_bytes, dense * 8 / 4 + experts * 8 / 2);
     // The checker's floor counts the same state (weights whole, the rest shared).
     EXPECT_EQ(p.memory.bytes_per_device,
