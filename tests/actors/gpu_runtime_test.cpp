@@ -105,6 +105,7 @@ struct GpuCase {
     int dp, tp, pp;
     std::string kind;
     int microbatches;
+    int zero = 0; // the ZeRO stage over the data-parallel ranks
 };
 
 void PrintTo(const GpuCase& c, std::ostream* os) {
@@ -144,7 +145,9 @@ TEST_P(GpuEquivalence, LossesNormsAndWeightsMatchTheCpu) {
     const std::vector<double>&ref_losses = cpu.losses, &ref_norms = cpu.norms;
     const models::Model& ref = cpu.model;
 
-    Program p = tests::checked_script(text, mesh("h200", c.dp, c.tp, c.pp, c.kind, c.microbatches));
+    std::vector<std::string> overrides = mesh("h200", c.dp, c.tp, c.pp, c.kind, c.microbatches);
+    overrides.push_back("mesh.zero=" + std::to_string(c.zero));
+    Program p = tests::checked_script(text, overrides);
     plan::PlanResult planned = plan::lower(p);
     ASSERT_TRUE(planned.ok()) << plan::render_errors("t.dist", planned.errors);
     runtime::Job job(p, *planned.graph, data);
@@ -183,6 +186,10 @@ INSTANTIATE_TEST_SUITE_P(Meshes, GpuEquivalence,
                                            GpuCase{"pp2_1f1b", false, 1, 1, 2, "1f1b", 4},
                                            GpuCase{"pp2_zb_h1", false, 1, 1, 2, "zb_h1", 4},
                                            GpuCase{"dp2_tp2_pp2", false, 2, 2, 2, "1f1b", 2},
+                                           // ZeRO 2's reduce-scatter unit by unit and ZeRO
+                                           // 3's gathers, on device memory.
+                                           GpuCase{"dp2_zero2", false, 2, 1, 1, "1f1b", 2, 2},
+                                           GpuCase{"dp2_pp2_zero3", false, 2, 1, 2, "1f1b", 2, 3},
                                            GpuCase{"llama_tp2_pp2", true, 1, 2, 2, "1f1b", 2}),
                          [](const ::testing::TestParamInfo<GpuCase>& i) { return i.param.name; });
 
