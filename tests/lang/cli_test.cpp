@@ -412,6 +412,13 @@ TEST(Cli, RunUnderZeroTwoHoldsTheGradientSharesItPredicts) {
     ASSERT_GT(millions, 0) << check.out;
     EXPECT_LT(measured, measured_one - 2 * 4.0 * millions / 2 + 0.5) << one.out << two.out;
     EXPECT_NEAR(predicted / measured, 1.0, 0.1) << two.out;
+    // ZeRO 3 shares the weights too, gathering a unit at a time: its prediction holds as well.
+    Result three = run(base + "--set mesh.zero=3");
+    ASSERT_EQ(three.status, 0) << three.err;
+    const double measured_three = figure(three.out, "memory: measured", "measured ");
+    const double predicted_three = figure(three.out, "memory: measured", "predicted ");
+    ASSERT_GT(measured_three, 0) << three.out;
+    EXPECT_NEAR(predicted_three / measured_three, 1.0, 0.1) << three.out;
 }
 
 // The last step as it ran and as the simulator predicts it: one trace of two processes with the
