@@ -69,6 +69,40 @@ StateGroup state_group(const models::Parameter& p, const RankComms& comms, int32
     return {c, c->size(), c->rank()};
 }
 
+// Parameters by the group that shares their state (state_group): indices `at` into the list,
+// the data-parallel group's part first, then under ep the routed experts' holders'; with each
+// member's count of packed share elements (zero_share) and the longest, to which every
+// member's part is padded for one collective.
+struct StatePart {
+    std::vector<size_t> at;
+    StateGroup group;
+    std::vector<int64_t> counts;
+    int64_t chunk = 0;
+};
+
+std::vector<StatePart> by_state_group(const std::vector<models::Parameter*>& params,
+                                      const RankComms& comms, int32_t ep) {
+    std::vector<StatePart> out;
+    for (const bool expert : {false, true}) {
+        StatePart part;
+        for (size_t i = 0; i < params.size(); ++i)
+            if ((params[i]->expert && ep > 1) == expert) {
+                part.at.push_back(i);
+                part.group = state_group(*params[i], comms, ep);
+            }
+        if (part.at.empty()) continue;
+        part.counts.assign(static_cast<size_t>(part.group.members), 0);
+        for (size_t i : part.at)
+            for (int d = 0; d < part.group.members; ++d) {
+                auto [lo, hi] = zero_share(params[i]->numel(), d, part.group.members);
+                part.counts[static_cast<size_t>(d)] += hi - lo;
+            }
+        part.chunk = *std::max_element(part.counts.begin(), part.counts.end());
+        out.push_back(std::move(part));
+    }
+    return out;
+}
+
 // The reduced gradient a step reads: this member's share under ZeRO 2 and 3, else the whole.
 std::pair<float*, int64_t> reduced_gradient(models::Parameter& p) {
     if (p.grad_share.defined()) return {p.grad_share.data<float>(), p.grad_share.numel()};
@@ -188,59 +222,38 @@ class RankExecutor::Reducer {
     void scatter(const std::vector<models::Parameter*>& params, const std::vector<Tensor>& grads,
                  const RankComms& comms, int32_t ep) {
         const float inv = 1.0f / static_cast<float>(dp_->size());
-        for (const bool expert : {false, true}) {
-            std::vector<size_t> in;
-            StateGroup group;
-            for (size_t i = 0; i < params.size(); ++i)
-                if ((params[i]->expert && ep > 1) == expert) {
-                    in.push_back(i);
-                    group = state_group(*params[i], comms, ep);
+        for (const StatePart& part : by_state_group(params, comms, ep)) {
+            const int members = part.group.members;
+            if (!part.group.comms) { // their only holder: each whole gradient is the share
+                for (size_t i : part.at) {
+                    float* g = grads[i].data<float>();
+                    float* into = params[i]->grad_share.data<float>();
+                    const int64_t n = params[i]->numel();
+                    device_.scale(g, n, inv);
+                    device_.add(into, g, n, into);
                 }
-            if (in.empty()) continue;
-            const int members = group.members, me = group.me;
-            std::vector<int64_t> counts(static_cast<size_t>(members), 0);
-            for (size_t i : in)
-                for (int d = 0; d < members; ++d) {
-                    auto [lo, hi] = zero_share(params[i]->numel(), d, members);
-                    counts[static_cast<size_t>(d)] += hi - lo;
-                }
-            const int64_t chunk = *std::max_element(counts.begin(), counts.end());
-            if (chunk == 0) continue;
-            float* summed = nullptr;
-            if (!group.comms) { // its only holder: the whole gradient is the share
-                if (in.size() != 1) {
-                    if (share_.numel() < chunk) share_ = device_.empty({chunk});
-                    int64_t at = 0;
-                    for (size_t i : in) {
-                        const int64_t n = params[i]->numel();
-                        device_.copy_block(grads[i].data<float>(), n, share_.data<float>() + at, n,
-                                           1, n);
-                        at += n;
-                    }
-                    summed = share_.data<float>();
-                } else {
-                    summed = grads[in[0]].data<float>();
-                }
-            } else {
-                if (buffer_.numel() < chunk * members) buffer_ = device_.empty({chunk * members});
-                if (share_.numel() < chunk) share_ = device_.empty({chunk});
-                float* buffer = buffer_.data<float>();
-                for (int d = 0; d < members; ++d) {
-                    int64_t at = d * chunk;
-                    for (size_t i : in) {
-                        auto [lo, hi] = zero_share(params[i]->numel(), d, members);
-                        device_.copy_block(grads[i].data<float>() + lo, hi - lo, buffer + at,
-                                           hi - lo, 1, hi - lo);
-                        at += hi - lo;
-                    }
-                    if (at < (d + 1) * chunk) device_.fill(buffer + at, (d + 1) * chunk - at, 0.0f);
-                }
-                group.comms->reduce_scatter(buffer, chunk, share_.data<float>());
-                summed = share_.data<float>();
+                continue;
             }
-            device_.scale(summed, counts[static_cast<size_t>(me)], inv);
+            if (part.chunk == 0) continue;
+            const int64_t chunk = part.chunk;
+            if (buffer_.numel() < chunk * members) buffer_ = device_.empty({chunk * members});
+            if (share_.numel() < chunk) share_ = device_.empty({chunk});
+            float* buffer = buffer_.data<float>();
+            for (int d = 0; d < members; ++d) {
+                int64_t at = d * chunk;
+                for (size_t i : part.at) {
+                    auto [lo, hi] = zero_share(params[i]->numel(), d, members);
+                    device_.copy_block(grads[i].data<float>() + lo, hi - lo, buffer + at, hi - lo,
+                                       1, hi - lo);
+                    at += hi - lo;
+                }
+                if (at < (d + 1) * chunk) device_.fill(buffer + at, (d + 1) * chunk - at, 0.0f);
+            }
+            float* summed = share_.data<float>();
+            part.group.comms->reduce_scatter(buffer, chunk, summed);
+            device_.scale(summed, part.counts[static_cast<size_t>(part.group.me)], inv);
             int64_t at = 0;
-            for (size_t i : in) {
+            for (size_t i : part.at) {
                 float* into = params[i]->grad_share.data<float>();
                 const int64_t n = params[i]->grad_share.numel();
                 device_.add(into, summed + at, n, into);
@@ -470,49 +483,36 @@ class RankExecutor::WeightGatherer final : public models::UnitHooks {
     // (the data-parallel one, a routed expert's holders), each member's shares packed in
     // parameter order and padded to the longest, as FSDP gathers a unit's flat parameter.
     void gather(const std::vector<models::Parameter*>& params) {
-        for (const bool expert : {false, true}) {
-            std::vector<models::Parameter*> in;
-            StateGroup group;
-            for (models::Parameter* p : params)
-                if ((p->expert && ep_ > 1) == expert) {
-                    in.push_back(p);
-                    group = state_group(*p, comms_, ep_);
-                }
-            if (in.empty()) continue;
-            if (!group.comms) { // their only holder: each share is the whole
-                for (models::Parameter* p : in)
-                    if (const int64_t own = p->owned.numel(); own > 0)
-                        device_.copy_block(p->owned.data<float>(), own, p->value.data<float>(), own,
-                                           1, own);
+        for (const StatePart& part : by_state_group(params, comms_, ep_)) {
+            if (!part.group.comms) { // their only holder: each share is the whole
+                for (size_t i : part.at)
+                    if (const int64_t own = params[i]->owned.numel(); own > 0)
+                        device_.copy_block(params[i]->owned.data<float>(), own,
+                                           params[i]->value.data<float>(), own, 1, own);
                 continue;
             }
-            const int members = group.members;
-            std::vector<int64_t> counts(static_cast<size_t>(members), 0);
-            for (models::Parameter* p : in)
-                for (int d = 0; d < members; ++d) {
-                    auto [lo, hi] = zero_share(p->numel(), d, members);
-                    counts[static_cast<size_t>(d)] += hi - lo;
-                }
-            const int64_t chunk = *std::max_element(counts.begin(), counts.end());
+            const int members = part.group.members;
+            const int64_t chunk = part.chunk;
             if (chunk == 0) continue;
             if (mine_.numel() < chunk) mine_ = device_.empty({chunk});
             if (all_.numel() < chunk * members) all_ = device_.empty({chunk * members});
             int64_t at = 0;
-            for (models::Parameter* p : in) {
-                const int64_t own = p->owned.numel();
+            for (size_t i : part.at) {
+                const int64_t own = params[i]->owned.numel();
                 if (own > 0)
-                    device_.copy_block(p->owned.data<float>(), own, mine_.data<float>() + at, own,
-                                       1, own);
+                    device_.copy_block(params[i]->owned.data<float>(), own,
+                                       mine_.data<float>() + at, own, 1, own);
                 at += own;
             }
-            group.comms->all_gather(mine_.data<float>(), chunk, all_.data<float>());
+            part.group.comms->all_gather(mine_.data<float>(), chunk, all_.data<float>());
             for (int d = 0; d < members; ++d) {
                 at = d * chunk;
-                for (models::Parameter* p : in) {
-                    auto [lo, hi] = zero_share(p->numel(), d, members);
+                for (size_t i : part.at) {
+                    auto [lo, hi] = zero_share(params[i]->numel(), d, members);
                     if (hi > lo)
                         device_.copy_block(all_.data<float>() + at, hi - lo,
-                                           p->value.data<float>() + lo, hi - lo, 1, hi - lo);
+                                           params[i]->value.data<float>() + lo, hi - lo, 1,
+                                           hi - lo);
                     at += hi - lo;
                 }
             }
@@ -994,30 +994,20 @@ void RankExecutor::gather_weights() {
     // and group by group (routed experts among their holders under ep), each member's packed in
     // parameter order and padded to the longest.
     for (auto& [i, s] : stages_) {
-        for (const bool expert : {false, true}) {
+        std::vector<models::Parameter*> all;
+        for (auto& p : s->stage.params().all()) all.push_back(&p);
+        for (const StatePart& part : by_state_group(all, comms_, graph_.ep)) {
+            if (part.group.members < 2 || part.chunk == 0) continue;
             std::vector<models::Parameter*> params;
-            StateGroup group;
-            for (auto& p : s->stage.params().all()) {
-                if ((p.expert && graph_.ep > 1) != expert) continue;
-                params.push_back(&p);
-                group = state_group(p, comms_, graph_.ep);
-            }
-            if (!params.empty() && group.members > 1) gather_shares(params, group);
+            for (size_t k : part.at) params.push_back(all[k]);
+            gather_shares(params, part.group, part.chunk);
         }
     }
 }
 
 void RankExecutor::gather_shares(const std::vector<models::Parameter*>& params,
-                                 const StateGroup& group) {
+                                 const StateGroup& group, int64_t chunk) {
     const int members = group.members, me = group.me;
-    std::vector<int64_t> counts(static_cast<size_t>(members), 0);
-    for (auto* p : params)
-        for (int d = 0; d < members; ++d) {
-            auto [lo, hi] = zero_share(p->value.numel(), d, members);
-            counts[static_cast<size_t>(d)] += hi - lo;
-        }
-    int64_t chunk = *std::max_element(counts.begin(), counts.end());
-    if (chunk == 0) return;
     Tensor mine = device_->empty({chunk}), all = device_->empty({chunk * members});
     mine.fill_zero();
     int64_t at = 0;

@@ -127,7 +127,9 @@ class RankExecutor {
     double gradient_norm(bool& loss_nonfinite, double loss_sum);
     /// ZeRO: after each member has updated its share, every member gets the whole weights.
     void gather_weights();
-    void gather_shares(const std::vector<models::Parameter*>& params, const StateGroup& group);
+    /// `chunk`: the longest member's share of `params`, to which each member's is padded.
+    void gather_shares(const std::vector<models::Parameter*>& params, const StateGroup& group,
+                       int64_t chunk);
 
     const Program& program_;
     const plan::Graph& graph_;
