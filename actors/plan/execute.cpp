@@ -396,7 +396,9 @@ class CoreQueues {
             c.queue.push_back(r);
             if (c.queue.size() == 1)
                 turn(c, now, first);
-            else if (c.queue.size() == 2 && slice_ > 0)
+            else if (slice_ <= 0)
+                begin(r, first); // it shares the core from now on
+            else if (c.queue.size() == 2)
                 // The one running alone has had slice after slice; it finishes this one.
                 c.since += std::floor((now - c.since) / slice_) * slice_;
         }
@@ -453,9 +455,12 @@ class CoreQueues {
     void turn(Core& c, double now, std::vector<size_t>& first) {
         c.since = now;
         c.running = c.queue.empty() ? SIZE_MAX : c.queue.front();
-        if (c.running == SIZE_MAX || started_.count(c.running)) return;
-        started_.insert(c.running);
-        first.push_back(c.running);
+        if (c.running != SIZE_MAX) begin(c.running, first);
+    }
+
+    // Busy rank r runs for the first time since it became busy.
+    void begin(size_t r, std::vector<size_t>& first) {
+        if (started_.insert(r).second) first.push_back(r);
     }
 
     const Graph& g_;

@@ -230,6 +230,13 @@ TEST(SharedCores, RanksBeyondTheCoresQueueOnACoreAndTakeTurnsOfASlice) {
     EXPECT_NEAR(span(0, ActionKind::forward).second, 2.0, 1e-9);
     EXPECT_NEAR(span(2, ActionKind::forward).second, 2.0, 1e-9);
     EXPECT_NEAR(span(1, ActionKind::forward).second, 1.0, 1e-9);
+    // Sharing evenly, rank 2's F runs from the start beside rank 0's: its span begins at 0 and
+    // it waits for no core.
+    EXPECT_NEAR(span(2, ActionKind::forward).first, 0.0, 1e-9);
+    for (size_t r = 0; r < 3; ++r)
+        for (size_t i = 0; i < g.ranks[r].actions.size(); ++i)
+            EXPECT_EQ(even.core_wait[r][i], 0.0)
+                << "rank " << r << " " << to_string(g.ranks[r].actions[i]);
 }
 
 TEST(Rates, InterpolateBetweenMeasuredShapesAndClampOutside) {
