@@ -51,13 +51,78 @@ struct Collectives {
     using GatherKey = std::tuple<int32_t, int32_t, bool>; // stage, microbatch, forward
     std::vector<std::map<GatherKey, int32_t>> gathered;
 
+    // Where a host's cores are shared (execute_shared): a collective's members are threads
+    // that keep a core of their host busy while it runs (the communication threads pack, reduce
+    // and copy back on the CPU). Its time, calibrated with only its members busy, stretches by
+    // the threads busy on its hosts when it starts. The collectives whose last member enters
+    // are settled together once every rank has gone as far as it can at that time (settle).
+    bool shared = false;
+    struct Running {
+        double begin, end;
+        std::map<int32_t, double> threads; // per host: its members there
+    };
+    std::vector<Running> running;
+    struct Unsettled {
+        std::pair<int32_t, int32_t> key;
+        double ready, seconds;
+        std::vector<int32_t> members;
+    };
+    std::vector<Unsettled> unsettled;
+
     Collectives(const Graph& graph, const ExecCosts& c)
         : g(graph), costs(c), comm_free(graph.ranks.size(), 0.0), entered(graph.ranks.size(), 0),
           gathered(graph.ranks.size()) {}
 
+    /// The member threads of the collectives running at `at` on each host.
+    std::map<int32_t, double> threads_at(double at) const {
+        std::map<int32_t, double> out;
+        for (const Running& c : running)
+            if (c.begin <= at && at < c.end)
+                for (auto [host, n] : c.threads) out[host] += n;
+        return out;
+    }
+
+    /// Starts the collectives entered at `now`, in order, each stretched by the compute threads
+    /// busy on its hosts (`computing`), the collectives running there and the ones starting with
+    /// it. Returns whether there were any.
+    bool settle(double now, std::map<int32_t, double> on) {
+        if (unsettled.empty()) return false;
+        for (auto [host, k] : threads_at(now)) on[host] += k;
+        auto hosts = [&](const std::vector<int32_t>& members) {
+            std::map<int32_t, double> mine;
+            for (int32_t m : members) mine[g.ranks[static_cast<size_t>(m)].host] += 1;
+            return mine;
+        };
+        // The ones that start now: their members' streams free, and not behind another one.
+        std::set<int32_t> claimed;
+        for (const Unsettled& u : unsettled) {
+            bool now_free = u.seconds > 0;
+            for (int32_t m : u.members)
+                now_free = now_free && comm_free[static_cast<size_t>(m)] <= now &&
+                           claimed.insert(m).second;
+            if (now_free)
+                for (auto [host, k] : hosts(u.members)) on[host] += k;
+        }
+        for (const Unsettled& u : unsettled) {
+            double start = u.ready, seconds = u.seconds;
+            for (int32_t m : u.members) start = std::max(start, comm_free[static_cast<size_t>(m)]);
+            Running run{start, start, hosts(u.members)};
+            for (auto [host, k] : run.threads)
+                seconds = std::max(seconds, u.seconds * costs.speed(k) / costs.speed(on[host]));
+            run.end = start + seconds;
+            for (int32_t m : u.members) comm_free[static_cast<size_t>(m)] = run.end;
+            finished[u.key] = run.end;
+            begun[u.key] = start;
+            if (seconds > 0) running.push_back(std::move(run));
+        }
+        unsettled.clear();
+        return true;
+    }
+
     int32_t group_of(const PlanRank& r) const { return r.pp * g.tp + r.tp; }
 
-    /// Rank `r` enters collective `a` at `at`; returns its end once known (else -1).
+    /// Rank `r` enters collective `a` at `at`; returns its end once known (else -1: not all
+    /// members have entered, or it is settled later).
     double enter(const PlanRank& rank, const PlanAction& a, double at) {
         const size_t r = static_cast<size_t>(rank.rank);
         int32_t k = entered[r]++;
@@ -69,6 +134,10 @@ struct Collectives {
         if (static_cast<int32_t>(e.size()) < g.dp * g.cp || finished.count(key)) return -1.0;
         double start = *std::max_element(e.begin(), e.end());
         std::vector<int32_t> ms = g.replica_group(rank);
+        if (shared) {
+            unsettled.push_back({key, start, costs.reduction(rank, a), ms});
+            return -1.0;
+        }
         for (int32_t m : ms) start = std::max(start, comm_free[static_cast<size_t>(m)]);
         double end = start + costs.reduction(rank, a);
         for (int32_t m : ms) comm_free[static_cast<size_t>(m)] = end;
@@ -494,6 +563,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
     std::unique_ptr<CoreQueues> queues;
     if (costs.cores >= 1) queues = std::make_unique<CoreQueues>(g, costs);
     double now = 0;
+    dp.shared = true;
     while (true) {
         // Every idle rank goes as far as it can at `now`.
         for (bool moved = true; moved;) {
@@ -588,8 +658,17 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                 }
             }
         }
-        // The threads busy on each host, and the next event.
-        std::map<int32_t, double> busy;
+        // The collectives entered now start, beside the compute now busy; the ranks waiting
+        // for them look again.
+        {
+            std::map<int32_t, double> computing;
+            for (size_t r = 0; r < n; ++r)
+                if (run[r].on && run[r].left > 0 && t.start[r][t.stopped_at[r]] <= now)
+                    computing[g.ranks[r].host] += run[r].threads;
+            if (dp.settle(now, computing)) continue;
+        }
+        // The threads busy on each host (the collectives' apart), and the next event.
+        std::map<int32_t, double> busy, comm = dp.threads_at(now);
         std::vector<bool> busy_now(n, false);
         for (size_t r = 0; r < n; ++r) {
             busy_now[r] = run[r].on && run[r].left > 0 && t.start[r][t.stopped_at[r]] <= now;
@@ -609,10 +688,10 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
             }
         auto speed_of = [&](size_t r) {
             double alone = costs.speed(run[r].threads);
-            const double on = busy[g.ranks[r].host];
+            const double on = busy[g.ranks[r].host], talking = comm[g.ranks[r].host];
             if (queues && queues->covers(r))
-                return queues->share(r) * costs.speed(std::min(on, costs.cores)) / alone;
-            return costs.speed(std::max(on, run[r].threads)) / alone;
+                return queues->share(r) * costs.speed(std::min(on, costs.cores) + talking) / alone;
+            return costs.speed(std::max(on, run[r].threads) + talking) / alone;
         };
         double next = std::numeric_limits<double>::infinity();
         for (size_t r = 0; r < n; ++r) {
@@ -625,6 +704,9 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
         auto wake = wakes.upper_bound(now);
         if (wake != wakes.end()) next = std::min(next, *wake);
         if (queues) next = std::min(next, queues->next_turn());
+        for (const Collectives::Running& c : dp.running)
+            for (double at : {c.begin, c.end})
+                if (at > now) next = std::min(next, at);
         if (!std::isfinite(next)) break; // nothing runs and nothing will arrive
         for (size_t r = 0; r < n; ++r) {
             if (!run[r].on || t.start[r][t.stopped_at[r]] > now || run[r].left <= 0) continue;

@@ -239,6 +239,40 @@ TEST(SharedCores, RanksBeyondTheCoresQueueOnACoreAndTakeTurnsOfASlice) {
                 << "rank " << r << " " << to_string(g.ranks[r].actions[i]);
 }
 
+// A data-parallel reduction runs on communication threads that share the cores with the
+// compute. dp 2 x tp 2 on one core, F 1 for every rank, B 2 for the tp-0 ranks and 4 for the
+// tp-1 ranks, a reduction 1 alone (its two members busy). Worked by hand: four threads run the
+// F's to 4; the tp-0 B's end at 12, the tp-1 ones have done 2 of 4. The tp-0 group's reduction
+// starts beside the two tp-1 B's: four threads, each at a quarter of the core where its members
+// alone had half, so it takes 2 and ends at 14. The tp-1 B's run at a quarter until 14 and a half
+// after it: they end at 17, and their group's reduction, alone, at 18.
+TEST(SharedCores, AReductionsThreadsShareTheCoresWithTheCompute) {
+    Graph g = planned(checked(
+        "gpt_tiny.dist", {"mesh.dp=2", "mesh.tp=2", "train.batch=8", "schedule.microbatches=1"}));
+    ExecCosts c = distinct_costs();
+    c.compute = [](const PlanRank& r, const PlanAction& a) {
+        if (a.kind == ActionKind::forward) return 1.0;
+        if (a.kind == ActionKind::backward) return r.tp == 0 ? 2.0 : 4.0;
+        return 0.0;
+    };
+    c.reduction = [](const PlanRank&, const PlanAction&) { return 1.0; };
+    c.threads = [](const PlanRank&) { return 1.0; };
+    c.speed = [](double threads) { return 1.0 / std::max(1.0, threads); };
+    ExecTimes t = execute(g, c);
+    ASSERT_TRUE(t.complete);
+    for (const PlanRank& r : g.ranks) {
+        const auto& actions = r.actions;
+        const auto i = static_cast<size_t>(r.rank);
+        for (size_t k = 0; k < actions.size(); ++k) {
+            const ActionKind kind = actions[k].kind;
+            if (kind == ActionKind::backward)
+                EXPECT_NEAR(t.end[i][k], r.tp == 0 ? 12.0 : 17.0, 1e-9) << "rank " << r.rank;
+            if (kind == ActionKind::step)
+                EXPECT_NEAR(t.start[i][k], r.tp == 0 ? 14.0 : 18.0, 1e-9) << "rank " << r.rank;
+        }
+    }
+}
+
 TEST(Rates, InterpolateBetweenMeasuredShapesAndClampOutside) {
     Calibration c;
     c.cores = 2;
