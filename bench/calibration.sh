@@ -21,7 +21,7 @@ mkdir -p "$tmp/hardware"
 if [[ -n "${PROFILE:-}" ]]; then
     cp "$PROFILE" "$tmp/hardware/here.toml"
 else
-    "$dist" calibrate --out "$tmp/hardware/here.toml" >&2
+    "$dist" calibrate --device cpu --out "$tmp/hardware/here.toml" >&2
 fi
 export DIST_PATH="$tmp"
 py=/usr/bin/python3

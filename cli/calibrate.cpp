@@ -8,12 +8,14 @@
 // passes' medians: a shared machine's other work only slows a measurement. The profile (TOML, the
 // schema of stdlib/hardware/) carries the command and the date; the simulator prices kernels by
 // shape from it (actors/sim/calibrated.hpp).
+#include "cli/calibrate_parts.hpp"
 #include "cli/commands.hpp"
 
 #include "actors/plan/lower.hpp"
 #include "actors/runtime/session.hpp"
 #include "actors/sim/calibrated.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/devices.hpp"
 #include "kernels/tensor.hpp"
 #include "lang/check.hpp"
 #include "lang/program.hpp"
@@ -48,12 +50,9 @@
 #include <thread>
 #include <vector>
 
-namespace dist::cli {
-
-namespace {
+namespace dist::cli::calibration {
 
 namespace cpu = kernels::cpu;
-using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -76,7 +75,7 @@ double per_call(const std::function<void()>& call, double min_s) {
     return *std::min_element(batches.begin(), batches.end());
 }
 
-std::vector<float> filled(int64_t n, float scale = 0.01f) {
+std::vector<float> filled(int64_t n, float scale) {
     std::vector<float> v(static_cast<size_t>(std::max<int64_t>(n, 1)));
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> u(-scale, scale);
@@ -93,28 +92,20 @@ std::string number(double x) {
     return s;
 }
 
-class Progress {
-  public:
-    Progress(std::ostream& err, int total) : err_(err), total_(total), tty_(::isatty(2)) {}
-    void tick(const std::string& what) {
-        ++done_;
-        if (tty_)
-            err_ << "\rcalibrate: " << what << " (" << done_ * 100 / total_ << "%)\x1b[K"
-                 << std::flush;
-        else if (what != last_)
-            err_ << "calibrate: " << what << "\n" << std::flush;
-        last_ = what;
-    }
-    void end() {
-        if (tty_) err_ << "\n";
-    }
+Progress::Progress(std::ostream& err, int total) : err_(err), total_(total), tty_(::isatty(2)) {}
 
-  private:
-    std::ostream& err_;
-    int total_, done_ = 0;
-    bool tty_;
-    std::string last_;
-};
+void Progress::tick(const std::string& what) {
+    ++done_;
+    if (tty_)
+        err_ << "\rcalibrate: " << what << " (" << done_ * 100 / total_ << "%)\x1b[K" << std::flush;
+    else if (what != last_)
+        err_ << "calibrate: " << what << "\n" << std::flush;
+    last_ = what;
+}
+
+void Progress::end() {
+    if (tty_) err_ << "\n";
+}
 
 struct Plan {
     std::vector<int32_t> threads;
@@ -459,14 +450,15 @@ double ping_pong(transport::PointToPoint& a, transport::PointToPoint& b, int64_t
     return s;
 }
 
-std::vector<TransferSample> measure_transfers(int32_t cores, const Plan& plan, Progress& progress,
+std::vector<TransferSample> measure_transfers(int32_t cores, const std::vector<int64_t>& message,
+                                              Progress& progress,
                                               std::vector<std::string>& skipped) {
     std::vector<TransferSample> out;
     auto iters = [](int64_t bytes) { return bytes >= (1 << 22) ? 5 : 30; };
     {
         transport::InProcessFabric fabric;
         auto a = fabric.endpoint(0), b = fabric.endpoint(1);
-        for (int64_t bytes : plan.message) {
+        for (int64_t bytes : message) {
             out.push_back({"inprocess", bytes, ping_pong(*a, *b, bytes, iters(bytes))});
             progress.tick("transfers");
         }
@@ -486,8 +478,7 @@ std::vector<TransferSample> measure_transfers(int32_t cores, const Plan& plan, P
                     cpu::matmul_forward<float>(x.data(), x.data(), nullptr, 128, 128, 128,
                                                y.data());
             });
-        out.push_back(
-            {"inprocess-busy", plan.message.front(), ping_pong(*a, *b, plan.message.front(), 200)});
+        out.push_back({"inprocess-busy", message.front(), ping_pong(*a, *b, message.front(), 200)});
         stop = true;
         for (auto& t : load) t.join();
         progress.tick("transfers");
@@ -505,7 +496,7 @@ std::vector<TransferSample> measure_transfers(int32_t cores, const Plan& plan, P
             });
             auto b = transport::make_ucx_endpoint(store, name, 1, 2, o);
             auto a = fa.get();
-            for (int64_t bytes : plan.message) {
+            for (int64_t bytes : message) {
                 out.push_back({name, bytes, ping_pong(*a, *b, bytes, iters(bytes))});
                 progress.tick("transfers");
             }
@@ -598,21 +589,9 @@ std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& pla
 // the kernels' prediction from the rates just measured. Probes of one block and of four tell the
 // blocks from the ends (embeddings, head and loss): measured = scale_blocks x blocks' kernels +
 // scale_ends x ends' kernels, fitted by least squares, for forwards and backwards apart.
-struct ActionFit {
-    std::array<double, 4> scale{1, 1, 1, 1}; // forward blocks, forward ends, backward ...
-    std::array<double, 2> overhead{0, 0};    // seconds per block: forward, backward
-    std::vector<std::string> probes; // "width 128, 64 tokens: F 1.2 ms (kernels 1.1 ms) ..."
-};
-
-struct Probe {
-    int width, rows, layers;
-    std::optional<Program> program;
-    std::optional<plan::Graph> graph;
-    double forward = 0, backward = 0; // measured seconds per microbatch
-};
-
 // Trains the probes; run first, on a quiet process (before the transports' threads exist).
-std::vector<Probe> run_probes(bool quick, Progress& progress, std::vector<std::string>& skipped) {
+std::vector<Probe> run_probes(bool quick, const std::string& devices, Progress& progress,
+                              std::vector<std::string>& skipped) {
     std::vector<Probe> probes =
         quick ? std::vector<Probe>{{64, 1, 1, {}, {}}}
               : std::vector<Probe>{{128, 8, 1, {}, {}}, {128, 8, 4, {}, {}}, {256, 2, 1, {}, {}},
@@ -625,8 +604,8 @@ std::vector<Probe> run_probes(bool quick, Progress& progress, std::vector<std::s
             const std::string text =
                 "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: " +
                 std::to_string(pr.layers) + ", heads: 4, width: " + std::to_string(pr.width) +
-                ")\nmesh {\n    devices: cpu\n}\nschedule {\n    kind: 1f1b\n    microbatches: "
-                "2\n}\n"
+                ")\nmesh {\n    devices: " + devices +
+                "\n}\nschedule {\n    kind: 1f1b\n    microbatches: 2\n}\n"
                 "train {\n    data: synthetic()\n    batch: " +
                 std::to_string(2 * pr.rows) + "\n    steps: " + std::to_string(quick ? 3 : 8) +
                 "\n    seed: 1\n}\n";
@@ -685,7 +664,7 @@ std::vector<Probe> run_probes(bool quick, Progress& progress, std::vector<std::s
     return probes;
 }
 
-ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, int32_t cores) {
+ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, int32_t threads) {
     struct Point {
         double blocks, ends, count, measured; // kernels' seconds, blocks, the action's seconds
     };
@@ -699,8 +678,8 @@ ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, 
         plan::PlanStage blocks = g.stages[0], ends = g.stages[0];
         blocks.embedding = blocks.head = false;
         ends.blocks = 0;
-        sim::StageSeconds kb = sim::stage_seconds(p, blocks, rates, cores, false);
-        sim::StageSeconds ke = sim::stage_seconds(p, ends, rates, cores, false);
+        sim::StageSeconds kb = sim::stage_seconds(p, blocks, rates, threads, false);
+        sim::StageSeconds ke = sim::stage_seconds(p, ends, rates, threads, false);
         const double count = g.stages[0].blocks;
         fwd.push_back({kb.forward, ke.forward, count, pr.forward});
         bwd.push_back({kb.input + kb.weight, ke.input + ke.weight, count, pr.backward});
@@ -747,18 +726,7 @@ ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, 
 // ----- the profile --------------------------------------------------------------------------
 
 std::string cpu_model() {
-    std::ifstream in("/proc/cpuinfo");
-    std::string line;
-    while (std::getline(in, line))
-        if (line.rfind("model name", 0) == 0) {
-            auto colon = line.find(':');
-            if (colon != std::string::npos) {
-                std::string s = line.substr(colon + 1);
-                s.erase(0, s.find_first_not_of(' '));
-                return s;
-            }
-        }
-    return "an unknown CPU";
+    return kernels::cpu_backend().describe().model;
 }
 
 std::string utc_now() {
@@ -903,7 +871,11 @@ std::string profile_text(const std::string& name, const std::string& command, in
     return o.str();
 }
 
-} // namespace
+} // namespace dist::cli::calibration
+
+namespace dist::cli {
+
+using namespace calibration;
 
 int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& err) {
     std::filesystem::path path(c.out);
@@ -925,6 +897,21 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
         err << "error: --out " << c.out << ": no folder " << dir.string() << "\n";
         return 1;
     }
+    const int gpus = kernels::gpu_count();
+    // A GPU where the machine has one, unless the CPU is asked for (or its cores are named).
+    if (c.device == "cuda" || (c.device.empty() && gpus > 0 && c.cores == 0)) {
+        if (c.cores > 0) {
+            err << "error: --cores " << c.cores
+                << ": a GPU's calibration has no cores to choose (ranks get a GPU each)\n";
+            return 2;
+        }
+        try {
+            return run_calibrate_gpu(c, name, std::max(1, gpus), out, err);
+        } catch (const std::exception& e) {
+            err << "error: --device cuda: " << e.what() << "\n";
+            return 1;
+        }
+    }
     const int32_t cores = c.cores > 0 ? c.cores : omp_get_num_procs();
     // Rates measured beside other work are low: say so before spending the minute.
     double load = 0;
@@ -941,14 +928,14 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     Progress progress(err, total);
     auto t0 = Clock::now();
     std::vector<std::string> skipped;
-    std::vector<Probe> probes = run_probes(c.quick, progress, skipped);
+    std::vector<Probe> probes = run_probes(c.quick, "cpu", progress, skipped);
     auto mm = measure_matmuls(plan, progress);
     auto att = measure_attention(plan, progress);
     auto elt = measure_elementwise(plan, progress);
     omp_set_num_threads(cores);
     auto sharing = measure_sharing(cores, plan, progress);
     const double slice = measure_slice(progress);
-    auto transfers = measure_transfers(cores, plan, progress, skipped);
+    auto transfers = measure_transfers(cores, plan.message, progress, skipped);
     auto collectives = measure_collectives(cores, plan, progress, skipped);
     Calibration measured;
     measured.cores = cores;
@@ -960,6 +947,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     ActionFit fit = fit_actions(probes, measured, cores);
     progress.end();
     std::string command = "dist calibrate --out " + c.out + (c.quick ? " --quick" : "") +
+                          (c.device == "cpu" ? " --device cpu" : "") +
                           (c.cores > 0 ? " --cores " + std::to_string(c.cores) : "");
     std::string text = profile_text(name, command, cores, since(t0), fit, mm, att, elt, sharing,
                                     slice, transfers, collectives, skipped);

@@ -30,6 +30,7 @@ struct CalibrateOptions {
     std::string out;    // DIR/hardware/NAME.toml
     bool quick = false; // a small grid (for tests): seconds instead of minutes
     int32_t cores = 0;  // the cores to calibrate for (0: all of this machine's)
+    std::string device; // "cpu" or "cuda"; "": the GPU where the machine has one, else the CPU
 };
 /// Measures this machine and writes it as a hardware profile.
 int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& err);

@@ -73,6 +73,11 @@ int main(int argc, char** argv) {
                         "a coarse grid in seconds (for tests; less accurate)");
     calibrate->add_option("--cores", calibrate_options.cores, "cores to use (default: all)")
         ->check(CLI::Range(1, 4096));
+    calibrate
+        ->add_option("--device", calibrate_options.device,
+                     "what to calibrate: cpu, or cuda (the first GPU and NCCL between this host's "
+                     "GPUs); default: cuda where the machine has a GPU, else cpu")
+        ->check(CLI::IsMember({"cpu", "cuda"}));
 
     dist::cli::RunOptions run_options;
     bool quiet = false;

@@ -21,7 +21,17 @@ namespace {
 using plan::ActionKind;
 using plan::PlanAction;
 
-enum class Cause { warmup, activation, gradient, dp_reduction, norm, transfer, core, cooldown };
+enum class Cause {
+    warmup,
+    activation,
+    gradient,
+    dp_reduction,
+    tied,
+    norm,
+    transfer,
+    core,
+    cooldown
+};
 
 struct Wait {
     Cause cause = Cause::transfer;
@@ -90,7 +100,15 @@ class Explainer {
             }
         }
         if (w.peer < 0 && reduction) w.cause = Cause::dp_reduction;
-        if (actions[hi].kind == ActionKind::step) follow_norm(rank, latest, w);
+        if (actions[hi].kind == ActionKind::step) {
+            // The first and the last stage's ranks sum their copies of a tied embedding before
+            // the norm.
+            const int32_t pp = g_.ranks[static_cast<size_t>(rank)].pp;
+            if (w.peer < 0 && !reduction && g_.tied_bytes > 0 &&
+                (pp == g_.stages.front().pp || pp == g_.stages.back().pp))
+                w.cause = Cause::tied;
+            follow_norm(rank, latest, w);
+        }
         return w;
     }
 
@@ -169,6 +187,7 @@ std::string cause_text(Cause c, int32_t peer) {
     case Cause::dp_reduction:
         return "in the data-parallel gradient reduction" +
                (peer >= 0 ? ", waiting for rank " + p : std::string());
+    case Cause::tied: return "summing the tied embedding's copies of the first and last stage";
     case Cause::norm:
         return "waiting for the gradient norm before the update: rank " + p +
                " of the replica finishes last";

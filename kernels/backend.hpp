@@ -33,6 +33,12 @@ class Backend {
     /// What tells this device from the others of its host, however the process numbers them
     /// (a GPU's PCI bus id; CUDA_VISIBLE_DEVICES renumbers GPUs per process).
     virtual std::string identity() const { return device().str(); }
+    /// The device's model and memory, as `dist calibrate` writes them into a profile.
+    struct Description {
+        std::string model;
+        int64_t memory_bytes = 0;
+    };
+    virtual Description describe() const;
 
     /// A tensor on this device, uninitialised or zeroed.
     Tensor empty(std::vector<int64_t> shape, DType dtype = DType::f32) {

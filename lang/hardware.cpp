@@ -110,6 +110,12 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
     if (!root.contains("calibration")) return;
     c.command = r.string("calibration.command");
     c.date = r.string("calibration.date");
+    if (root.at_path("calibration.device")) {
+        c.device = r.string("calibration.device");
+        if (c.device != "cpu" && c.device != "cuda")
+            diags.error(node_loc(file, root.at_path("calibration.device").node(), root),
+                        "`calibration.device` is \"cpu\" or \"cuda\", not \"" + c.device + "\"");
+    }
     c.cores = count(r, "calibration.cores");
     c.slice_s = r.number("calibration.slice", false);
     if (const toml::array* scales = root.at_path("calibration.scales").as_array()) {
@@ -156,9 +162,13 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
         c.collectives.push_back({t.string("backend"), t.string("op"), count(t, "ranks"),
                                  t.whole("bytes"), t.number("seconds")});
     });
-    if (c.matmul.empty() || c.sharing.empty())
+    if (c.matmul.empty() || (c.sharing.empty() && !c.gpu()))
         diags.error(node_loc(file, root.at_path("calibration").node(), root),
-                    "a calibration needs its `matmul` and `sharing` rows");
+                    c.gpu() ? "a calibration needs its `matmul` rows"
+                            : "a calibration of a CPU needs its `matmul` and `sharing` rows");
+    if (c.gpu() && !root.at_path("host.devices"))
+        diags.error(node_loc(file, root.at_path("calibration").node(), root),
+                    "a calibration of a GPU needs `[host] devices`, the GPUs of a host");
 }
 
 } // namespace

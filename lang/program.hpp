@@ -184,6 +184,9 @@ struct CollectiveSample {
 };
 struct Calibration {
     std::string command, date;
+    /// What was calibrated: "cpu" (ranks share the cores) or "cuda" (a GPU per rank).
+    std::string device = "cpu";
+    bool gpu() const { return device == "cuda"; }
     int32_t cores = 0; // the cores a process's ranks share (0: not calibrated)
     /// The OS scheduler's time slice: how long a thread runs before another that waits for its
     /// core has a turn (seconds; 0: not measured, threads on a core share it evenly).

@@ -138,6 +138,17 @@ grep -E '^\[  (FAILED|SKIPPED)|Failure' "$logs/cuda_tests.log" | head -40
 step runtime_tests 300 env DIST_SOURCE_DIR="$PWD" "$bin/runtime_tests" --gtest_brief=1 \
     --gtest_filter='Devices.*:Meshes/GpuEquivalence.*:GpuBf16.*'
 grep -E '^\[  FAILED|Failure' "$logs/runtime_tests.log" | head -20
+# `dist calibrate` on the GPU (a quick grid): the profile it writes, which `dist sim` then loads
+# through DIST_PATH and prices a plan with.
+if [ -x "$bin/dist" ]; then
+    mkdir -p "$logs/cal/hardware"
+    step calibrate 240 env DIST_PATH="$PWD/stdlib" "$bin/dist" calibrate --quick --device cuda \
+        --out "$logs/cal/hardware/gpu.toml"
+    [ "$logs" = "$out" ] || cp "$logs/cal/hardware/gpu.toml" "$out/" 2> /dev/null
+    step calibrated_sim 60 env DIST_PATH="$logs/cal:$PWD/stdlib" "$bin/dist" sim \
+        examples/gpt_tiny.dist --set mesh.devices=gpu
+    tail -3 "$logs/calibrated_sim.log"
+fi
 
 e2e=""
 if [ "$tier" != quick ]; then
@@ -191,6 +202,8 @@ for t in cuda_tests runtime_tests nccl_tests memcheck; do
     [ -f "$logs/$t.log" ] || continue
     echo "| $t | $(grep -hE '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$t.log" | tr '\n' ' ') |"
 done
+[ -f "$logs/calibrate.log" ] && echo "| calibrate | $(grep -E '^wrote|error' "$logs/calibrate.log" | tail -1) |"
+[ -f "$logs/calibrated_sim.log" ] && echo "| calibrated sim | $(grep -E "step" "$logs/calibrated_sim.log" | head -1) |"
 [ -n "$e2e" ] && echo "$e2e"
 if [ -f "$logs/cuda_bench.json" ]; then
     echo

@@ -385,6 +385,7 @@ ExecTimes execute_devices(const Graph& g, const ExecCosts& costs) {
                     double done = dp.all_done(rank);
                     if (done < 0) break;
                     start = std::max(start, done);
+                    if (costs.step_before) start += costs.step_before(rank);
                     if (costs.step_barrier) {
                         // The update starts once the norm is in: the wait before is idle.
                         at_step[r] = start;
@@ -584,12 +585,17 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                                 wakes.insert(done);
                                 break;
                             }
-                            if (costs.step_barrier) {
-                                if (at_step[r] < 0) {
-                                    at_step[r] = now;
-                                    moved = true; // ranks waiting at the barrier look again
-                                }
-                                if (norm_barrier(g, rank, at_step) < 0) break;
+                            if (at_step[r] < 0) {
+                                at_step[r] =
+                                    now + (costs.step_before ? costs.step_before(rank) : 0.0);
+                                moved = true; // ranks waiting at the barrier look again
+                            }
+                            const double go =
+                                costs.step_barrier ? norm_barrier(g, rank, at_step) : at_step[r];
+                            if (go < 0) break;
+                            if (go > now) {
+                                wakes.insert(go);
+                                break;
                             }
                         } else {
                             Collectives::Gate gate = dp.gate(rank, a, compute);

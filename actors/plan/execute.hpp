@@ -46,6 +46,11 @@ struct ExecCosts {
     /// the ranks of a model replica (over every rank under ZeRO), so a rank's STEP starts when
     /// the rank gets there and its update once all of them have. Off for the verifier.
     bool step_barrier = false;
+    /// Seconds a rank works after its reductions and before the gradient norm's barrier (the
+    /// tied embedding's two copies summed between the first and the last stage, as the runtime
+    /// does before the norm): idle time, not part of STEP's span, which is the update alone.
+    /// Unset: none.
+    std::function<double(const PlanRank& rank)> step_before;
 };
 
 /// Zero for everything: the verifier's execution.

@@ -56,8 +56,8 @@ std::string comparison_line(double measured_step_s, double measured_bubble,
 
 std::string calibration_hint(const HardwareProfile& profile) {
     if (profile.name != "cpu" || profile.calibration.cores > 0) return "";
-    return "(the cpu profile is a datasheet guess, not this machine: `dist calibrate --out "
-           "DIR/hardware/here.toml` measures it, and `--set mesh.devices=here` with DIR on "
+    return "(the cpu profile is a datasheet guess, not this machine: `dist calibrate --device cpu "
+           "--out DIR/hardware/here.toml` measures it, and `--set mesh.devices=here` with DIR on "
            "DIST_PATH predicts with it; docs/simulator.md)";
 }
 

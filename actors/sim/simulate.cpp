@@ -237,14 +237,6 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
                     step += ring_half(share.experts * g.bytes_per_element, share.holders,
                                       replica_link(r));
             }
-            bool first = r.pp == g.stages.front().pp, last = r.pp == g.stages.back().pp;
-            if (g.tied_bytes > 0 && (first || last)) {
-                // The tied embedding's two copies are summed between the two ranks.
-                auto [d, p, t, k] = coords(r);
-                bool same = host(d, g.stages.front().pp, t, k) == host(d, g.stages.back().pp, t, k);
-                step += ring_allreduce(static_cast<double>(g.tied_bytes), 2,
-                                       link_between(g.stages.front().pp, g.stages.back().pp, same));
-            }
             return step;
         }
         const PlanStage& s = stage(a);
@@ -275,6 +267,16 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
                    2 * s.bytes_elementwise / pr.mem_bw + tp + 2 * ring;
         default: return 0.0;
         }
+    };
+    // The tied embedding's two copies, summed between the first and the last stage's rank
+    // before the gradient norm (the runtime's finish_step).
+    c.step_before = [&g, coords, host, link_between](const PlanRank& r) {
+        const bool first = r.pp == g.stages.front().pp, last = r.pp == g.stages.back().pp;
+        if (g.tied_bytes <= 0 || !(first || last)) return 0.0;
+        auto [d, p, t, k] = coords(r);
+        bool same = host(d, g.stages.front().pp, t, k) == host(d, g.stages.back().pp, t, k);
+        return ring_allreduce(static_cast<double>(g.tied_bytes), 2,
+                              link_between(g.stages.front().pp, g.stages.back().pp, same));
     };
     // A mixture of experts' dispatch or combine (the graph lists them after the compute
     // action they run inside), among the ep ranks of the rank's group.
@@ -316,12 +318,15 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
 
 // A calibrated CPU (actors/sim/calibrated.hpp): kernels priced by shape at the rates measured
 // for the threads each rank gets, ranks of a host sharing its cores, transfers and collectives
-// at their measured times (in-process within a host; UCX over TCP and Gloo between hosts).
+// at their measured times (in-process within a host; UCX over TCP and Gloo between hosts). A
+// calibrated GPU: each rank has its device, its kernels at the device's rates, collectives
+// within a host at NCCL's measured times, the rest by the profile's links.
 plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile& pr) {
     plan::ExecCosts c = profile_costs(g, pr, axes_of(g));
     const Calibration& cal = p.mesh.profile.calibration;
+    const bool gpu = cal.gpu();
     auto rates = std::make_shared<Rates>(cal);
-    const double threads = rank_threads(g, cal.cores);
+    const double threads = gpu ? 1.0 : rank_threads(g, cal.cores);
     auto seconds = std::make_shared<std::vector<StageSeconds>>();
     for (const PlanStage& s : g.stages) seconds->push_back(stage_seconds(p, s, *rates, threads));
     auto same_host = [&g](const std::vector<int32_t>& members) {
@@ -332,13 +337,27 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         return true;
     };
     // A collective's measured time, else the link model's.
-    auto collective = [rates, same_host](const std::vector<int32_t>& members, const char* op,
-                                         double bytes, double modelled) {
-        double t = rates->collective(same_host(members) ? "inprocess" : "gloo", op,
-                                     static_cast<int32_t>(members.size()), bytes);
+    auto collective = [rates, same_host, gpu](const std::vector<int32_t>& members, const char* op,
+                                              double bytes, double modelled) {
+        const bool here = same_host(members);
+        if (gpu && !here) return modelled; // NCCL between hosts: not measured here
+        double t = rates->collective(gpu    ? "nccl"
+                                     : here ? "inprocess"
+                                            : "gloo",
+                                     op, static_cast<int32_t>(members.size()), bytes);
         return t >= 0 ? t : modelled;
     };
     plan::ExecCosts fallback = c;
+    // The tied embedding's sum: the all-reduce of its gradient between the first and the last
+    // stage's rank, as measured.
+    c.step_before = [&g, fallback, collective](const PlanRank& r) {
+        const double modelled = fallback.step_before(r);
+        if (modelled <= 0) return 0.0;
+        const int32_t first = g.stages.front().pp, last = g.stages.back().pp;
+        const int32_t partner = g.rank_of(r.dp, r.pp == first ? last : first, r.tp, r.cp);
+        return collective({r.rank, partner}, "all_reduce", static_cast<double>(g.tied_bytes),
+                          modelled);
+    };
     const double mem_bw = pr.mem_bw;
     c.compute = [&g, fallback, seconds, rates, threads, collective, mem_bw](const PlanRank& r,
                                                                             const PlanAction& a) {
@@ -372,8 +391,9 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
             static_cast<double>(g.stages[static_cast<size_t>(a.stage)].all_to_all_bytes);
         return collective(g.expert_group(r), "all_to_all", bytes, fallback.exchange(r, a));
     };
-    c.transfer = [&g, rates, fallback](const PlanRank& from, const PlanRank& to,
-                                       const PlanAction& a) {
+    c.transfer = [&g, rates, fallback, gpu](const PlanRank& from, const PlanRank& to,
+                                            const PlanAction& a) {
+        if (gpu) return fallback.transfer(from, to, a); // the profile's links
         double bytes = static_cast<double>(g.stages[static_cast<size_t>(a.stage)].boundary_bytes);
         double t = rates->transfer(from.host == to.host ? "inprocess" : "ucx-tcp", bytes);
         return t >= 0 ? t : fallback.transfer(from, to, a);
@@ -412,6 +432,7 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         return own + collective(g.replica_group(r), op, bytes, fallback.reduction(r, a));
     };
     c.step_barrier = true;
+    if (gpu) return c; // a device per rank
     c.threads = [threads](const PlanRank&) { return threads; };
     c.speed = [rates](double busy) { return rates->sharing(busy); };
     c.cores = cal.cores;

@@ -4,9 +4,13 @@
 
 #include "kernels/cpu/ops.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 namespace dist::kernels {
 
@@ -220,6 +224,24 @@ class CpuBackend final : public Backend {
 Backend& cpu_backend() {
     static CpuBackend backend;
     return backend;
+}
+
+// The host: its processor's model name and its memory.
+Backend::Description Backend::describe() const {
+    Description d{"an unknown CPU", static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                                        static_cast<int64_t>(::sysconf(_SC_PAGE_SIZE))};
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("model name", 0) == 0) {
+            auto colon = line.find(':');
+            if (colon == std::string::npos) continue;
+            std::string s = line.substr(colon + 1);
+            s.erase(0, s.find_first_not_of(' '));
+            d.model = s;
+            break;
+        }
+    return d;
 }
 
 } // namespace dist::kernels

@@ -25,6 +25,11 @@ class CudaBackend final : public Backend {
         run(cuda::pci_bus_id(index_, id));
         return id;
     }
+    Description describe() const override {
+        Description d;
+        run(cuda::device_model(index_, d.model, d.memory_bytes));
+        return d;
+    }
 
     void matmul_forward(const float* inp, const float* weight, const float* bias, int64_t N,
                         int64_t C, int64_t OC, float* out) override {

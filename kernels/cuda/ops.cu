@@ -263,6 +263,14 @@ std::string pci_bus_id(int index, std::string& out) {
     return {};
 }
 
+std::string device_model(int index, std::string& name, int64_t& bytes) {
+    cudaDeviceProp prop{};
+    DIST_CUDA(cudaGetDeviceProperties(&prop, index));
+    name = prop.name;
+    bytes = static_cast<int64_t>(prop.totalGlobalMem);
+    return {};
+}
+
 std::string set_device(int index) {
     DIST_CUDA(cudaSetDevice(index));
     return {};

@@ -163,6 +163,8 @@ std::string cross_entropy_part_backward(const float* logits, const int32_t* targ
 
 /// The PCI bus id of device `index` ("0000:19:00.0"), the same in every process of the host.
 std::string pci_bus_id(int index, std::string& out);
+/// Device `index`'s name ("NVIDIA H200") and its global memory in bytes.
+std::string device_model(int index, std::string& name, int64_t& bytes);
 /// Makes `index` the calling thread's current device (kernels launch on the current device).
 std::string set_device(int index);
 /// Waits for the kernels queued on the current device's default stream (where the ops above

@@ -6,6 +6,8 @@
 #include "actors/plan/lower.hpp"
 #include "actors/sim/calibrated.hpp"
 #include "actors/sim/simulate.hpp"
+#include "cli/commands.hpp"
+#include "kernels/devices.hpp"
 #include "lang/check.hpp"
 #include "lang/hardware.hpp"
 #include "tests/common/checked_script.hpp"
@@ -19,6 +21,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <unistd.h>
 
 using namespace dist;
@@ -265,10 +268,12 @@ TEST(SharedCores, AReductionsThreadsShareTheCoresWithTheCompute) {
         const auto i = static_cast<size_t>(r.rank);
         for (size_t k = 0; k < actions.size(); ++k) {
             const ActionKind kind = actions[k].kind;
-            if (kind == ActionKind::backward)
+            if (kind == ActionKind::backward) {
                 EXPECT_NEAR(t.end[i][k], r.tp == 0 ? 12.0 : 17.0, 1e-9) << "rank " << r.rank;
-            if (kind == ActionKind::step)
+            }
+            if (kind == ActionKind::step) {
                 EXPECT_NEAR(t.start[i][k], r.tp == 0 ? 14.0 : 18.0, 1e-9) << "rank " << r.rank;
+            }
         }
     }
 }
@@ -351,7 +356,8 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     TempDir dir("quick");
     fs::create_directories(dir.path / "hardware");
     fs::path file = dir.path / "hardware" / "quick.toml";
-    Result r = run(std::string(DIST_BINARY) + " calibrate --quick --out " + file.string());
+    Result r =
+        run(std::string(DIST_BINARY) + " calibrate --quick --device cpu --out " + file.string());
     ASSERT_EQ(r.status, 0) << r.out;
     EXPECT_NE(r.out.find("calibrate: matmuls"), std::string::npos) << r.out; // progress
     EXPECT_NE(r.out.find("`devices: quick` finds it"), std::string::npos) << r.out;
@@ -435,6 +441,74 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     ASSERT_GT(passes, 0);
     ASSERT_GT(reductions, 0);
     EXPECT_GE(update - last_backward, (reductions + passes) * (1 - 1e-9));
+}
+
+// `dist calibrate --device cuda` measures a GPU through its Backend; here the CPU's stands in
+// for GPU 0 (no GPU on the machines that run every test). The profile it writes is a GPU's: a
+// host of devices, kernels at one rank per device, NCCL's collectives named as not measured on
+// one GPU; and the simulator gives each rank its device, so a rank's forward takes as long
+// beside a second rank as alone, where ranks sharing a CPU's cores would slow each other.
+TEST(Calibrate, AGpuCalibrationIsAProfileOfDevicesThatPricesEachRankAlone) {
+    TempDir dir("gpu");
+    fs::create_directories(dir.path / "hardware");
+    fs::path file = dir.path / "hardware" / "stand.toml";
+    kernels::set_backend_for({kernels::Device::Kind::cuda, 0}, &kernels::cpu_backend());
+    cli::CalibrateOptions o;
+    o.out = file.string();
+    o.quick = true;
+    o.device = "cuda";
+    std::ostringstream out, err;
+    const int status = cli::run_calibrate(o, out, err);
+    kernels::set_backend_for({kernels::Device::Kind::cuda, 0}, nullptr);
+    ASSERT_EQ(status, 0) << out.str() << err.str();
+    EXPECT_NE(err.str().find("calibrate: matmuls"), std::string::npos) << err.str();
+    lang::SourceManager sources;
+    lang::Diagnostics diags;
+    auto p = lang::load_profile(file, sources, diags);
+    ASSERT_TRUE(p.has_value()) << diags.render(sources);
+    const Calibration& c = p->calibration;
+    EXPECT_TRUE(c.gpu());
+    EXPECT_FALSE(p->cpu()); // `devices: stand` places ranks on GPUs
+    EXPECT_EQ(p->devices_per_host, 1);
+    EXPECT_GT(p->memory_bytes, 0);
+    EXPECT_GT(p->peak_flops_f32, 0);
+    EXPECT_GT(p->memory_bandwidth, 0);
+    EXPECT_TRUE(c.sharing.empty());
+    EXPECT_TRUE(c.collectives.empty());
+    std::map<std::string, std::set<std::array<int64_t, 3>>> grid;
+    for (const MatmulRate& m : c.matmul) {
+        EXPECT_EQ(m.threads, 1);
+        EXPECT_GT(m.flops, 0);
+        grid[m.kernel].insert({m.m, m.n, m.k});
+    }
+    ASSERT_EQ(grid.size(), 3u);
+    for (const auto& [kernel, shapes] : grid) EXPECT_EQ(shapes.size(), 8u) << kernel;
+    std::set<std::string> ops;
+    for (const StreamRate& e : c.elementwise) ops.insert(e.op);
+    for (const char* op : {"layernorm", "gelu", "cross_entropy", "copy", "adamw", "embedding"})
+        EXPECT_TRUE(ops.count(op)) << op;
+    std::ifstream in(file);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("# not measured: collectives: one GPU"), std::string::npos) << text;
+
+    // One rank per device: two data-parallel ranks, each with the microbatch one rank had
+    // alone, take as long for their forward as the one rank did.
+    auto forward = [&](int64_t dp) {
+        Program q = checked("gpt_tiny.dist",
+                            {"mesh.dp=" + std::to_string(dp),
+                             "train.batch=" + std::to_string(8 * dp), "schedule.microbatches=1"});
+        q.mesh.profile = *p;
+        Graph g = *lower(q).graph;
+        sim::SimResult res = sim::simulate(g, q);
+        EXPECT_TRUE(res.ok());
+        if (!res.ok()) return -1.0;
+        for (const sim::Span& sp : res.timeline->ranks[0].spans)
+            if (g.ranks[0].actions[sp.action].kind == ActionKind::forward) return sp.end - sp.start;
+        return -1.0;
+    };
+    const double one = forward(1), two = forward(2);
+    EXPECT_GT(one, 0);
+    EXPECT_NEAR(two, one, 1e-12 + 1e-9 * one);
 }
 
 TEST(Calibrate, RefusesAnOutputThatIsNotAProfile) {

@@ -275,7 +275,7 @@ TEST(Repl, ExplainSetsApartTheWaitForACoreWhereRanksOutnumberTheCores) {
     Result guess = run_in(dir.path, "repl " + src + "/examples/gpt_tiny.dist", "run 2\n", "");
     ASSERT_EQ(guess.status, 0) << guess.out;
     EXPECT_NE(guess.out.find("the cpu profile is a datasheet guess, not this machine: `dist "
-                             "calibrate --out"),
+                             "calibrate --device cpu --out"),
               std::string::npos)
         << guess.out;
 }

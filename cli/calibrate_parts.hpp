@@ -1,0 +1,87 @@
+// calibrate_parts.hpp: what `dist calibrate` measures on a CPU and on a GPU alike (calibrate.cpp,
+// calibrate_gpu.cpp): the progress line, the UCX transfers, the whole-action probes and their
+// fit, and the profile's number formats.
+#pragma once
+
+#include "actors/plan/graph.hpp"
+#include "lang/program.hpp"
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace dist::cli::calibration {
+
+using Clock = std::chrono::steady_clock;
+
+/// Seconds since `t0`.
+double since(Clock::time_point t0);
+/// `n` floats drawn uniformly from [-scale, scale] (a fixed seed).
+std::vector<float> filled(int64_t n, float scale = 0.01f);
+/// A TOML float with four significant digits.
+std::string number(double x);
+/// A TOML string's contents: quotes and backslashes escaped, control characters dropped.
+std::string escaped(const std::string& s);
+/// Now, as "2026-12-03T10:06:30Z".
+std::string utc_now();
+
+/// One line on stderr that says what is being measured (redrawn on a terminal, a line per
+/// new step elsewhere).
+class Progress {
+  public:
+    Progress(std::ostream& err, int total);
+    void tick(const std::string& what);
+    void end();
+
+  private:
+    std::ostream& err_;
+    int total_, done_ = 0;
+    bool tty_;
+    std::string last_;
+};
+
+/// One-way seconds of messages of each size through the in-process fabric (idle, and with
+/// `cores` threads computing), UCX over shared memory and UCX over TCP on the loopback; a
+/// transport that cannot start is named in `skipped`.
+std::vector<TransferSample> measure_transfers(int32_t cores, const std::vector<int64_t>& message,
+                                              Progress& progress,
+                                              std::vector<std::string>& skipped);
+/// Latency (the smallest message) and bandwidth (between the two largest) of `transport`.
+LinkSpec link_of(const std::vector<TransferSample>& samples, const std::string& transport);
+
+/// Whole actions against their kernels (see fit_actions).
+struct ActionFit {
+    std::array<double, 4> scale{1, 1, 1, 1}; // forward blocks, forward ends, backward ...
+    std::array<double, 2> overhead{0, 0};    // seconds per block: forward, backward
+    std::vector<std::string> probes; // "width 128, 64 tokens: F 1.2 ms (kernels 1.1 ms) ..."
+};
+
+struct Probe {
+    int width, rows, layers;
+    std::optional<Program> program;
+    std::optional<plan::Graph> graph;
+    double forward = 0, backward = 0; // measured seconds per microbatch
+};
+
+/// Trains small GPTs on one rank of `devices` (a profile name: `cpu`, or a GPU's) and times
+/// their forwards and backwards; run first, on a quiet process.
+std::vector<Probe> run_probes(bool quick, const std::string& devices, Progress& progress,
+                              std::vector<std::string>& skipped);
+/// The probes' actions against their kernels' prediction from `cal` on `threads` threads.
+ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, int32_t threads);
+
+} // namespace dist::cli::calibration
+
+namespace dist::cli {
+
+struct CalibrateOptions;
+/// `dist calibrate` on the first GPU of `gpus` (calibrate_gpu.cpp), written to c.out as
+/// profile `name`.
+int run_calibrate_gpu(const CalibrateOptions& c, const std::string& name, int gpus,
+                      std::ostream& out, std::ostream& err);
+
+} // namespace dist::cli
