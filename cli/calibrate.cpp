@@ -760,6 +760,59 @@ LinkSpec link_of(const std::vector<TransferSample>& samples, const std::string& 
     return l;
 }
 
+void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<std::string>& skipped) {
+    for (const std::string& line : fit.probes) o << "#   " << line << "\n";
+    o << "scales = [" << number(fit.scale[0]) << ", " << number(fit.scale[1]) << ", "
+      << number(fit.scale[2]) << ", " << number(fit.scale[3])
+      << "] # forward: blocks, ends; backward: blocks, ends\n"
+      << "block_overhead = [" << number(fit.overhead[0]) << ", " << number(fit.overhead[1])
+      << "] # seconds per block: forward, backward\n";
+    for (const std::string& s : skipped) o << "# not measured: " << s << "\n";
+}
+
+void write_kernels(std::ostream& o, const std::string& where, const std::vector<MatmulRate>& mm,
+                   const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt) {
+    o << "# FLOP/s of out (m, n) = op(A) (m, k) op(B) (k, n): nt a forward, nn an input\n"
+      << "# gradient, tn a weight gradient, " << where << ".\n"
+      << "matmul = [\n";
+    for (const MatmulRate& r : mm)
+        o << "  { kernel = \"" << r.kernel << "\", m = " << r.m << ", n = " << r.n
+          << ", k = " << r.k << ", threads = " << r.threads << ", flops = " << number(r.flops)
+          << " },\n";
+    o << "]\n"
+      << "# FLOP/s of causal attention (4 seq^2 heads head_dim forward, twice that backward).\n"
+      << "attention = [\n";
+    for (const AttentionRate& r : att)
+        o << "  { seq = " << r.seq << ", head_dim = " << r.head_dim << ", threads = " << r.threads
+          << ", forward = " << number(r.forward) << ", backward = " << number(r.backward)
+          << " },\n";
+    o << "]\n"
+      << "# Elements per second of each element-wise kernel, forward and whole backward.\n"
+      << "elementwise = [\n";
+    for (const StreamRate& r : elt)
+        o << "  { op = \"" << r.op << "\", elements = " << r.elements << ", threads = " << r.threads
+          << ", forward = " << number(r.forward) << ", backward = " << number(r.backward)
+          << " },\n";
+    o << "]\n";
+}
+
+void write_rows(std::ostream& o, const std::string& transfer_note,
+                const std::vector<TransferSample>& transfers, const std::string& collective_note,
+                const std::vector<CollectiveSample>& collectives) {
+    o << "# " << transfer_note << "\n"
+      << "transfer = [\n";
+    for (const TransferSample& t : transfers)
+        o << "  { transport = \"" << t.transport << "\", bytes = " << t.bytes
+          << ", seconds = " << number(t.seconds) << " },\n";
+    o << "]\n"
+      << "# " << collective_note << "\n"
+      << "collective = [\n";
+    for (const CollectiveSample& c : collectives)
+        o << "  { backend = \"" << c.backend << "\", op = \"" << c.op << "\", ranks = " << c.ranks
+          << ", bytes = " << c.bytes << ", seconds = " << number(c.seconds) << " },\n";
+    o << "]\n";
+}
+
 std::string profile_text(const std::string& name, const std::string& command, int32_t cores,
                          double took, const ActionFit& fit, const std::vector<MatmulRate>& mm,
                          const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt,
@@ -816,36 +869,9 @@ std::string profile_text(const std::string& name, const std::string& command, in
       << "# Whole actions of small GPTs trained on one rank, beside their kernels' prediction\n"
       << "# from the rates below: a block costs its kernels and a fixed time more, the ends\n"
       << "# (embeddings, head and loss) their kernels scaled, fitted by least squares:\n";
-    for (const std::string& line : fit.probes) o << "#   " << line << "\n";
-    o << "scales = [" << number(fit.scale[0]) << ", " << number(fit.scale[1]) << ", "
-      << number(fit.scale[2]) << ", " << number(fit.scale[3])
-      << "] # forward: blocks, ends; backward: blocks, ends\n"
-      << "block_overhead = [" << number(fit.overhead[0]) << ", " << number(fit.overhead[1])
-      << "] # seconds per block: forward, backward\n";
-    for (const std::string& s : skipped) o << "# not measured: " << s << "\n";
-    o << "# FLOP/s of out (m, n) = op(A) (m, k) op(B) (k, n): nt a forward, nn an input\n"
-      << "# gradient, tn a weight gradient, on `threads` OpenMP threads.\n"
-      << "matmul = [\n";
-    for (const MatmulRate& r : mm)
-        o << "  { kernel = \"" << r.kernel << "\", m = " << r.m << ", n = " << r.n
-          << ", k = " << r.k << ", threads = " << r.threads << ", flops = " << number(r.flops)
-          << " },\n";
-    o << "]\n"
-      << "# FLOP/s of causal attention (4 seq^2 heads head_dim forward, twice that backward).\n"
-      << "attention = [\n";
-    for (const AttentionRate& r : att)
-        o << "  { seq = " << r.seq << ", head_dim = " << r.head_dim << ", threads = " << r.threads
-          << ", forward = " << number(r.forward) << ", backward = " << number(r.backward)
-          << " },\n";
-    o << "]\n"
-      << "# Elements per second of each element-wise kernel, forward and whole backward.\n"
-      << "elementwise = [\n";
-    for (const StreamRate& r : elt)
-        o << "  { op = \"" << r.op << "\", elements = " << r.elements << ", threads = " << r.threads
-          << ", forward = " << number(r.forward) << ", backward = " << number(r.backward)
-          << " },\n";
-    o << "]\n"
-      << "# `threads` single-threaded matmul workers at once: each one's speed against one alone.\n"
+    write_fit(o, fit, skipped);
+    write_kernels(o, "on `threads` OpenMP threads", mm, att, elt);
+    o << "# `threads` single-threaded matmul workers at once: each one's speed against one alone.\n"
       << "sharing = [\n";
     for (const SharingPoint& s : sharing)
         o << "  { threads = " << s.threads << ", speed = " << number(s.speed) << " },\n";
@@ -854,20 +880,14 @@ std::string profile_text(const std::string& name, const std::string& command, in
         o << "# How long a thread runs before another waiting for its core has a turn (seconds):\n"
           << "# the OS scheduler's time slice, seen by two threads held to one core.\n"
           << "slice = " << number(slice) << "\n";
-    o << "# One-way seconds of a message (half an activation's round trip with its gradient).\n"
-      << "transfer = [\n";
-    for (const TransferSample& t : transfers)
-        o << "  { transport = \"" << t.transport << "\", bytes = " << t.bytes
-          << ", seconds = " << number(t.seconds) << " },\n";
-    o << "]\n"
-      << "# Seconds of one collective over `ranks` threads of this process (Gloo: TCP loopback).\n"
-      << "# `bytes`: the buffer reduced, the whole gathered or scattered, or what each member\n"
-      << "# sends to all (all_to_all, an equal share each).\n"
-      << "collective = [\n";
-    for (const CollectiveSample& c : collectives)
-        o << "  { backend = \"" << c.backend << "\", op = \"" << c.op << "\", ranks = " << c.ranks
-          << ", bytes = " << c.bytes << ", seconds = " << number(c.seconds) << " },\n";
-    o << "]\n";
+    write_rows(o,
+               "One-way seconds of a message (half an activation's round trip with its "
+               "gradient).",
+               transfers,
+               "Seconds of one collective over `ranks` threads of this process (Gloo: TCP "
+               "loopback).\n# `bytes`: the buffer reduced, the whole gathered or scattered, or "
+               "what each member\n# sends to all (all_to_all, an equal share each).",
+               collectives);
     return o.str();
 }
 

@@ -408,46 +408,13 @@ int run_calibrate_gpu(const CalibrateOptions& c, const std::string& name, int gp
       << "seconds = " << number(since(t0)) << "\n"
       << "# Whole actions of small GPTs trained on the first GPU, beside their kernels'\n"
       << "# prediction from the rates below, fitted as for a CPU:\n";
-    for (const std::string& line : fit.probes) o << "#   " << line << "\n";
-    o << "scales = [" << number(fit.scale[0]) << ", " << number(fit.scale[1]) << ", "
-      << number(fit.scale[2]) << ", " << number(fit.scale[3])
-      << "] # forward: blocks, ends; backward: blocks, ends\n"
-      << "block_overhead = [" << number(fit.overhead[0]) << ", " << number(fit.overhead[1])
-      << "] # seconds per block: forward, backward\n";
-    for (const std::string& s : skipped) o << "# not measured: " << s << "\n";
-    o << "# FLOP/s of out (m, n) = op(A) (m, k) op(B) (k, n) on the device: nt a forward, nn an\n"
-      << "# input gradient, tn a weight gradient.\n"
-      << "matmul = [\n";
-    for (const MatmulRate& r : mm)
-        o << "  { kernel = \"" << r.kernel << "\", m = " << r.m << ", n = " << r.n
-          << ", k = " << r.k << ", threads = 1, flops = " << number(r.flops) << " },\n";
-    o << "]\n"
-      << "# FLOP/s of causal attention (4 seq^2 heads head_dim forward, twice that backward).\n"
-      << "attention = [\n";
-    for (const AttentionRate& r : att)
-        o << "  { seq = " << r.seq << ", head_dim = " << r.head_dim
-          << ", threads = 1, forward = " << number(r.forward)
-          << ", backward = " << number(r.backward) << " },\n";
-    o << "]\n"
-      << "# Elements per second of each element-wise kernel, forward and whole backward.\n"
-      << "elementwise = [\n";
-    for (const StreamRate& r : elt)
-        o << "  { op = \"" << r.op << "\", elements = " << r.elements
-          << ", threads = 1, forward = " << number(r.forward)
-          << ", backward = " << number(r.backward) << " },\n";
-    o << "]\n"
-      << "# One-way seconds of a message between two threads of the host (UCX: its loopback).\n"
-      << "transfer = [\n";
-    for (const TransferSample& t : transfers)
-        o << "  { transport = \"" << t.transport << "\", bytes = " << t.bytes
-          << ", seconds = " << number(t.seconds) << " },\n";
-    o << "]\n"
-      << "# Seconds of one NCCL collective over `ranks` GPUs of this host, one thread each.\n"
-      << "collective = [\n";
-    for (const CollectiveSample& s : collectives)
-        o << "  { backend = \"" << s.backend << "\", op = \"" << s.op << "\", ranks = " << s.ranks
-          << ", bytes = " << s.bytes << ", seconds = " << number(s.seconds) << " },\n";
-    o << "]\n";
+    write_fit(o, fit, skipped);
+    write_kernels(o, "on the device", mm, att, elt);
+    write_rows(o,
+               "One-way seconds of a message between two threads of the host (UCX: its loopback).",
+               transfers,
+               "Seconds of one NCCL collective over `ranks` GPUs of this host, one thread each.",
+               collectives);
     std::string e = models::write_file_atomically(c.out, {o.str()});
     if (!e.empty()) {
         err << "error: " << e << "\n";

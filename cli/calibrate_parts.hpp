@@ -74,6 +74,15 @@ std::vector<Probe> run_probes(bool quick, const std::string& devices, Progress& 
 /// The probes' actions against their kernels' prediction from `cal` on `threads` threads.
 ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, int32_t threads);
 
+/// The profile's rows: the probes' fit and what was not measured; the kernels (`where`: on
+/// what they ran); the transfers and the collectives, each list after its one comment.
+void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<std::string>& skipped);
+void write_kernels(std::ostream& o, const std::string& where, const std::vector<MatmulRate>& mm,
+                   const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt);
+void write_rows(std::ostream& o, const std::string& transfer_note,
+                const std::vector<TransferSample>& transfers, const std::string& collective_note,
+                const std::vector<CollectiveSample>& collectives);
+
 } // namespace dist::cli::calibration
 
 namespace dist::cli {
