@@ -518,6 +518,19 @@ TEST(Calibrate, RefusesAnOutputThatIsNotAProfile) {
     r = run(std::string(DIST_BINARY) + " calibrate --quick --out /nonexistent/dir/x.toml");
     EXPECT_EQ(r.status, 1);
     EXPECT_NE(r.out.find("no folder"), std::string::npos) << r.out;
+    // A GPU's calibration has no cores to choose; without a GPU it says so and writes nothing.
+    TempDir dir("nogpu");
+    const fs::path file = dir.path / "g.toml";
+    r = run(std::string(DIST_BINARY) + " calibrate --device cuda --cores 2 --out " + file.string());
+    EXPECT_EQ(r.status, 2);
+    EXPECT_NE(r.out.find("a GPU's calibration has no cores to choose"), std::string::npos) << r.out;
+    if (kernels::gpu_count() == 0) {
+        r = run(std::string(DIST_BINARY) + " calibrate --quick --device cuda --out " +
+                file.string());
+        EXPECT_EQ(r.status, 1);
+        EXPECT_NE(r.out.find("error: --device cuda: "), std::string::npos) << r.out;
+    }
+    EXPECT_FALSE(fs::exists(file));
 }
 
 // A datasheet profile may give its matmul efficiency by model width; the points must be
