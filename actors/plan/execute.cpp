@@ -664,22 +664,18 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                 }
             }
         }
-        // The collectives entered now start, beside the compute now busy; the ranks waiting
-        // for them look again.
-        {
-            std::map<int32_t, double> computing;
-            for (size_t r = 0; r < n; ++r)
-                if (run[r].on && run[r].left > 0 && t.start[r][t.stopped_at[r]] <= now)
-                    computing[g.ranks[r].host] += run[r].threads;
-            if (dp.settle(now, computing)) continue;
-        }
-        // The threads busy on each host (the collectives' apart), and the next event.
-        std::map<int32_t, double> busy, comm = dp.threads_at(now);
+        // The threads busy on each host (the collectives' apart).
+        std::map<int32_t, double> busy;
         std::vector<bool> busy_now(n, false);
         for (size_t r = 0; r < n; ++r) {
             busy_now[r] = run[r].on && run[r].left > 0 && t.start[r][t.stopped_at[r]] <= now;
             if (busy_now[r]) busy[g.ranks[r].host] += run[r].threads;
         }
+        // The collectives entered now start beside them; the ranks waiting for them look again.
+        if (dp.settle(now, busy)) continue;
+        // The next event.
+        std::erase_if(dp.running, [&](const Collectives::Running& c) { return c.end <= now; });
+        std::map<int32_t, double> comm = dp.threads_at(now);
         if (queues)
             for (size_t r : queues->place(busy_now, now)) {
                 // A compute action's span begins when its thread first has a core (not a
