@@ -321,6 +321,27 @@ TEST(Rates, AProfileWithABadCalibrationRowIsRefusedWhereItIs) {
     std::string report = diags.render(sources);
     EXPECT_NE(report.find("bad.toml:19:65:"), std::string::npos) << report;
     EXPECT_NE(report.find("`flops` must be a positive number"), std::string::npos) << report;
+
+    // A calibration names what it measured; a GPU's is of a host of devices.
+    auto refused = [&](const std::string& calibration, const std::string& why) {
+        std::ofstream(file) << "name = \"bad\"\n"
+                               "[compute]\npeak_flops_f32 = 1e11\npeak_flops_bf16 = 1e11\n"
+                               "[memory]\nbytes = 1000000000\nbandwidth = 1e10\n"
+                               "[links.intra_host]\nbandwidth = 1e10\nlatency = 1e-6\n"
+                               "[links.inter_host]\nbandwidth = 1e9\nlatency = 1e-5\n"
+                               "[calibration]\ncommand = \"x\"\ndate = \"y\"\ncores = 2\n"
+                            << calibration
+                            << "\nmatmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, "
+                               "threads = 1, flops = 1e10 } ]\n";
+        lang::SourceManager s;
+        lang::Diagnostics d;
+        EXPECT_FALSE(lang::load_profile(file, s, d).has_value()) << calibration;
+        EXPECT_NE(d.render(s).find(why), std::string::npos) << d.render(s);
+    };
+    refused("device = \"tpu\"",
+            "bad.toml:18:10: error: `calibration.device` is \"cpu\" or \"cuda\"");
+    refused("device = \"cuda\"", "a calibration of a GPU needs `[host] devices`");
+    refused("", "a calibration of a CPU needs its `matmul` and `sharing` rows");
 }
 
 // A count or a size that is not whole is refused where it is written, not truncated: a
