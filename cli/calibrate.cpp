@@ -585,13 +585,13 @@ std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& pla
 
 // A real step's actions cost more than their kernels: buffers allocated and freed, data that
 // has left the caches since it was written, the units' bookkeeping. Small GPTs train a few steps
-// on one rank with all the cores (synthetic tokens), and each forward and backward is set beside
-// the kernels' prediction from the rates just measured. Probes of one block and of four tell the
-// blocks from the ends (embeddings, head and loss): measured = scale_blocks x blocks' kernels +
-// scale_ends x ends' kernels, fitted by least squares, for forwards and backwards apart.
+// on one rank (with all the cores, and again with one thread), and each forward and backward is
+// set beside the kernels' prediction from the rates just measured. Probes of one block and of
+// four tell a fixed cost per block from the kernels' scale: measured = scale x kernels +
+// overhead x blocks, fitted by least squares, for forwards and backwards apart.
 // Trains the probes; run first, on a quiet process (before the transports' threads exist).
-std::vector<Probe> run_probes(bool quick, const std::string& devices, Progress& progress,
-                              std::vector<std::string>& skipped) {
+std::vector<Probe> run_probes(bool quick, const std::string& devices, int32_t threads,
+                              Progress& progress, std::vector<std::string>& skipped) {
     std::vector<Probe> probes =
         quick ? std::vector<Probe>{{64, 1, 1, {}, {}}}
               : std::vector<Probe>{{128, 8, 1, {}, {}}, {128, 8, 4, {}, {}}, {256, 2, 1, {}, {}},
@@ -623,6 +623,7 @@ std::vector<Probe> run_probes(bool quick, const std::string& devices, Progress& 
             std::vector<double> f_times, b_times;
             runtime::SessionOptions so;
             so.join_launch = false;
+            so.threads = threads;
             so.on_step = [&](const runtime::SessionStep& step) {
                 if (step.metrics.step <= 1 || step.timings.empty()) return true; // warming up
                 double f = 0, b = 0;
@@ -670,6 +671,7 @@ ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, 
     };
     std::vector<Point> fwd, bwd;
     ActionFit fit;
+    fit.threads = threads;
     sim::Rates rates(cal);
     for (const Probe& pr : probes) {
         const Program& p = *pr.program;
@@ -692,31 +694,28 @@ ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, 
                       1e3 * (kb.input + kb.weight + ke.input + ke.weight));
         fit.probes.push_back(line);
     }
-    // A block costs its kernels and a fixed amount more (buffers, bookkeeping); the ends
-    // (embeddings, head, loss) their kernels scaled: least squares of measured - blocks'
-    // kernels = b x ends' kernels + c x blocks. Where that gives a negative coefficient (or
-    // too few probes), one scale for everything.
+    // An action costs its kernels scaled and a fixed amount more per block (buffers,
+    // bookkeeping): least squares of measured = s x kernels + c x blocks. Where that gives a
+    // negative coefficient (or too few probes), the scale alone. The ends (embeddings, head,
+    // loss) are a small part of every probe: a scale of their own is not determined by them.
     auto solve = [](const std::vector<Point>& pts, double& a, double& b, double& c) {
-        double ee = 0, en = 0, nn = 0, ey = 0, ny = 0, stt = 0, stm = 0;
+        double kk = 0, kn = 0, nn = 0, ky = 0, ny = 0;
         for (const Point& q : pts) {
-            const double y = q.measured - q.blocks;
-            ee += q.ends * q.ends;
-            en += q.ends * q.count;
+            const double k = q.blocks + q.ends;
+            kk += k * k;
+            kn += k * q.count;
             nn += q.count * q.count;
-            ey += q.ends * y;
-            ny += q.count * y;
-            stt += (q.blocks + q.ends) * (q.blocks + q.ends);
-            stm += (q.blocks + q.ends) * q.measured;
+            ky += k * q.measured;
+            ny += q.count * q.measured;
         }
-        const double det = ee * nn - en * en;
-        a = 1;
-        if (pts.size() >= 3 && det > 1e-12 * ee * nn) {
-            b = (ey * nn - ny * en) / det;
-            c = (ee * ny - en * ey) / det;
-            if (b > 0 && c >= 0) return;
+        const double det = kk * nn - kn * kn;
+        if (pts.size() >= 3 && det > 1e-12 * kk * nn) {
+            a = b = (ky * nn - ny * kn) / det;
+            c = (kk * ny - kn * ky) / det;
+            if (a > 0 && c >= 0) return;
         }
         c = 0;
-        a = b = stt > 0 ? stm / stt : 1.0;
+        a = b = kk > 0 ? ky / kk : 1.0;
     };
     solve(fwd, fit.scale[0], fit.scale[1], fit.overhead[0]);
     solve(bwd, fit.scale[2], fit.scale[3], fit.overhead[1]);
@@ -760,13 +759,31 @@ LinkSpec link_of(const std::vector<TransferSample>& samples, const std::string& 
     return l;
 }
 
-void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<std::string>& skipped) {
+void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<ActionFit>& fewer,
+               const std::vector<std::string>& skipped) {
+    auto scales = [](const ActionFit& f) {
+        return "[" + number(f.scale[0]) + ", " + number(f.scale[1]) + ", " + number(f.scale[2]) +
+               ", " + number(f.scale[3]) + "]";
+    };
+    auto overhead = [](const ActionFit& f) {
+        return "[" + number(f.overhead[0]) + ", " + number(f.overhead[1]) + "]";
+    };
     for (const std::string& line : fit.probes) o << "#   " << line << "\n";
-    o << "scales = [" << number(fit.scale[0]) << ", " << number(fit.scale[1]) << ", "
-      << number(fit.scale[2]) << ", " << number(fit.scale[3])
-      << "] # forward: blocks, ends; backward: blocks, ends\n"
-      << "block_overhead = [" << number(fit.overhead[0]) << ", " << number(fit.overhead[1])
-      << "] # seconds per block: forward, backward\n";
+    o << "scales = " << scales(fit) << " # forward: blocks, ends; backward: blocks, ends\n"
+      << "block_overhead = " << overhead(fit) << " # seconds per block: forward, backward\n";
+    if (!fewer.empty()) {
+        o << "# The same for a rank of fewer threads (ranks that outnumber the cores), its probes\n"
+          << "# trained with that many:\n";
+        for (const ActionFit& f : fewer)
+            for (const std::string& line : f.probes)
+                o << "#   " << f.threads << (f.threads == 1 ? " thread, " : " threads, ") << line
+                  << "\n";
+        o << "fewer_threads = [\n";
+        for (const ActionFit& f : fewer)
+            o << "  { threads = " << f.threads << ", scales = " << scales(f)
+              << ", block_overhead = " << overhead(f) << " },\n";
+        o << "]\n";
+    }
     for (const std::string& s : skipped) o << "# not measured: " << s << "\n";
 }
 
@@ -814,8 +831,9 @@ void write_rows(std::ostream& o, const std::string& transfer_note,
 }
 
 std::string profile_text(const std::string& name, const std::string& command, int32_t cores,
-                         double took, const ActionFit& fit, const std::vector<MatmulRate>& mm,
-                         const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt,
+                         double took, const ActionFit& fit, const std::vector<ActionFit>& fewer,
+                         const std::vector<MatmulRate>& mm, const std::vector<AttentionRate>& att,
+                         const std::vector<StreamRate>& elt,
                          const std::vector<SharingPoint>& sharing, double slice,
                          const std::vector<TransferSample>& transfers,
                          const std::vector<CollectiveSample>& collectives,
@@ -866,10 +884,10 @@ std::string profile_text(const std::string& name, const std::string& command, in
       << "date = \"" << date << "\"\n"
       << "cores = " << cores << "\n"
       << "seconds = " << number(took) << "\n"
-      << "# Whole actions of small GPTs trained on one rank, beside their kernels' prediction\n"
-      << "# from the rates below: a block costs its kernels and a fixed time more, the ends\n"
-      << "# (embeddings, head and loss) their kernels scaled, fitted by least squares:\n";
-    write_fit(o, fit, skipped);
+      << "# Whole actions of small GPTs trained on one rank with all the cores, beside their\n"
+      << "# kernels' prediction from the rates below: an action costs its kernels scaled and a\n"
+      << "# fixed time more per block, fitted by least squares:\n";
+    write_fit(o, fit, fewer, skipped);
     write_kernels(o, "on `threads` OpenMP threads", mm, att, elt);
     o << "# `threads` single-threaded matmul workers at once: each one's speed against one alone.\n"
       << "sharing = [\n";
@@ -944,11 +962,15 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
                          (3 * plan.grid.size() * plan.grid.size() * plan.grid.size() +
                           plan.seqs.size() * plan.head_dims.size() + 11 * plan.elements.size())) +
         2 * cores + 3 * static_cast<int>(plan.message.size()) * 4 + (c.quick ? 7 : 19) +
+        (cores > 1 ? (c.quick ? 1 : 18) : 0) +                        // the probes on one thread
         static_cast<int>(plan.message.size()) * (cores >= 4 ? 2 : 1); // the all-to-alls
     Progress progress(err, total);
     auto t0 = Clock::now();
     std::vector<std::string> skipped;
-    std::vector<Probe> probes = run_probes(c.quick, "cpu", progress, skipped);
+    // The probes on all the cores (one rank alone), and on one thread (many ranks).
+    std::vector<Probe> probes = run_probes(c.quick, "cpu", cores, progress, skipped);
+    std::vector<Probe> probes_one;
+    if (cores > 1) probes_one = run_probes(c.quick, "cpu", 1, progress, skipped);
     auto mm = measure_matmuls(plan, progress);
     auto att = measure_attention(plan, progress);
     auto elt = measure_elementwise(plan, progress);
@@ -965,12 +987,14 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     measured.sharing = sharing;
     measured.slice_s = slice;
     ActionFit fit = fit_actions(probes, measured, cores);
+    std::vector<ActionFit> fewer;
+    if (!probes_one.empty()) fewer.push_back(fit_actions(probes_one, measured, 1));
     progress.end();
     std::string command = "dist calibrate --out " + c.out + (c.quick ? " --quick" : "") +
                           (c.device == "cpu" ? " --device cpu" : "") +
                           (c.cores > 0 ? " --cores " + std::to_string(c.cores) : "");
-    std::string text = profile_text(name, command, cores, since(t0), fit, mm, att, elt, sharing,
-                                    slice, transfers, collectives, skipped);
+    std::string text = profile_text(name, command, cores, since(t0), fit, fewer, mm, att, elt,
+                                    sharing, slice, transfers, collectives, skipped);
     std::string e = models::write_file_atomically(c.out, {text});
     if (!e.empty()) {
         err << "error: " << e << "\n";

@@ -328,7 +328,7 @@ int run_calibrate_gpu(const CalibrateOptions& c, const std::string& name, int gp
     auto t0 = Clock::now();
     std::vector<std::string> skipped;
     // Any GPU profile places a probe's rank on the first GPU; its figures are not used.
-    std::vector<Probe> probes = run_probes(c.quick, "h100", progress, skipped);
+    std::vector<Probe> probes = run_probes(c.quick, "h100", 0, progress, skipped);
     auto mm = gpu_matmuls(b, plan, progress);
     auto att = gpu_attention(b, plan, progress);
     auto elt = gpu_elementwise(b, plan, progress);
@@ -408,7 +408,7 @@ int run_calibrate_gpu(const CalibrateOptions& c, const std::string& name, int gp
       << "seconds = " << number(since(t0)) << "\n"
       << "# Whole actions of small GPTs trained on the first GPU, beside their kernels'\n"
       << "# prediction from the rates below, fitted as for a CPU:\n";
-    write_fit(o, fit, skipped);
+    write_fit(o, fit, {}, skipped);
     write_kernels(o, "on the device", mm, att, elt);
     write_rows(o,
                "One-way seconds of a message between two threads of the host (UCX: its loopback).",

@@ -55,6 +55,7 @@ LinkSpec link_of(const std::vector<TransferSample>& samples, const std::string& 
 
 /// Whole actions against their kernels (see fit_actions).
 struct ActionFit {
+    int32_t threads = 0;                     // the probes' compute threads
     std::array<double, 4> scale{1, 1, 1, 1}; // forward blocks, forward ends, backward ...
     std::array<double, 2> overhead{0, 0};    // seconds per block: forward, backward
     std::vector<std::string> probes; // "width 128, 64 tokens: F 1.2 ms (kernels 1.1 ms) ..."
@@ -67,16 +68,19 @@ struct Probe {
     double forward = 0, backward = 0; // measured seconds per microbatch
 };
 
-/// Trains small GPTs on one rank of `devices` (a profile name: `cpu`, or a GPU's) and times
-/// their forwards and backwards; run first, on a quiet process.
-std::vector<Probe> run_probes(bool quick, const std::string& devices, Progress& progress,
-                              std::vector<std::string>& skipped);
+/// Trains small GPTs on one rank of `devices` (a profile name: `cpu`, or a GPU's) with
+/// `threads` compute threads (0: the runtime's choice) and times their forwards and backwards;
+/// run first, on a quiet process.
+std::vector<Probe> run_probes(bool quick, const std::string& devices, int32_t threads,
+                              Progress& progress, std::vector<std::string>& skipped);
 /// The probes' actions against their kernels' prediction from `cal` on `threads` threads.
 ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, int32_t threads);
 
-/// The profile's rows: the probes' fit and what was not measured; the kernels (`where`: on
-/// what they ran); the transfers and the collectives, each list after its one comment.
-void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<std::string>& skipped);
+/// The profile's rows: the probes' fit on all the cores, the fits of ranks of fewer threads and
+/// what was not measured; the kernels (`where`: on what they ran); the transfers and the
+/// collectives, each list after its one comment.
+void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<ActionFit>& fewer,
+               const std::vector<std::string>& skipped);
 void write_kernels(std::ostream& o, const std::string& where, const std::vector<MatmulRate>& mm,
                    const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt);
 void write_rows(std::ostream& o, const std::string& transfer_note,

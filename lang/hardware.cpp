@@ -72,6 +72,26 @@ class Reader {
         return *v;
     }
 
+    /// N numbers at `path` (absent: `out` kept), each positive, or at least 0 with `zero`.
+    template <size_t N>
+    void numbers(std::string_view path, std::array<double, N>& out, bool zero,
+                 const std::string& what) {
+        toml::node_view<const toml::node> n = root_.at_path(path);
+        if (!n) return;
+        const toml::array* list = n.as_array();
+        bool good = list && list->size() == N;
+        std::array<double, N> v{};
+        for (size_t i = 0; good && i < N; ++i) {
+            v[i] = (*list)[i].value<double>().value_or(-1.0);
+            good = (zero ? v[i] >= 0 : v[i] > 0) && std::isfinite(v[i]);
+        }
+        if (good)
+            out = v;
+        else
+            diags_.error(node_loc(file_, n.node(), root_),
+                         "`" + std::string(path) + "` must be " + what);
+    }
+
     /// An array of tables at `path` (absent: empty), each read by `row`.
     template <typename Row> void rows(std::string_view path, const Row& row) {
         toml::node_view<const toml::node> n = root_.at_path(path);
@@ -118,28 +138,16 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
     }
     c.cores = count(r, "calibration.cores");
     c.slice_s = r.number("calibration.slice", false);
-    if (const toml::array* scales = root.at_path("calibration.scales").as_array()) {
-        bool good = scales->size() == 4;
-        for (size_t i = 0; good && i < 4; ++i) {
-            std::optional<double> v = (*scales)[i].value<double>();
-            good = v && *v > 0 && std::isfinite(*v);
-            if (good) c.scales[i] = *v;
-        }
-        if (!good)
-            diags.error(node_loc(file, root.at_path("calibration.scales").node(), root),
-                        "`scales` must be four positive numbers");
-    }
-    if (const toml::array* o = root.at_path("calibration.block_overhead").as_array()) {
-        bool good = o->size() == 2;
-        for (size_t i = 0; good && i < 2; ++i) {
-            double v = (*o)[i].value<double>().value_or(-1.0);
-            good = v >= 0 && std::isfinite(v);
-            if (good) c.block_overhead_s[i] = v;
-        }
-        if (!good)
-            diags.error(node_loc(file, root.at_path("calibration.block_overhead").node(), root),
-                        "`block_overhead` must be two numbers of seconds, at least 0");
-    }
+    r.numbers("calibration.scales", c.actions.scales, false, "four positive numbers");
+    r.numbers("calibration.block_overhead", c.actions.block_overhead_s, true,
+              "two numbers of seconds, at least 0");
+    r.rows("calibration.fewer_threads", [&](Reader& t) {
+        WholeActions a;
+        a.threads = count(t, "threads");
+        t.numbers("scales", a.scales, false, "four positive numbers");
+        t.numbers("block_overhead", a.block_overhead_s, true, "two numbers of seconds, at least 0");
+        c.fewer_threads.push_back(a);
+    });
     r.rows("calibration.matmul", [&](Reader& t) {
         c.matmul.push_back({t.string("kernel"), t.whole("m"), t.whole("n"), t.whole("k"),
                             count(t, "threads"), t.number("flops")});
@@ -273,3 +281,32 @@ std::vector<std::filesystem::path> profile_files(const std::vector<std::filesyst
 }
 
 } // namespace dist::lang
+
+namespace dist {
+
+WholeActions Calibration::whole_actions(double threads) const {
+    std::vector<WholeActions> by = fewer_threads;
+    WholeActions all = actions;
+    all.threads = std::max(1, cores);
+    std::erase_if(by, [&](const WholeActions& a) { return a.threads >= all.threads; });
+    by.push_back(all);
+    std::sort(by.begin(), by.end(),
+              [](const WholeActions& a, const WholeActions& b) { return a.threads < b.threads; });
+    if (threads <= by.front().threads) return by.front();
+    for (size_t i = 1; i < by.size(); ++i) {
+        if (threads > by[i].threads) continue;
+        const WholeActions &a = by[i - 1], &b = by[i];
+        const double f = std::log(threads / a.threads) / std::log(1.0 * b.threads / a.threads);
+        WholeActions out;
+        out.threads = static_cast<int32_t>(std::lround(threads));
+        for (size_t k = 0; k < 4; ++k)
+            out.scales[k] = a.scales[k] + f * (b.scales[k] - a.scales[k]);
+        for (size_t k = 0; k < 2; ++k)
+            out.block_overhead_s[k] =
+                a.block_overhead_s[k] + f * (b.block_overhead_s[k] - a.block_overhead_s[k]);
+        return out;
+    }
+    return by.back();
+}
+
+} // namespace dist

@@ -182,6 +182,15 @@ struct CollectiveSample {
     int64_t bytes = 0;
     double seconds = 0;
 };
+/// Whole actions against their kernels (buffers, caches, bookkeeping) on ranks of `threads`
+/// compute threads: what a forward's blocks, its ends (embeddings, head, loss), a backward's
+/// blocks and ends cost per second of their kernels, and a fixed cost per block of a forward
+/// and of a backward (seconds) beyond the scales.
+struct WholeActions {
+    int32_t threads = 0; // 0: the calibration's cores
+    std::array<double, 4> scales{1, 1, 1, 1};
+    std::array<double, 2> block_overhead_s{0, 0};
+};
 struct Calibration {
     std::string command, date;
     /// What was calibrated: "cpu" (ranks share the cores) or "cuda" (a GPU per rank).
@@ -191,12 +200,13 @@ struct Calibration {
     /// The OS scheduler's time slice: how long a thread runs before another that waits for its
     /// core has a turn (seconds; 0: not measured, threads on a core share it evenly).
     double slice_s = 0;
-    /// Whole actions against their kernels (buffers, caches, bookkeeping): what a forward's
-    /// blocks, its ends (embeddings, head, loss), a backward's blocks and ends cost per second
-    /// of their kernels.
-    std::array<double, 4> scales{1, 1, 1, 1};
-    /// And a fixed cost per block of a forward and of a backward (seconds), beyond the scales.
-    std::array<double, 2> block_overhead_s{0, 0};
+    /// Whole actions against their kernels, for a rank on all the cores.
+    WholeActions actions;
+    /// The same for ranks of fewer threads (`calibration.fewer_threads`), by thread count.
+    std::vector<WholeActions> fewer_threads;
+    /// The fit for a rank of `threads` threads: the measured one of that count, else
+    /// interpolated in log threads between the nearest two (the nearest outside them).
+    WholeActions whole_actions(double threads) const;
     std::vector<MatmulRate> matmul;
     std::vector<AttentionRate> attention;
     std::vector<StreamRate> elementwise;

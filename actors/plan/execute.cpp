@@ -555,6 +555,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
         double left = 0, total = 0; // seconds of work alone on the host
         double not_before = 0;      // ZeRO 3: cannot end before its last unit has arrived
         double threads = 1;
+        double wait = 0; // off the core once the work is done (ExecCosts::compute_wait)
     };
     std::vector<Running> run(n);
     Exchanges ex(g, costs);
@@ -577,7 +578,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                     const PlanAction& a = rank.actions[pos];
                     if (is_compute(a.kind) || a.kind == ActionKind::step) {
                         double compute = costs.compute(rank, a);
-                        double not_before = 0;
+                        double not_before = 0, wait = 0;
                         if (a.kind == ActionKind::step) {
                             double done = dp.all_done(rank);
                             if (done < 0) break;
@@ -604,19 +605,26 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                                 // Its first piece now; the others after its all-to-alls.
                                 compute = cut[r].begin(pos, compute, k, gate.not_before);
                                 gate.not_before = 0;
+                            } else if (costs.compute_wait) {
+                                wait = std::clamp(costs.compute_wait(rank, a), 0.0, compute);
                             }
                             if (gate.start > now) {
                                 // Not yet: the gather's first unit arrives later (the gate
                                 // is taken; keep it for when the rank wakes).
                                 wakes.insert(gate.start);
-                                run[r] = {true, compute, compute, gate.not_before,
-                                          costs.threads(rank)};
+                                run[r] = {true,
+                                          compute - wait,
+                                          compute - wait,
+                                          gate.not_before,
+                                          costs.threads(rank),
+                                          wait};
                                 t.start[r][pos] = gate.start;
                                 break;
                             }
                             not_before = gate.not_before;
                         }
-                        run[r] = {true, compute, compute, not_before, costs.threads(rank)};
+                        run[r] = {true,       compute - wait,      compute - wait,
+                                  not_before, costs.threads(rank), wait};
                         t.start[r][pos] = now;
                         break;
                     }
@@ -721,6 +729,11 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
             if (!run[r].on || run[r].left > 0 || run[r].not_before > now ||
                 t.start[r][t.stopped_at[r]] > now)
                 continue;
+            if (run[r].wait > 0) { // its work done, it waits off the core
+                run[r].not_before = now + run[r].wait;
+                run[r].wait = 0;
+                continue;
+            }
             run[r].on = false;
             if (!cut[r].open()) {
                 t.end[r][t.stopped_at[r]++] = now;

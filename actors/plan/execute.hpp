@@ -51,6 +51,10 @@ struct ExecCosts {
     /// does before the norm): idle time, not part of STEP's span, which is the update alone.
     /// Unset: none.
     std::function<double(const PlanRank& rank)> step_before;
+    /// Of a compute action's seconds, those its thread waits for others inside it, off its
+    /// core (the hand-overs of tensor-parallel collectives): with shared cores they neither
+    /// stretch nor take a share of a core; they end the action. Unset: none.
+    std::function<double(const PlanRank& rank, const PlanAction& a)> compute_wait;
 };
 
 /// Zero for everything: the verifier's execution.

@@ -261,7 +261,10 @@ std::string Job::run(const JobOptions& options) {
     caf::actor_system& sys = *net.sys;
     net.options = options;
     int cores = std::max(1, omp_get_num_procs() / std::max(1, cluster_.local_processes));
-    int threads = std::max(1, cores / static_cast<int>(std::max<size_t>(1, executors_.size())));
+    int threads =
+        options.threads > 0
+            ? options.threads
+            : std::max(1, cores / static_cast<int>(std::max<size_t>(1, executors_.size())));
     if (cluster_.processes == 1) // a fresh coordinator for every run
         net.coordinator = spawn_coordinator(net);
     else if (net.ran)

@@ -117,6 +117,9 @@ struct JobOptions {
     int64_t end_step = 0;   // exclusive
     /// No action completed on any rank for this long ends the run.
     std::chrono::milliseconds watchdog = std::chrono::minutes(2);
+    /// Each rank's compute threads; 0: the process's share of the cores divided between its
+    /// ranks (what the simulator assumes).
+    int threads = 0;
     /// After every step, on the thread that called run() (never inside an actor), while every
     /// rank waits; returning false stops the run (after that step). What it throws ends the run
     /// as a failure "after step N: ...".

@@ -395,6 +395,7 @@ SessionError Session::run() {
     JobOptions jo;
     jo.first_step = s.first;
     jo.end_step = s.last;
+    jo.threads = s.options.threads;
     if (s.lead()) jo.on_step = [&s](const StepReport& rep) { return s.handle(rep); };
     std::string error = s.job->run(jo);
     if (error.empty()) error = s.failure;

@@ -59,6 +59,8 @@ struct SessionOptions {
     bool join_launch = true;
     /// Keep the final weights (weights()), gathered from every process at the last step.
     bool keep_weights = false;
+    /// Each rank's compute threads; 0: the cores divided between the process's ranks.
+    int threads = 0;
     /// After every step (process 0 only), before its checkpoint; false stops the run after
     /// this step (a checkpoint is saved then too). What it throws ends the run.
     std::function<bool(const SessionStep&)> on_step;

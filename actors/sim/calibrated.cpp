@@ -266,8 +266,9 @@ StageSeconds stage_seconds(const Program& p, const plan::PlanStage& s, const Rat
     ends.blocks = 0;
     StageSeconds kb = kernel_seconds(p, blocks, r, threads);
     StageSeconds ke = kernel_seconds(p, ends, r, threads);
-    const std::array<double, 4>& c = r.calibration().scales;
-    const std::array<double, 2>& o = r.calibration().block_overhead_s;
+    const WholeActions fit = r.calibration().whole_actions(threads);
+    const std::array<double, 4>& c = fit.scales;
+    const std::array<double, 2>& o = fit.block_overhead_s;
     const double blocks_n = s.blocks;
     StageSeconds out;
     out.forward = c[0] * kb.forward + c[1] * ke.forward + o[0] * blocks_n;

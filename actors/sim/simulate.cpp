@@ -433,6 +433,21 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     };
     c.step_barrier = true;
     if (gpu) return c; // a device per rank
+    // A tensor-parallel all-reduce's hand-over (its time at the smallest size measured) is the
+    // members waiting for each other, off their cores; the rest is the copies and sums.
+    c.compute_wait = [&g, collective](const PlanRank& r, const PlanAction& a) {
+        const PlanStage& s = g.stages[static_cast<size_t>(a.stage)];
+        if (s.tp_reductions == 0 ||
+            (a.kind != ActionKind::forward && a.kind != ActionKind::backward_input &&
+             a.kind != ActionKind::backward))
+            return 0.0;
+        std::vector<int32_t> tp_group;
+        for (int32_t k = 0; k < g.tp; ++k) tp_group.push_back(g.rank_of(r.dp, r.pp, k, r.cp));
+        const double bytes = static_cast<double>(s.tp_reduction_bytes);
+        const double hand_over = std::min(collective(tp_group, "all_reduce", 1.0, -1.0),
+                                          collective(tp_group, "all_reduce", bytes, -1.0));
+        return hand_over > 0 ? s.tp_reductions * hand_over : 0.0;
+    };
     c.threads = [threads](const PlanRank&) { return threads; };
     c.speed = [rates](double busy) { return rates->sharing(busy); };
     c.cores = cal.cores;

@@ -156,6 +156,40 @@ TEST(SharedCores, TwoRanksOnOneCoreTakeTwiceAsLong) {
     EXPECT_NEAR(eb, 2 * ea, 1e-9);
 }
 
+// A tensor-parallel collective's hand-over is a wait off the core: the rank that waits leaves
+// the core to the others. Two ranks on one core, rank 0's forward 2 s of which 1 s waiting,
+// rank 1's 3 s of work. Worked by hand: both run at half speed until rank 0's one second of
+// work is done at 2; it waits until 3 while rank 1 has the core alone and ends at 4. Were the
+// wait work on the core, rank 0 would end at 4 and rank 1 at 5.
+TEST(SharedCores, AWaitInsideAnActionLeavesTheCoreToTheOthers) {
+    Graph g = planned(checked("gpt_tiny.dist", {"mesh.dp=2", "schedule.microbatches=1"}));
+    ExecCosts c = distinct_costs();
+    c.compute = [](const PlanRank& r, const PlanAction& a) {
+        if (a.kind != ActionKind::forward) return 0.0;
+        return r.rank == 0 ? 2.0 : 3.0;
+    };
+    c.reduction = [](const PlanRank&, const PlanAction&) { return 0.0; };
+    c.threads = [](const PlanRank&) { return 1.0; };
+    c.speed = [](double threads) { return 1.0 / std::max(1.0, threads); };
+    auto forward_end = [&](const ExecTimes& t, size_t r) {
+        const auto& acts = g.ranks[r].actions;
+        for (size_t i = 0; i < acts.size(); ++i)
+            if (acts[i].kind == ActionKind::forward) return t.end[r][i];
+        return -1.0;
+    };
+    ExecTimes worked = execute(g, c);
+    ASSERT_TRUE(worked.complete);
+    EXPECT_NEAR(forward_end(worked, 0), 4.0, 1e-9);
+    EXPECT_NEAR(forward_end(worked, 1), 5.0, 1e-9);
+    c.compute_wait = [](const PlanRank& r, const PlanAction& a) {
+        return r.rank == 0 && a.kind == ActionKind::forward ? 1.0 : 0.0;
+    };
+    ExecTimes waited = execute(g, c);
+    ASSERT_TRUE(waited.complete);
+    EXPECT_NEAR(forward_end(waited, 0), 3.0, 1e-9);
+    EXPECT_NEAR(forward_end(waited, 1), 4.0, 1e-9);
+}
+
 // A stage whose neighbour idles runs alone at full speed: with pp 2 on one core, the first
 // forward (only rank 0 busy) takes its time alone, the overlapped middle is stretched.
 TEST(SharedCores, OnlyOverlappingWorkIsStretched) {
@@ -344,6 +378,54 @@ TEST(Rates, AProfileWithABadCalibrationRowIsRefusedWhereItIs) {
     refused("", "a calibration of a CPU needs its `matmul` and `sharing` rows");
 }
 
+// Whole actions are fitted for a rank on all the cores and for ranks of fewer threads; a rank
+// gets the fit of its thread count, between two measured counts the mean weighted by log threads
+// (a rank of 2 threads on 4 cores lies halfway between 1 and 4), outside them the nearest.
+TEST(Rates, WholeActionsFollowTheRanksThreads) {
+    Calibration c;
+    c.cores = 4;
+    c.actions.scales = {2, 2, 3, 3};
+    c.actions.block_overhead_s = {0.004, 0.008};
+    c.fewer_threads.push_back({1, {1, 1, 1, 1}, {0.001, 0.002}});
+    auto at = [&](double threads) { return c.whole_actions(threads); };
+    EXPECT_EQ(at(1).scales, c.fewer_threads[0].scales);
+    EXPECT_EQ(at(1).block_overhead_s, c.fewer_threads[0].block_overhead_s);
+    EXPECT_EQ(at(0.5).scales, c.fewer_threads[0].scales);
+    EXPECT_EQ(at(4).scales, c.actions.scales);
+    EXPECT_EQ(at(16).block_overhead_s, c.actions.block_overhead_s);
+    WholeActions two = at(2);
+    EXPECT_NEAR(two.scales[0], 1.5, 1e-12);
+    EXPECT_NEAR(two.scales[3], 2.0, 1e-12);
+    EXPECT_NEAR(two.block_overhead_s[0], 0.0025, 1e-15);
+    EXPECT_NEAR(two.block_overhead_s[1], 0.005, 1e-15);
+    // Without rows for fewer threads, every rank has the one fit.
+    c.fewer_threads.clear();
+    EXPECT_EQ(at(1).scales, c.actions.scales);
+
+    // A row of the profile that is not a fit is refused where it is written.
+    TempDir dir("fewer");
+    fs::path file = dir.path / "fewer.toml";
+    std::ofstream(file) << "name = \"fewer\"\n"
+                           "[compute]\npeak_flops_f32 = 1e11\npeak_flops_bf16 = 1e11\n"
+                           "[memory]\nbytes = 1000000000\nbandwidth = 1e10\n"
+                           "[links.intra_host]\nbandwidth = 1e10\nlatency = 1e-6\n"
+                           "[links.inter_host]\nbandwidth = 1e9\nlatency = 1e-5\n"
+                           "[calibration]\ncommand = \"x\"\ndate = \"y\"\ncores = 2\n"
+                           "matmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, "
+                           "flops = 1e10 } ]\n"
+                           "sharing = [ { threads = 2, speed = 0.9 } ]\n"
+                           "fewer_threads = [\n"
+                           "  { threads = 1, scales = [1.0, 1.0, 1.0], block_overhead = [0, 0] },\n"
+                           "]\n";
+    lang::SourceManager sources;
+    lang::Diagnostics diags;
+    EXPECT_FALSE(lang::load_profile(file, sources, diags).has_value());
+    std::string report = diags.render(sources);
+    EXPECT_NE(report.find("fewer.toml:21:27: error: `scales` must be four positive numbers"),
+              std::string::npos)
+        << report;
+}
+
 // A count or a size that is not whole is refused where it is written, not truncated: a
 // 64.5-row attention block would otherwise price as 64; 8e10 bytes is whole and loads.
 TEST(Rates, AProfileWithAFractionalCountIsRefusedWhereItIs) {
@@ -422,6 +504,13 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     // The datasheet fields come from the measurements.
     EXPECT_GT(p->peak_flops_f32, 0);
     EXPECT_GT(p->memory_bandwidth, 0);
+    // The probes trained on all the cores and, where there are several, on one thread.
+    ASSERT_EQ(c.fewer_threads.size(), c.cores > 1 ? 1u : 0u);
+    for (const WholeActions& a : c.fewer_threads) {
+        EXPECT_EQ(a.threads, 1);
+        for (double s : a.scales) EXPECT_GT(s, 0);
+        for (double o : a.block_overhead_s) EXPECT_GE(o, 0);
+    }
 
     // Found by name through DIST_PATH; a deeper model takes longer, on the same rates.
     std::string sim = "DIST_PATH=" + dir.path.string() + " " + DIST_BINARY + " sim " +
@@ -462,6 +551,23 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     ASSERT_GT(passes, 0);
     ASSERT_GT(reductions, 0);
     EXPECT_GE(update - last_backward, (reductions + passes) * (1 - 1e-9));
+
+    // Two pipeline stages on two cores are ranks of one thread: they are priced with the
+    // one-thread fit (a larger fixed cost per block there lengthens their step), one rank on
+    // both cores with the other (its step does not move).
+    if (c.cores == 2) {
+        auto step = [&](const HardwareProfile& hw, int32_t pp) {
+            Program q = checked("gpt_tiny.dist", {"mesh.pp=" + std::to_string(pp)});
+            q.mesh.profile = hw;
+            sim::SimResult res = sim::simulate(*lower(q).graph, q);
+            EXPECT_TRUE(res.ok());
+            return res.ok() ? res.timeline->makespan : 0.0;
+        };
+        HardwareProfile slower = *p;
+        for (double& o : slower.calibration.fewer_threads[0].block_overhead_s) o += 1e-3;
+        EXPECT_GT(step(slower, 2), step(*p, 2) + 1e-3);
+        EXPECT_DOUBLE_EQ(step(slower, 1), step(*p, 1));
+    }
 }
 
 // `dist calibrate --device cuda` measures a GPU through its Backend; here the CPU's stands in
