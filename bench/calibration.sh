@@ -9,8 +9,11 @@
 # pipeline schedule at pp 2. ROUNDS (default 3) rounds of every mesh, one after another, each
 # round's measured step shown. `dist calibrate` keeps the fastest of its measurements (the
 # machine undisturbed), so the prediction is set beside the fastest round, and beside the
-# median of the rounds to show what the machine's other load adds. Prints a markdown table
-# and, last, how many are within 10% and the worst ratios.
+# median of the rounds to show what the machine's other load adds. CALIBRATE=each calibrates
+# again before every round and sets each round beside its own prediction (a shared machine's
+# speed drifts over minutes: a calibration in a fast spell and rounds in a slow one move every
+# prediction alike); the default, once, calibrates first only. Prints a markdown table and,
+# last, how many are within 10% and the worst ratios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dist=$(realpath "${1:-build/bin/dist}")
@@ -18,11 +21,15 @@ rounds=${ROUNDS:-3}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/hardware"
-if [[ -n "${PROFILE:-}" ]]; then
-    cp "$PROFILE" "$tmp/hardware/here.toml"
-else
-    "$dist" calibrate --device cpu --out "$tmp/hardware/here.toml" >&2
-fi
+calibrate_each=${CALIBRATE:-once}
+calibrate() {
+    if [[ -n "${PROFILE:-}" ]]; then
+        cp "$PROFILE" "$tmp/hardware/here.toml"
+    else
+        "$dist" calibrate --device cpu --out "$tmp/hardware/here.toml" >&2
+    fi
+}
+calibrate
 export DIST_PATH="$tmp"
 py=/usr/bin/python3
 
@@ -56,9 +63,12 @@ import json, re, sys
 rnd, index, label, width, tmp = sys.argv[1:]
 steps = sorted(json.loads(l)["step_time_s"] for l in open(f"{tmp}/m.jsonl"))[5:]
 bubble = float(re.search(r"bubble: measured ([0-9.]+)%", open(f"{tmp}/run.txt").read()).group(1))
+sim = json.load(open(f"{tmp}/sim.{index}.json"))
 with open(f"{tmp}/runs.jsonl", "a") as f:
     f.write(json.dumps({"round": int(rnd), "index": int(index), "label": label, "width": int(width),
-                        "step": steps[len(steps) // 2], "bubble": bubble}) + "\n")
+                        "step": steps[len(steps) // 2], "bubble": bubble,
+                        "predicted": sim["step_time_s"],
+                        "predicted_bubble": 100 * sim["bubble_fraction"]}) + "\n")
 PY
 }
 
@@ -66,6 +76,10 @@ PY
 # machine slows the meshes of one round, not of every round.
 for round in $(seq "$rounds"); do
     echo "calibration.sh: round $round of $rounds" >&2
+    if [[ $calibrate_each == each && $round -gt 1 ]]; then
+        calibrate
+        rm -f "$tmp"/sim.*.json
+    fi
     index=0
     for width in 128 512; do
         while IFS=';' read -r label overrides; do
@@ -78,26 +92,27 @@ done
 import json, statistics, sys
 tmp = sys.argv[1]
 runs = [json.loads(l) for l in open(f"{tmp}/runs.jsonl")]
-print("| mesh | width | measured step (ms), each round | fastest round | median of rounds | "
-      "predicted step (ms) | predicted / fastest | predicted / median | measured bubble | "
-      "predicted bubble | bubble gap (points) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+# Each round beside its own prediction (the same for every round unless CALIBRATE=each).
+print("| mesh | width | measured step (ms), each round | predicted (ms), each round | "
+      "predicted / measured, each round | fastest round: predicted / measured | median of the "
+      "ratios | measured bubble | predicted bubble | bubble gap (points) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 rows = []
 for index in sorted({r["index"] for r in runs}):
-    mine = [r for r in runs if r["index"] == index]
-    sim = json.load(open(f"{tmp}/sim.{index}.json"))
+    mine = sorted((r for r in runs if r["index"] == index), key=lambda r: r["round"])
+    ratios = [r["predicted"] / r["step"] for r in mine]
     fastest = min(mine, key=lambda r: r["step"])
-    median = statistics.median(r["step"] for r in mine)
-    predicted = sim["step_time_s"]
-    gap = 100 * sim["bubble_fraction"] - fastest["bubble"]
+    at_fastest = fastest["predicted"] / fastest["step"]
+    median = statistics.median(ratios)
+    gap = fastest["predicted_bubble"] - fastest["bubble"]
     label = f"{mine[0]['label']} {mine[0]['width']}"
-    rows.append((predicted / fastest["step"], predicted / median, gap, label))
+    rows.append((at_fastest, median, gap, label))
     print(f"| {mine[0]['label']} | {mine[0]['width']} | "
-          f"{', '.join('%.1f' % (r['step'] * 1e3) for r in mine)} | {fastest['step'] * 1e3:.1f} | "
-          f"{median * 1e3:.1f} | {predicted * 1e3:.1f} | {predicted / fastest['step']:.2f} | "
-          f"{predicted / median:.2f} | {fastest['bubble']:.1f}% | "
-          f"{100 * sim['bubble_fraction']:.1f}% | {gap:+.1f} |")
-for name, k in (("the fastest round", 0), ("the median of the rounds", 1)):
+          f"{', '.join('%.1f' % (r['step'] * 1e3) for r in mine)} | "
+          f"{', '.join('%.1f' % (r['predicted'] * 1e3) for r in mine)} | "
+          f"{', '.join('%.2f' % x for x in ratios)} | {at_fastest:.2f} | {median:.2f} | "
+          f"{fastest['bubble']:.1f}% | {fastest['predicted_bubble']:.1f}% | {gap:+.1f} |")
+for name, k in (("the fastest round", 0), ("the median of the rounds' ratios", 1)):
     errors = sorted((abs(r[k] - 1), r[k], r[3]) for r in rows)
     print(f"\nagainst {name}: {sum(e <= 0.10 for e, *_ in errors)} of {len(errors)} within 10% "
           f"of the measured step, {sum(e <= 0.15 for e, *_ in errors)} within 15%; worst: "

@@ -335,17 +335,26 @@ TEST(Rates, InterpolateBetweenMeasuredShapesAndClampOutside) {
     EXPECT_NEAR(r.sharing(8), 0.45 * 4 / 8, 1e-12); // beyond the measured: the cores divided
 }
 
+namespace {
+
+// The first 17 lines of a calibrated CPU profile named `name`, up to `[calibration]`'s cores.
+std::string calibrated_head(const std::string& name) {
+    return "name = \"" + name + "\"\n" +
+           std::string("[compute]\npeak_flops_f32 = 1e11\npeak_flops_bf16 = 1e11\n"
+                       "[memory]\nbytes = 1000000000\nbandwidth = 1e10\n"
+                       "[links.intra_host]\nbandwidth = 1e10\nlatency = 1e-6\n"
+                       "[links.inter_host]\nbandwidth = 1e9\nlatency = 1e-5\n"
+                       "[calibration]\ncommand = \"x\"\ndate = \"y\"\ncores = 2\n");
+}
+
+} // namespace
+
 TEST(Rates, AProfileWithABadCalibrationRowIsRefusedWhereItIs) {
     TempDir dir("bad");
     fs::path file = dir.path / "bad.toml";
     std::ofstream(file)
-        << "name = \"bad\"\n"
-           "[compute]\npeak_flops_f32 = 1e11\npeak_flops_bf16 = 1e11\n"
-           "[memory]\nbytes = 1000000000\nbandwidth = 1e10\n"
-           "[links.intra_host]\nbandwidth = 1e10\nlatency = 1e-6\n"
-           "[links.inter_host]\nbandwidth = 1e9\nlatency = 1e-5\n"
-           "[calibration]\ncommand = \"x\"\ndate = \"y\"\ncores = 2\n"
-           "matmul = [\n"
+        << calibrated_head("bad")
+        << "matmul = [\n"
            "  { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, flops = -1.0 },\n"
            "]\n"
            "sharing = [ { threads = 2, speed = 0.9 } ]\n";
@@ -358,13 +367,7 @@ TEST(Rates, AProfileWithABadCalibrationRowIsRefusedWhereItIs) {
 
     // A calibration names what it measured; a GPU's is of a host of devices.
     auto refused = [&](const std::string& calibration, const std::string& why) {
-        std::ofstream(file) << "name = \"bad\"\n"
-                               "[compute]\npeak_flops_f32 = 1e11\npeak_flops_bf16 = 1e11\n"
-                               "[memory]\nbytes = 1000000000\nbandwidth = 1e10\n"
-                               "[links.intra_host]\nbandwidth = 1e10\nlatency = 1e-6\n"
-                               "[links.inter_host]\nbandwidth = 1e9\nlatency = 1e-5\n"
-                               "[calibration]\ncommand = \"x\"\ndate = \"y\"\ncores = 2\n"
-                            << calibration
+        std::ofstream(file) << calibrated_head("bad") << calibration
                             << "\nmatmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, "
                                "threads = 1, flops = 1e10 } ]\n";
         lang::SourceManager s;
@@ -405,13 +408,8 @@ TEST(Rates, WholeActionsFollowTheRanksThreads) {
     // A row of the profile that is not a fit is refused where it is written.
     TempDir dir("fewer");
     fs::path file = dir.path / "fewer.toml";
-    std::ofstream(file) << "name = \"fewer\"\n"
-                           "[compute]\npeak_flops_f32 = 1e11\npeak_flops_bf16 = 1e11\n"
-                           "[memory]\nbytes = 1000000000\nbandwidth = 1e10\n"
-                           "[links.intra_host]\nbandwidth = 1e10\nlatency = 1e-6\n"
-                           "[links.inter_host]\nbandwidth = 1e9\nlatency = 1e-5\n"
-                           "[calibration]\ncommand = \"x\"\ndate = \"y\"\ncores = 2\n"
-                           "matmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, "
+    std::ofstream(file) << calibrated_head("fewer")
+                        << "matmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, "
                            "flops = 1e10 } ]\n"
                            "sharing = [ { threads = 2, speed = 0.9 } ]\n"
                            "fewer_threads = [\n"
