@@ -22,6 +22,10 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/hardware"
 calibrate_each=${CALIBRATE:-once}
+if [[ $calibrate_each != once && $calibrate_each != each ]]; then
+    echo "calibration.sh: CALIBRATE is once or each, not '$calibrate_each'" >&2
+    exit 2
+fi
 calibrate() {
     if [[ -n "${PROFILE:-}" ]]; then
         cp "$PROFILE" "$tmp/hardware/here.toml"

@@ -48,6 +48,7 @@
 #include <regex>
 #include <sstream>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace dist::cli::calibration {
@@ -667,7 +668,7 @@ std::vector<Probe> run_probes(bool quick, const std::string& devices, int32_t th
 
 ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, int32_t threads) {
     struct Point {
-        double blocks, ends, count, measured; // kernels' seconds, blocks, the action's seconds
+        double kernels, count, measured; // the kernels' seconds, blocks, the action's seconds
     };
     std::vector<Point> fwd, bwd;
     ActionFit fit;
@@ -683,25 +684,26 @@ ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, 
         sim::StageSeconds kb = sim::stage_seconds(p, blocks, rates, threads, false);
         sim::StageSeconds ke = sim::stage_seconds(p, ends, rates, threads, false);
         const double count = g.stages[0].blocks;
-        fwd.push_back({kb.forward, ke.forward, count, pr.forward});
-        bwd.push_back({kb.input + kb.weight, ke.input + ke.weight, count, pr.backward});
+        fwd.push_back({kb.forward + ke.forward, count, pr.forward});
+        bwd.push_back({kb.input + kb.weight + ke.input + ke.weight, count, pr.backward});
         char line[200];
         std::snprintf(line, sizeof line,
                       "width %d, %d tokens, %d blocks: F %.3f ms (kernels %.3f), B %.3f ms "
                       "(kernels %.3f)",
                       pr.width, pr.rows * 64, pr.layers, 1e3 * fwd.back().measured,
-                      1e3 * (kb.forward + ke.forward), 1e3 * bwd.back().measured,
-                      1e3 * (kb.input + kb.weight + ke.input + ke.weight));
+                      1e3 * fwd.back().kernels, 1e3 * bwd.back().measured,
+                      1e3 * bwd.back().kernels);
         fit.probes.push_back(line);
     }
     // An action costs its kernels scaled and a fixed amount more per block (buffers,
     // bookkeeping): least squares of measured = s x kernels + c x blocks. Where that gives a
     // negative coefficient (or too few probes), the scale alone. The ends (embeddings, head,
     // loss) are a small part of every probe: a scale of their own is not determined by them.
-    auto solve = [](const std::vector<Point>& pts, double& a, double& b, double& c) {
+    // The scale and the cost per block; the profile's blocks' and ends' scales are both the one.
+    auto solve = [](const std::vector<Point>& pts) -> std::pair<double, double> {
         double kk = 0, kn = 0, nn = 0, ky = 0, ny = 0;
         for (const Point& q : pts) {
-            const double k = q.blocks + q.ends;
+            const double k = q.kernels;
             kk += k * k;
             kn += k * q.count;
             nn += q.count * q.count;
@@ -710,15 +712,15 @@ ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, 
         }
         const double det = kk * nn - kn * kn;
         if (pts.size() >= 3 && det > 1e-12 * kk * nn) {
-            a = b = (ky * nn - ny * kn) / det;
-            c = (kk * ny - kn * ky) / det;
-            if (a > 0 && c >= 0) return;
+            const double scale = (ky * nn - ny * kn) / det, per_block = (kk * ny - kn * ky) / det;
+            if (scale > 0 && per_block >= 0) return {scale, per_block};
         }
-        c = 0;
-        a = b = kk > 0 ? ky / kk : 1.0;
+        return {kk > 0 ? ky / kk : 1.0, 0.0};
     };
-    solve(fwd, fit.scale[0], fit.scale[1], fit.overhead[0]);
-    solve(bwd, fit.scale[2], fit.scale[3], fit.overhead[1]);
+    std::tie(fit.scale[0], fit.overhead[0]) = solve(fwd);
+    std::tie(fit.scale[2], fit.overhead[1]) = solve(bwd);
+    fit.scale[1] = fit.scale[0];
+    fit.scale[3] = fit.scale[2];
     return fit;
 }
 
@@ -970,7 +972,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     // The probes on all the cores (one rank alone), and on one thread (many ranks).
     std::vector<Probe> probes = run_probes(c.quick, "cpu", cores, progress, skipped);
     std::vector<Probe> probes_one;
-    if (cores > 1) probes_one = run_probes(c.quick, "cpu", 1, progress, skipped);
+    if (cores > 1 && !probes.empty()) probes_one = run_probes(c.quick, "cpu", 1, progress, skipped);
     auto mm = measure_matmuls(plan, progress);
     auto att = measure_attention(plan, progress);
     auto elt = measure_elementwise(plan, progress);

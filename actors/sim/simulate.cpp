@@ -358,9 +358,15 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         return collective({r.rank, partner}, "all_reduce", static_cast<double>(g.tied_bytes),
                           modelled);
     };
+    // One all-reduce of the rank's tensor-parallel group, as measured (-1: not measured).
+    auto tp_all_reduce = [&g, collective](const PlanRank& r, double bytes) {
+        std::vector<int32_t> tp_group;
+        for (int32_t k = 0; k < g.tp; ++k) tp_group.push_back(g.rank_of(r.dp, r.pp, k, r.cp));
+        return collective(tp_group, "all_reduce", bytes, -1.0);
+    };
     const double mem_bw = pr.mem_bw;
-    c.compute = [&g, fallback, seconds, rates, threads, collective, mem_bw](const PlanRank& r,
-                                                                            const PlanAction& a) {
+    c.compute = [&g, fallback, seconds, rates, threads, tp_all_reduce,
+                 mem_bw](const PlanRank& r, const PlanAction& a) {
         if (a.kind == ActionKind::step) {
             // The optimizer's kernels on the rank's share of its parameters, with the
             // communication the link model prices.
@@ -371,11 +377,9 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         }
         const PlanStage& s = g.stages[static_cast<size_t>(a.stage)];
         const StageSeconds& t = (*seconds)[static_cast<size_t>(a.stage)];
-        std::vector<int32_t> tp_group;
-        for (int32_t k = 0; k < g.tp; ++k) tp_group.push_back(g.rank_of(r.dp, r.pp, k, r.cp));
-        double tp = s.tp_reductions * collective(tp_group, "all_reduce",
-                                                 static_cast<double>(s.tp_reduction_bytes), -1.0);
-        if (tp < 0) tp = 0;
+        const double tp =
+            s.tp_reductions *
+            std::max(0.0, tp_all_reduce(r, static_cast<double>(s.tp_reduction_bytes)));
         switch (a.kind) {
         case ActionKind::forward: return t.forward + tp;
         case ActionKind::backward_input: return t.input + tp;
@@ -435,17 +439,14 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     if (gpu) return c; // a device per rank
     // A tensor-parallel all-reduce's hand-over (its time at the smallest size measured) is the
     // members waiting for each other, off their cores; the rest is the copies and sums.
-    c.compute_wait = [&g, collective](const PlanRank& r, const PlanAction& a) {
+    c.compute_wait = [&g, tp_all_reduce](const PlanRank& r, const PlanAction& a) {
         const PlanStage& s = g.stages[static_cast<size_t>(a.stage)];
         if (s.tp_reductions == 0 ||
             (a.kind != ActionKind::forward && a.kind != ActionKind::backward_input &&
              a.kind != ActionKind::backward))
             return 0.0;
-        std::vector<int32_t> tp_group;
-        for (int32_t k = 0; k < g.tp; ++k) tp_group.push_back(g.rank_of(r.dp, r.pp, k, r.cp));
-        const double bytes = static_cast<double>(s.tp_reduction_bytes);
-        const double hand_over = std::min(collective(tp_group, "all_reduce", 1.0, -1.0),
-                                          collective(tp_group, "all_reduce", bytes, -1.0));
+        const double hand_over = std::min(
+            tp_all_reduce(r, 1.0), tp_all_reduce(r, static_cast<double>(s.tp_reduction_bytes)));
         return hand_over > 0 ? s.tp_reductions * hand_over : 0.0;
     };
     c.threads = [threads](const PlanRank&) { return threads; };

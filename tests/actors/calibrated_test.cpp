@@ -347,6 +347,14 @@ std::string calibrated_head(const std::string& name) {
                        "[calibration]\ncommand = \"x\"\ndate = \"y\"\ncores = 2\n");
 }
 
+// What loading a profile that must be refused reports.
+std::string refusal(const fs::path& file) {
+    lang::SourceManager sources;
+    lang::Diagnostics diags;
+    EXPECT_FALSE(lang::load_profile(file, sources, diags).has_value()) << file;
+    return diags.render(sources);
+}
+
 } // namespace
 
 TEST(Rates, AProfileWithABadCalibrationRowIsRefusedWhereItIs) {
@@ -358,10 +366,7 @@ TEST(Rates, AProfileWithABadCalibrationRowIsRefusedWhereItIs) {
            "  { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, flops = -1.0 },\n"
            "]\n"
            "sharing = [ { threads = 2, speed = 0.9 } ]\n";
-    lang::SourceManager sources;
-    lang::Diagnostics diags;
-    EXPECT_FALSE(lang::load_profile(file, sources, diags).has_value());
-    std::string report = diags.render(sources);
+    std::string report = refusal(file);
     EXPECT_NE(report.find("bad.toml:19:65:"), std::string::npos) << report;
     EXPECT_NE(report.find("`flops` must be a positive number"), std::string::npos) << report;
 
@@ -370,10 +375,8 @@ TEST(Rates, AProfileWithABadCalibrationRowIsRefusedWhereItIs) {
         std::ofstream(file) << calibrated_head("bad") << calibration
                             << "\nmatmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, "
                                "threads = 1, flops = 1e10 } ]\n";
-        lang::SourceManager s;
-        lang::Diagnostics d;
-        EXPECT_FALSE(lang::load_profile(file, s, d).has_value()) << calibration;
-        EXPECT_NE(d.render(s).find(why), std::string::npos) << d.render(s);
+        const std::string report = refusal(file);
+        EXPECT_NE(report.find(why), std::string::npos) << calibration << "\n" << report;
     };
     refused("device = \"tpu\"",
             "bad.toml:18:10: error: `calibration.device` is \"cpu\" or \"cuda\"");
@@ -415,10 +418,7 @@ TEST(Rates, WholeActionsFollowTheRanksThreads) {
                            "fewer_threads = [\n"
                            "  { threads = 1, scales = [1.0, 1.0, 1.0], block_overhead = [0, 0] },\n"
                            "]\n";
-    lang::SourceManager sources;
-    lang::Diagnostics diags;
-    EXPECT_FALSE(lang::load_profile(file, sources, diags).has_value());
-    std::string report = diags.render(sources);
+    std::string report = refusal(file);
     EXPECT_NE(report.find("fewer.toml:21:27: error: `scales` must be four positive numbers"),
               std::string::npos)
         << report;
