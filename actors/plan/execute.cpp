@@ -556,6 +556,13 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
         double not_before = 0;      // ZeRO 3: cannot end before its last unit has arrived
         double threads = 1;
         double wait = 0; // off the core once the work is done (ExecCosts::compute_wait)
+        // Pieces between the meetings of a tensor-parallel group (ExecCosts::meets): meetings
+        // in the action and those passed, each later piece's seconds, the hand-over after each
+        // meeting, and the earliest the last piece may end. Meeting: at one, off the core until
+        // every member is; handing: after one, off the core for the hand-over.
+        int32_t meets = 0, met = 0;
+        double piece = 0, hand_over = 0, end_not_before = 0;
+        bool meeting = false, handing = false;
     };
     std::vector<Running> run(n);
     Exchanges ex(g, costs);
@@ -564,6 +571,31 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
     std::set<double> wakes;               // future times at which a waiting rank may go on
     std::unique_ptr<CoreQueues> queues;
     if (costs.cores >= 1) queues = std::make_unique<CoreQueues>(g, costs);
+    // A tensor-parallel group's members meet inside their actions where they queue for cores.
+    auto meets_in = [&](size_t r, const PlanAction& a) -> int32_t {
+        if (!costs.meets || !queues || !queues->covers(r) || g.tp < 2) return 0;
+        return std::max(0, costs.meets(g.ranks[r], a));
+    };
+    auto start_pieces = [&](size_t r, const PlanAction& a, double compute, double wait,
+                            double not_before) {
+        const int32_t k = meets_in(r, a);
+        Running& x = run[r];
+        x = {};
+        x.on = true;
+        x.threads = costs.threads(g.ranks[r]);
+        x.meets = k;
+        x.piece = (compute - wait) / static_cast<double>(k + 1);
+        x.hand_over = wait / static_cast<double>(k);
+        x.end_not_before = not_before;
+        x.left = x.total = x.piece;
+    };
+    auto tp_group = [&](size_t r) {
+        const PlanRank& me = g.ranks[r];
+        std::vector<size_t> out;
+        for (int32_t k = 0; k < g.tp; ++k)
+            out.push_back(static_cast<size_t>(g.rank_of(me.dp, me.pp, k, me.cp)));
+        return out;
+    };
     double now = 0;
     dp.shared = true;
     while (true) {
@@ -619,6 +651,11 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                                           costs.threads(rank),
                                           wait};
                                 t.start[r][pos] = gate.start;
+                                break;
+                            }
+                            if (!cut[r].open() && meets_in(r, a) > 0) {
+                                start_pieces(r, a, compute, wait, gate.not_before);
+                                t.start[r][pos] = now;
                                 break;
                             }
                             not_before = gate.not_before;
@@ -690,7 +727,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                 // later piece of one cut by its all-to-alls).
                 const size_t at = t.stopped_at[r];
                 const ActionKind k = g.ranks[r].actions[at].kind;
-                if ((is_compute(k) || k == ActionKind::step) &&
+                if ((is_compute(k) || k == ActionKind::step) && run[r].met == 0 &&
                     (!cut[r].open() || at == static_cast<size_t>(cut[r].at))) {
                     t.core_wait[r][at] = now - t.start[r][at];
                     t.start[r][at] = now;
@@ -705,7 +742,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
         };
         double next = std::numeric_limits<double>::infinity();
         for (size_t r = 0; r < n; ++r) {
-            if (!run[r].on) continue;
+            if (!run[r].on || run[r].meeting) continue;
             double began = t.start[r][t.stopped_at[r]];
             if (began > now) continue; // waiting for its gate (a wake)
             double done = run[r].left > 0 ? now + run[r].left / speed_of(r) : now;
@@ -729,6 +766,34 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
             if (!run[r].on || run[r].left > 0 || run[r].not_before > now ||
                 t.start[r][t.stopped_at[r]] > now)
                 continue;
+            if (run[r].handing) { // the hand-over is over: the next piece
+                run[r].handing = false;
+                run[r].left = run[r].total = run[r].piece;
+                continue;
+            }
+            if (run[r].meeting || run[r].met < run[r].meets) { // a meeting of its group
+                if (!run[r].meeting) {
+                    run[r].meeting = true;
+                    ++run[r].met;
+                }
+                const std::vector<size_t> group = tp_group(r);
+                const bool all = std::all_of(group.begin(), group.end(), [&](size_t m) {
+                    return run[m].on && run[m].meeting && run[m].met == run[r].met &&
+                           t.stopped_at[m] == t.stopped_at[r];
+                });
+                if (!all) continue;
+                for (size_t m : group) {
+                    run[m].meeting = false;
+                    run[m].handing = true;
+                    run[m].not_before = now + run[m].hand_over;
+                }
+                continue;
+            }
+            if (run[r].end_not_before > now) { // ZeRO 3: its last unit arrives later
+                run[r].not_before = run[r].end_not_before;
+                run[r].end_not_before = 0;
+                continue;
+            }
             if (run[r].wait > 0) { // its work done, it waits off the core
                 run[r].not_before = now + run[r].wait;
                 run[r].wait = 0;

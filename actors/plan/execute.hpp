@@ -55,6 +55,13 @@ struct ExecCosts {
     /// core (the hand-overs of tensor-parallel collectives): with shared cores they neither
     /// stretch nor take a share of a core; they end the action. Unset: none.
     std::function<double(const PlanRank& rank, const PlanAction& a)> compute_wait;
+    /// Times a compute action's thread meets the other members of its tensor-parallel group
+    /// inside it (its all-reduces). Where ranks queue for a host's cores (`cores`), the action
+    /// runs as that many pieces and one more, of equal seconds: after each piece but the last
+    /// its thread leaves its core until every member has finished the same piece, then waits
+    /// its share of compute_wait (the hand-over) off the core, and queues again for the next.
+    /// Unset or 0: one piece, with compute_wait at its end.
+    std::function<int32_t(const PlanRank& rank, const PlanAction& a)> meets;
 };
 
 /// Zero for everything: the verifier's execution.

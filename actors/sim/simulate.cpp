@@ -452,9 +452,16 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     c.threads = [threads](const PlanRank&) { return threads; };
     c.speed = [rates](double busy) { return rates->sharing(busy); };
     c.cores = cal.cores;
-    // Ranks that wait for each other inside an action (tensor and context parallelism) give up
-    // their core at every wait, long before a slice ends: they share it evenly.
-    c.slice = g.tp == 1 && g.cp == 1 ? cal.slice_s : 0.0;
+    // The members of a tensor-parallel group meet at each of its all-reduces, and give up
+    // their cores while they wait there. Context parallelism's ring waits inside its attention
+    // are not cut into pieces: those ranks share each core evenly.
+    c.meets = [&g](const PlanRank&, const PlanAction& a) -> int32_t {
+        if (a.kind != ActionKind::forward && a.kind != ActionKind::backward_input &&
+            a.kind != ActionKind::backward)
+            return 0;
+        return g.stages[static_cast<size_t>(a.stage)].tp_reductions;
+    };
+    c.slice = g.cp == 1 ? cal.slice_s : 0.0;
     return c;
 }
 

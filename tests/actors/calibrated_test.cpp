@@ -276,6 +276,54 @@ TEST(SharedCores, RanksBeyondTheCoresQueueOnACoreAndTakeTurnsOfASlice) {
                 << "rank " << r << " " << to_string(g.ranks[r].actions[i]);
 }
 
+// The two members of a tensor-parallel group queued on one core meet inside their forward
+// (one all-reduce): each runs its first piece, leaves the core while it waits for the other,
+// and queues again after the hand-over. F 2.5 s of which 0.5 s the hand-over, so two pieces of
+// 1 s; a slice longer than the step. Worked by hand: rank 0's first piece runs 0-1, rank 1's
+// 1-2 (its span begins when it first has the core, at 1); both have met at 2, wait off the
+// core to 2.5, and run their second pieces in turn: rank 0 to 3.5, rank 1 to 4.5. Unmet, rank 0
+// runs its 2 s whole and waits to 2.5; rank 1 runs 2-4 and waits to 4.5.
+TEST(SharedCores, ATensorParallelGroupMeetsInsideItsActions) {
+    Graph g = planned(checked("gpt_tiny.dist", {"mesh.tp=2", "schedule.microbatches=1"}));
+    ExecCosts c = distinct_costs();
+    c.compute = [](const PlanRank&, const PlanAction& a) {
+        return a.kind == ActionKind::forward ? 2.5 : 0.0;
+    };
+    c.compute_wait = [](const PlanRank&, const PlanAction& a) {
+        return a.kind == ActionKind::forward ? 0.5 : 0.0;
+    };
+    c.reduction = [](const PlanRank&, const PlanAction&) { return 0.0; };
+    c.threads = [](const PlanRank&) { return 1.0; };
+    c.speed = [](double) { return 1.0; };
+    c.cores = 1;
+    c.slice = 10;
+    auto forward = [&](const ExecTimes& t, size_t r) {
+        const auto& actions = g.ranks[r].actions;
+        for (size_t i = 0; i < actions.size(); ++i)
+            if (actions[i].kind == ActionKind::forward)
+                return std::array{t.start[r][i], t.end[r][i], t.core_wait[r][i]};
+        ADD_FAILURE() << "rank " << r << " has no forward";
+        return std::array{-1.0, -1.0, -1.0};
+    };
+    ExecTimes unmet = execute(g, c);
+    ASSERT_TRUE(unmet.complete);
+    EXPECT_NEAR(forward(unmet, 0)[1], 2.5, 1e-9);
+    EXPECT_NEAR(forward(unmet, 1)[0], 2.0, 1e-9);
+    EXPECT_NEAR(forward(unmet, 1)[1], 4.5, 1e-9);
+    c.meets = [](const PlanRank&, const PlanAction& a) {
+        return a.kind == ActionKind::forward ? 1 : 0;
+    };
+    ExecTimes met = execute(g, c);
+    ASSERT_TRUE(met.complete);
+    const std::array<double, 3> rank0 = forward(met, 0), rank1 = forward(met, 1);
+    EXPECT_NEAR(rank0[0], 0.0, 1e-9);
+    EXPECT_NEAR(rank0[1], 3.5, 1e-9);
+    EXPECT_NEAR(rank1[0], 1.0, 1e-9);
+    EXPECT_NEAR(rank1[1], 4.5, 1e-9);
+    EXPECT_NEAR(rank1[2], 1.0, 1e-9); // its wait for the core before its first piece only
+    EXPECT_EQ(rank0[2], 0.0);
+}
+
 // A data-parallel reduction runs on communication threads that share the cores with the
 // compute. dp 2 x tp 2 on one core, F 1 for every rank, B 2 for the tp-0 ranks and 4 for the
 // tp-1 ranks, a reduction 1 alone (its two members busy). Worked by hand: four threads run the
