@@ -43,6 +43,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <limits>
 #include <optional>
 #include <random>
 #include <regex>
@@ -517,7 +518,9 @@ std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& pla
                                                   std::vector<std::string>& skipped) {
     using Members = std::vector<std::unique_ptr<transport::Collectives>>;
     std::vector<CollectiveSample> out;
-    auto time_op = [&](Members& members, const std::string& op, int64_t bytes) {
+    // Seconds per call of `count` calls in a row on every member's thread (0: as many as fill
+    // about plan.min_s, chosen from a first run of three); the count used is written back.
+    auto time_op = [&](Members& members, const std::string& op, int64_t bytes, int& count) {
         const int64_t n = std::max<int64_t>(members.size(), bytes / 4) / members.size() *
                           static_cast<int64_t>(members.size());
         const int64_t chunk = n / static_cast<int64_t>(members.size());
@@ -527,14 +530,13 @@ std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& pla
         const std::vector<int64_t> counts(members.size(), chunk);
         std::vector<std::vector<float>> in(members.size(), filled(n)),
             res(members.size(), std::vector<float>(static_cast<size_t>(n)));
-        // Seconds per call of `count` calls in a row on every member's thread.
-        auto calls = [&](int count) {
+        auto calls = [&](int k) {
             auto t0 = Clock::now();
             std::vector<std::thread> threads;
             for (size_t i = 0; i < members.size(); ++i)
                 threads.emplace_back([&, i] {
                     transport::Collectives& c = *members[i];
-                    for (int k = 0; k < count; ++k) {
+                    for (int j = 0; j < k; ++j) {
                         if (op == "all_reduce")
                             c.all_reduce(in[i].data(), n, transport::ReduceOp::sum);
                         else if (op == "reduce_scatter")
@@ -546,11 +548,10 @@ std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& pla
                     }
                 });
             for (auto& t : threads) t.join();
-            return since(t0) / count;
+            return since(t0) / k;
         };
-        double guess = calls(3);
-        const int count = static_cast<int>(std::clamp(plan.min_s / guess, 3.0, 200.0));
-        return std::min({calls(count), calls(count), calls(count)});
+        if (count == 0) count = static_cast<int>(std::clamp(plan.min_s / calls(3), 3.0, 200.0));
+        return calls(count);
     };
     std::vector<int32_t> sizes = {2};
     if (cores >= 4) sizes.push_back(4);
@@ -571,13 +572,30 @@ std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& pla
             skipped.push_back(std::string("gloo: ") + e.what());
             gloo.clear();
         }
-        for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "all_to_all"})
-            for (int64_t bytes : plan.message) {
-                out.push_back({"inprocess", op, size, bytes, time_op(inprocess, op, bytes)});
-                if (!gloo.empty())
-                    out.push_back({"gloo", op, size, bytes, time_op(gloo, op, bytes)});
-                progress.tick("collectives");
-            }
+        // Every collective once per pass, the passes one after another, each keeping its
+        // fastest: a burst of other load on the machine slows one pass of a collective, not
+        // all of its runs (run back to back, a small one's all fit in 10 ms).
+        const size_t first = out.size();
+        std::vector<int> count;
+        for (int pass = 0; pass < 3; ++pass) {
+            size_t at = first, k = 0;
+            for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "all_to_all"})
+                for (int64_t bytes : plan.message) {
+                    for (const char* backend : {"inprocess", "gloo"}) {
+                        const bool is_gloo = std::string(backend) == "gloo";
+                        if (is_gloo && gloo.empty()) continue;
+                        if (pass == 0) {
+                            out.push_back({backend, op, size, bytes,
+                                           std::numeric_limits<double>::infinity()});
+                            count.push_back(0);
+                        }
+                        double t = time_op(is_gloo ? gloo : inprocess, op, bytes, count[k++]);
+                        out[at].seconds = std::min(out[at].seconds, t);
+                        ++at;
+                    }
+                    if (pass == 2) progress.tick("collectives");
+                }
+        }
     }
     return out;
 }
