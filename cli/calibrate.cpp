@@ -578,7 +578,7 @@ std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& pla
         const size_t first = out.size();
         std::vector<int> count;
         for (int pass = 0; pass < 3; ++pass) {
-            size_t at = first, k = 0;
+            size_t k = 0; // this collective's index, from `first` in out and in count
             for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "all_to_all"})
                 for (int64_t bytes : plan.message) {
                     for (const char* backend : {"inprocess", "gloo"}) {
@@ -589,9 +589,9 @@ std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& pla
                                            std::numeric_limits<double>::infinity()});
                             count.push_back(0);
                         }
-                        double t = time_op(is_gloo ? gloo : inprocess, op, bytes, count[k++]);
-                        out[at].seconds = std::min(out[at].seconds, t);
-                        ++at;
+                        const double t = time_op(is_gloo ? gloo : inprocess, op, bytes, count[k]);
+                        out[first + k].seconds = std::min(out[first + k].seconds, t);
+                        ++k;
                     }
                     if (pass == 2) progress.tick("collectives");
                 }

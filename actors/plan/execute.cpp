@@ -576,9 +576,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
         if (!costs.meets || !queues || !queues->covers(r) || g.tp < 2) return 0;
         return std::max(0, costs.meets(g.ranks[r], a));
     };
-    auto start_pieces = [&](size_t r, const PlanAction& a, double compute, double wait,
-                            double not_before) {
-        const int32_t k = meets_in(r, a);
+    auto start_pieces = [&](size_t r, int32_t k, double compute, double wait, double not_before) {
         Running& x = run[r];
         x = {};
         x.on = true;
@@ -588,13 +586,6 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
         x.hand_over = wait / static_cast<double>(k);
         x.end_not_before = not_before;
         x.left = x.total = x.piece;
-    };
-    auto tp_group = [&](size_t r) {
-        const PlanRank& me = g.ranks[r];
-        std::vector<size_t> out;
-        for (int32_t k = 0; k < g.tp; ++k)
-            out.push_back(static_cast<size_t>(g.rank_of(me.dp, me.pp, k, me.cp)));
-        return out;
     };
     double now = 0;
     dp.shared = true;
@@ -653,8 +644,8 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                                 t.start[r][pos] = gate.start;
                                 break;
                             }
-                            if (!cut[r].open() && meets_in(r, a) > 0) {
-                                start_pieces(r, a, compute, wait, gate.not_before);
+                            if (const int32_t k = meets_in(r, a); k > 0 && !cut[r].open()) {
+                                start_pieces(r, k, compute, wait, gate.not_before);
                                 t.start[r][pos] = now;
                                 break;
                             }
@@ -776,16 +767,18 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                     run[r].meeting = true;
                     ++run[r].met;
                 }
-                const std::vector<size_t> group = tp_group(r);
-                const bool all = std::all_of(group.begin(), group.end(), [&](size_t m) {
-                    return run[m].on && run[m].meeting && run[m].met == run[r].met &&
-                           t.stopped_at[m] == t.stopped_at[r];
+                const std::vector<int32_t> group = g.tensor_group(g.ranks[r]);
+                const bool all = std::all_of(group.begin(), group.end(), [&](int32_t m) {
+                    const size_t i = static_cast<size_t>(m);
+                    return run[i].on && run[i].meeting && run[i].met == run[r].met &&
+                           t.stopped_at[i] == t.stopped_at[r];
                 });
                 if (!all) continue;
-                for (size_t m : group) {
-                    run[m].meeting = false;
-                    run[m].handing = true;
-                    run[m].not_before = now + run[m].hand_over;
+                for (int32_t m : group) {
+                    Running& x = run[static_cast<size_t>(m)];
+                    x.meeting = false;
+                    x.handing = true;
+                    x.not_before = now + x.hand_over;
                 }
                 continue;
             }

@@ -233,6 +233,13 @@ struct Graph {
             out.push_back(rank_of(q / cp, r.pp, r.tp, q % cp));
         return out;
     }
+    /// The ranks that split `r`'s layers between them and all-reduce inside every layer: every
+    /// tp position of r's (dp, pp, cp).
+    std::vector<int32_t> tensor_group(const PlanRank& r) const {
+        std::vector<int32_t> out;
+        for (int32_t t = 0; t < tp; ++t) out.push_back(rank_of(r.dp, r.pp, t, r.cp));
+        return out;
+    }
     /// The ranks that hold the same weights as `r` and reduce their gradients together: every
     /// (dp, cp) with r's (pp, tp). ZeRO shards over them.
     std::vector<int32_t> replica_group(const PlanRank& r) const {

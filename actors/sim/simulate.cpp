@@ -360,9 +360,7 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     };
     // One all-reduce of the rank's tensor-parallel group, as measured (-1: not measured).
     auto tp_all_reduce = [&g, collective](const PlanRank& r, double bytes) {
-        std::vector<int32_t> tp_group;
-        for (int32_t k = 0; k < g.tp; ++k) tp_group.push_back(g.rank_of(r.dp, r.pp, k, r.cp));
-        return collective(tp_group, "all_reduce", bytes, -1.0);
+        return collective(g.tensor_group(r), "all_reduce", bytes, -1.0);
     };
     const double mem_bw = pr.mem_bw;
     c.compute = [&g, fallback, seconds, rates, threads, tp_all_reduce,
