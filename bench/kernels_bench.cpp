@@ -105,6 +105,26 @@ void BM_cross_entropy(benchmark::State& state) {
 }
 
 // The four matmul shapes of a GPT-2 124M block: qkv, attention out, MLP up, MLP down.
+// The optimizer's update and the gradient norm's sum of squares of one parameter, by its
+// element count: a model's parameters run from a norm's 128 elements to an embedding's
+// millions, one call each per step.
+void BM_adamw_step(benchmark::State& state) {
+    int64_t n = state.range(0);
+    auto g = random_floats(n), p = random_floats(n);
+    std::vector<float> m(n), v(n);
+    ops::AdamWConfig c;
+    int64_t step = 1;
+    for (auto _ : state) ops::adamw_step(g.data(), n, c, step++, p.data(), m.data(), v.data());
+    state.SetItemsProcessed(state.iterations() * n);
+}
+
+void BM_sum_squares(benchmark::State& state) {
+    int64_t n = state.range(0);
+    auto g = random_floats(n);
+    for (auto _ : state) benchmark::DoNotOptimize(ops::sum_squares(g.data(), n));
+    state.SetItemsProcessed(state.iterations() * n);
+}
+
 void shapes(benchmark::internal::Benchmark* b) {
     b->Args({768, 2304})->Args({768, 768})->Args({768, 3072})->Args({3072, 768});
     b->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -120,4 +140,6 @@ BENCHMARK(BM_attention_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_attention_backward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_layernorm_forward)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_cross_entropy)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_adamw_step)->RangeMultiplier(4)->Range(128, 1 << 20)->UseRealTime();
+BENCHMARK(BM_sum_squares)->RangeMultiplier(4)->Range(128, 1 << 20)->UseRealTime();
 BENCHMARK_MAIN();
