@@ -125,6 +125,17 @@ void BM_sum_squares(benchmark::State& state) {
     state.SetItemsProcessed(state.iterations() * n);
 }
 
+// Rounding to bf16 in place (a weight's copy for a bf16 step), by element count.
+void BM_round_bf16(benchmark::State& state) {
+    int64_t n = state.range(0);
+    auto x = random_floats(n);
+    for (auto _ : state) {
+        ops::round_bf16(x.data(), n);
+        benchmark::ClobberMemory();
+    }
+    state.SetItemsProcessed(state.iterations() * n);
+}
+
 void shapes(benchmark::internal::Benchmark* b) {
     b->Args({768, 2304})->Args({768, 768})->Args({768, 3072})->Args({3072, 768});
     b->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -142,4 +153,5 @@ BENCHMARK(BM_layernorm_forward)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_cross_entropy)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_adamw_step)->RangeMultiplier(4)->Range(128, 1 << 20)->UseRealTime();
 BENCHMARK(BM_sum_squares)->RangeMultiplier(4)->Range(128, 1 << 20)->UseRealTime();
+BENCHMARK(BM_round_bf16)->RangeMultiplier(8)->Range(1024, 1 << 18)->UseRealTime();
 BENCHMARK_MAIN();

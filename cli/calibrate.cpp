@@ -225,6 +225,7 @@ std::vector<StreamRate> measure_elementwise(const Plan& plan, Progress& progress
                        w = filled(C * 4, 1.0f), dw(C * 4), stats(static_cast<size_t>(most)),
                        stats2(static_cast<size_t>(most)), m(static_cast<size_t>(most)),
                        v2(static_cast<size_t>(most));
+    std::vector<uint16_t> half(static_cast<size_t>(most));
     std::vector<int32_t> tokens(static_cast<size_t>(most / C + 1));
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % V);
     cpu::AdamWConfig adam;
@@ -290,6 +291,17 @@ std::vector<StreamRate> measure_elementwise(const Plan& plan, Progress& progress
         {"copy",
          [&](int64_t n, bool) {
              std::memcpy(y.data(), x.data(), static_cast<size_t>(n) * sizeof(float));
+         }},
+        // bf16 mixed precision (models/unit_common.hpp's Bf16): a tensor rounded in place,
+        // forward and backward alike; a tensor kept for the backward in bf16 storage (forward)
+        // and widened to float again where the backward uses it (backward).
+        {"bf16_round", [&](int64_t n, bool) { cpu::round_bf16(x.data(), n); }},
+        {"bf16_keep",
+         [&](int64_t n, bool bw) {
+             if (bw)
+                 cpu::from_bf16(half.data(), n, y.data());
+             else
+                 cpu::to_bf16(x.data(), n, half.data());
          }},
         // A fresh gradient buffer, zeroed (the kernels accumulate into it).
         {"zero", [&](int64_t n, bool) { kernels::Tensor::zeros({n}); }},

@@ -833,21 +833,24 @@ void layer_kernels(const Program& p, const LayerSpec& l, std::vector<KernelCall>
         m.bias = l.bias;
         out.push_back(m);
     };
-    auto elementwise = [&](const char* op, int64_t elements) {
-        out.push_back({K::elementwise, op, elements});
+    auto elementwise = [&](const char* op, int64_t elements, bool kept = false) {
+        KernelCall e{K::elementwise, op, elements};
+        e.kept = kept;
+        out.push_back(e);
     };
     switch (l.kind) {
     case LayerKind::embedding:
     case LayerKind::position_embedding: elementwise("embedding", N * C / sp); break;
     case LayerKind::rotary_embedding: break; // applied inside attention, below
-    case LayerKind::layer_norm: elementwise("layernorm", N * C / sp); break;
-    case LayerKind::rms_norm: elementwise("rmsnorm", N * C / sp); break;
+    case LayerKind::layer_norm: elementwise("layernorm", N * C / sp, true); break;
+    case LayerKind::rms_norm: elementwise("rmsnorm", N * C / sp, true); break;
     case LayerKind::attention: {
         const int64_t h = std::max<int64_t>(1, l.heads / tp);
         const int64_t kv = std::max<int64_t>(1, l.kv_heads / tp);
         const int64_t hd = l.head_dim;
         matmul(C, (h + 2 * kv) * hd);
-        elementwise("copy", N * (h + 2 * kv) * hd); // q, k, v split out of the fused product
+        // q, k, v split out of the fused product, and kept
+        elementwise("copy", N * (h + 2 * kv) * hd, true);
         bool rotary = false;
         for (const ModelItemSpec& it : p.model.pre)
             for (const LayerSpec& x : it.layers) rotary |= x.kind == LayerKind::rotary_embedding;
@@ -865,12 +868,14 @@ void layer_kernels(const Program& p, const LayerSpec& l, std::vector<KernelCall>
         const int64_t hidden = l.hidden / tp;
         const bool glu = l.activation == Activation::swiglu;
         matmul(C, glu ? 2 * hidden : hidden);
-        elementwise(glu ? "swiglu" : "gelu", N * hidden);
+        elementwise(glu ? "swiglu" : "gelu", N * hidden, true);
         matmul(hidden, C);
         break;
     }
     case LayerKind::lm_head: matmul(C, l.vocab / shard); break;
-    case LayerKind::cross_entropy: elementwise("cross_entropy", N * vocab_of(p, l) / shard); break;
+    case LayerKind::cross_entropy:
+        elementwise("cross_entropy", N * vocab_of(p, l) / shard, true);
+        break;
     case LayerKind::moe: {
         // The router; each admitted copy's token row copied out (the dispatch, a loop of the
         // host's); each of the rank's experts with its share of the copies (balanced routing)
@@ -916,7 +921,9 @@ void items_kernels(const Program& p, const std::vector<ModelItemSpec>& items,
         if (it.residual) {
             const int64_t N =
                 p.train.microbatch_size * p.model.context / p.mesh.cp / (p.mesh.sp ? p.mesh.tp : 1);
-            out.push_back({KernelCall::Kind::elementwise, "copy", N * p.model.width});
+            KernelCall add{KernelCall::Kind::elementwise, "copy", N * p.model.width};
+            add.residual = true;
+            out.push_back(add);
         }
     }
 }

@@ -82,6 +82,11 @@ struct KernelCall {
     /// A loop of the host's own around the kernels (a mixture of experts' dispatch and
     /// combine), on one thread whatever the rank has.
     bool serial = false;
+    /// elementwise: the layer keeps these m elements for its backward (a norm's input, an
+    /// activation's, attention's q, k and v, the logits): bf16 storage under bf16.
+    bool kept = false;
+    /// elementwise: the residual sum x + f(x), whose output and body's gradient bf16 rounds.
+    bool residual = false;
 };
 
 /// The kernels of one stage's forward, in order (embeddings, blocks, head).

@@ -220,10 +220,46 @@ StageSeconds kernel_seconds(const Program& p, const plan::PlanStage& s, const Ra
                             double rank_threads) {
     StageSeconds out;
     using K = plan::KernelCall::Kind;
+    // bf16 with float arithmetic (models/unit_common.hpp's Bf16): passes over tensors that
+    // f32 does not make. Rounding in place, a kept tensor's bf16 copy and its float copy back.
+    const bool bf16 = p.train.precision == Precision::bf16;
+    auto rounds = [&](double e, double threads) {
+        return e / r.elementwise("bf16_round", e, threads, false);
+    };
+    auto keeps = [&](double e, double threads) {
+        return e / r.elementwise("bf16_keep", e, threads, false);
+    };
+    auto widens = [&](double e, double threads) {
+        return e / r.elementwise("bf16_keep", e, threads, true);
+    };
     for (const plan::KernelCall& k : plan::stage_kernels(p, s)) {
         const double m = static_cast<double>(k.m), n = static_cast<double>(k.n),
                      kk = static_cast<double>(k.k);
         const double threads = k.serial ? 1.0 : rank_threads; // the host's own loops: one
+        if (bf16 && k.kind == K::matmul) {
+            // A linear layer rounds its input and output, and computes with a rounded copy of
+            // its weights (a copy and a rounding, forward and again for the input gradient);
+            // it keeps its input in bf16. The input gradient rounds the output's gradient and
+            // its own, widens the kept input and keeps it again with the output's gradient for
+            // the weight gradient, which widens both.
+            const double weights =
+                rounds(n * kk, threads) + n * kk / r.elementwise("copy", n * kk, threads, false);
+            out.forward +=
+                rounds(m * kk, threads) + rounds(m * n, threads) + weights + keeps(m * kk, threads);
+            out.input += rounds(m * n, threads) + rounds(m * kk, threads) + weights +
+                         widens(m * kk, threads) + keeps(m * kk, threads) + keeps(m * n, threads);
+            out.weight += widens(m * kk, threads) + widens(m * n, threads);
+        }
+        if (bf16 && k.kind == K::elementwise && k.kept) {
+            // Kept in bf16, widened for the backward, whose gradient is rounded.
+            out.forward += keeps(m, threads);
+            out.input += widens(m, threads) + rounds(m, threads);
+        }
+        if (bf16 && k.kind == K::elementwise && k.residual) {
+            // The body's output and the sum rounded; the body's gradient rounded.
+            out.forward += 2 * rounds(m, threads);
+            out.input += rounds(m, threads);
+        }
         switch (k.kind) {
         case K::matmul: {
             const double flops = 2 * m * n * kk;

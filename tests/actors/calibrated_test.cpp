@@ -432,6 +432,61 @@ TEST(Rates, AProfileWithABadCalibrationRowIsRefusedWhereItIs) {
     refused("", "a calibration of a CPU needs its `matmul` and `sharing` rows");
 }
 
+// bf16 runs with float arithmetic (models/unit_common.hpp's Bf16): a calibrated stage costs the
+// passes f32 does not make, each at its own measured rate. Counted here by hand for one GPT
+// block of N tokens and width C: four products (C -> 3C, C -> C, C -> 4C, 4C -> C), whose
+// inputs, outputs and weights sum to 7NC, 9NC and 12C^2 elements; kept beside them the two
+// norms' inputs, q, k and v, and the activation's input (9NC); two residual sums of NC each.
+// A product rounds its input, output and a copy of its weights forward and keeps its input;
+// its input gradient rounds the same three, widens and keeps its input again and keeps the
+// output's gradient; the weight gradient widens both. A kept tensor is widened and its
+// gradient rounded backward; a sum rounds the body's output and itself forward, the body's
+// gradient backward.
+TEST(Rates, Bf16PricesItsConversionPassesAtTheirOwnRates) {
+    Calibration c;
+    c.cores = 1;
+    for (const char* k : {"nt", "nn", "tn"}) c.matmul.push_back({k, 64, 64, 64, 1, 1e10});
+    c.attention.push_back({64, 64, 1, 1e10, 1e10});
+    const double copy = 1e9, round = 2e9, keep = 4e9, widen = 8e9;
+    c.elementwise.push_back({"copy", 1024, 1, copy, copy});
+    const Calibration before = c; // Rates reads the calibration it is given where it lies
+    sim::Rates without(before);
+    c.elementwise.push_back({"bf16_round", 1024, 1, round, round});
+    c.elementwise.push_back({"bf16_keep", 1024, 1, keep, widen});
+    sim::Rates rates(c);
+
+    Program f32 = checked("gpt_tiny.dist", {"train.precision=f32"});
+    Program bf16 = checked("gpt_tiny.dist", {"train.precision=bf16"});
+    PlanStage blocks = lower(f32).graph->stages[0];
+    blocks.embedding = blocks.head = false;
+    const double n = static_cast<double>(f32.train.microbatch_size * f32.model.context);
+    const double C = static_cast<double>(f32.model.width), L = blocks.blocks;
+    ASSERT_GT(L, 0);
+
+    sim::StageSeconds a = sim::stage_seconds(f32, blocks, rates, 1, false);
+    sim::StageSeconds b = sim::stage_seconds(bf16, blocks, rates, 1, false);
+    // f32 makes none of these passes: the new rows change nothing.
+    sim::StageSeconds old = sim::stage_seconds(f32, blocks, without, 1, false);
+    EXPECT_DOUBLE_EQ(a.forward, old.forward);
+    EXPECT_DOUBLE_EQ(a.input, old.input);
+    EXPECT_DOUBLE_EQ(a.weight, old.weight);
+
+    const double NC = n * C, CC = C * C;
+    const double forward =
+        (16 * NC + 12 * CC + 4 * NC) / round + (7 * NC + 9 * NC) / keep + 12 * CC / copy;
+    const double input = (16 * NC + 12 * CC + 9 * NC + 2 * NC) / round + 12 * CC / copy +
+                         (7 * NC + 9 * NC) / widen + (7 * NC + 9 * NC) / keep;
+    const double weight = (7 * NC + 9 * NC) / widen;
+    EXPECT_NEAR(b.forward - a.forward, L * forward, 1e-9 * L * forward);
+    EXPECT_NEAR(b.input - a.input, L * input, 1e-9 * L * input);
+    EXPECT_NEAR(b.weight - a.weight, L * weight, 1e-9 * L * weight);
+
+    // A calibration from before these rows prices them as copies.
+    sim::StageSeconds as_copies = sim::stage_seconds(bf16, blocks, without, 1, false);
+    EXPECT_GT(as_copies.forward, a.forward);
+    EXPECT_GT(as_copies.forward - a.forward, b.forward - a.forward);
+}
+
 // Whole actions are fitted for a rank on all the cores and for ranks of fewer threads; a rank
 // gets the fit of its thread count, between two measured counts the mean weighted by log threads
 // (a rank of 2 threads on 4 cores lies halfway between 1 and 4), outside them the nearest.
