@@ -464,6 +464,32 @@ double ping_pong(transport::PointToPoint& a, transport::PointToPoint& b, int64_t
     return s;
 }
 
+// Every core computing (a single-threaded matmul on each) for as long as this lives: what a
+// rank's messages and collectives meet while the ranks of a busy host compute.
+class BusyCores {
+  public:
+    explicit BusyCores(int32_t cores) {
+        for (int32_t i = 0; i < cores; ++i)
+            load_.emplace_back([this] {
+                omp_set_num_threads(1);
+                std::vector<float> x = filled(128 * 128), y(128 * 128);
+                while (!stop_)
+                    cpu::matmul_forward<float>(x.data(), x.data(), nullptr, 128, 128, 128,
+                                               y.data());
+            });
+    }
+    ~BusyCores() {
+        stop_ = true;
+        for (auto& t : load_) t.join();
+    }
+    BusyCores(const BusyCores&) = delete;
+    BusyCores& operator=(const BusyCores&) = delete;
+
+  private:
+    std::atomic<bool> stop_{false};
+    std::vector<std::thread> load_;
+};
+
 std::vector<TransferSample> measure_transfers(int32_t cores, const std::vector<int64_t>& message,
                                               Progress& progress,
                                               std::vector<std::string>& skipped) {
@@ -482,19 +508,11 @@ std::vector<TransferSample> measure_transfers(int32_t cores, const std::vector<i
         // woken receiver waits for a core. One-way seconds of a small message.
         transport::InProcessFabric fabric;
         auto a = fabric.endpoint(0), b = fabric.endpoint(1);
-        std::atomic<bool> stop{false};
-        std::vector<std::thread> load;
-        for (int32_t i = 0; i < cores; ++i)
-            load.emplace_back([&] {
-                omp_set_num_threads(1);
-                std::vector<float> x = filled(128 * 128), y(128 * 128);
-                while (!stop)
-                    cpu::matmul_forward<float>(x.data(), x.data(), nullptr, 128, 128, 128,
-                                               y.data());
-            });
-        out.push_back({"inprocess-busy", message.front(), ping_pong(*a, *b, message.front(), 200)});
-        stop = true;
-        for (auto& t : load) t.join();
+        {
+            BusyCores busy(cores);
+            out.push_back(
+                {"inprocess-busy", message.front(), ping_pong(*a, *b, message.front(), 200)});
+        }
         progress.tick("transfers");
     }
     for (auto [name, tls, devices] :
@@ -992,7 +1010,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     const int total =
         static_cast<int>(plan.threads.size() *
                          (3 * plan.grid.size() * plan.grid.size() * plan.grid.size() +
-                          plan.seqs.size() * plan.head_dims.size() + 11 * plan.elements.size())) +
+                          plan.seqs.size() * plan.head_dims.size() + 13 * plan.elements.size())) +
         2 * cores + 3 * static_cast<int>(plan.message.size()) * 4 + (c.quick ? 7 : 19) +
         (cores > 1 ? (c.quick ? 1 : 18) : 0) +                        // the probes on one thread
         static_cast<int>(plan.message.size()) * (cores >= 4 ? 2 : 1); // the all-to-alls

@@ -25,6 +25,7 @@ struct SimOptions {
     std::string cost = "profile"; // or "unit"
     std::string svg;              // write a Gantt chart here ("" for none)
     std::string trace;            // write Chrome trace-event JSON here ("" for none)
+    int32_t procs = 1;            // the processes of the run simulated (`dist run --procs N`)
 };
 struct CalibrateOptions {
     std::string out;    // DIR/hardware/NAME.toml

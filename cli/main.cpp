@@ -45,6 +45,9 @@ int main(int argc, char** argv) {
     sim->add_option("--svg", sim_options.svg, "write a Gantt chart (SVG) to this file");
     sim->add_option("--trace", sim_options.trace,
                     "write a Chrome trace (chrome://tracing, Perfetto) to this file");
+    sim->add_option("--procs", sim_options.procs,
+                    "simulate the run in N processes, as `dist run --procs N` lays it out")
+        ->check(CLI::Range(1, 1 << 20));
 
     dist::cli::SearchCommandOptions search_options;
     CLI::App* search = app.add_subcommand(

@@ -94,8 +94,15 @@ int run_sim(const CommonOptions& o, const SimOptions& s, std::ostream& out, std:
     }
     std::optional<Planned> p = planned(o, err);
     if (!p) return 1;
+    const auto ranks = static_cast<int32_t>(p->graph.ranks.size());
+    if (s.procs > ranks) {
+        err << "error: --procs " << s.procs << " for " << ranks
+            << " ranks: every process needs at least one rank\n";
+        return 1;
+    }
     sim::SimOptions so;
     so.cost = s.cost == "unit" ? sim::CostModel::unit : sim::CostModel::profile;
+    so.processes = s.procs;
     sim::SimResult r = sim::simulate(p->graph, p->program, so);
     if (!r.ok()) {
         err << plan::render_errors(o.file, r.errors);

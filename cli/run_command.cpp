@@ -166,7 +166,9 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
     const runtime::SessionStep* last_step = session.last();
     if (last_step && !last_step->timings.empty()) {
         sim::Timeline measured = runtime::measured_timeline(graph, last_step->timings);
-        sim::SimResult predicted = sim::simulate(graph, p);
+        sim::SimOptions so;
+        so.processes = session.processes();
+        sim::SimResult predicted = sim::simulate(graph, p, so);
         // The median step after the first (which warms up), beside the prediction.
         std::vector<double> times(step_times.begin() + (step_times.size() > 1 ? 1 : 0),
                                   step_times.end());

@@ -258,6 +258,12 @@ std::vector<PlanAction> exchanges_of(const Graph& g, const PlanAction& a);
 /// in its order), as lowering does once the stages and the recomputation are known.
 void add_exchanges(Graph& g);
 
+/// The process that runs rank `rank` of `ranks` when a job is `processes` processes (`dist run
+/// --procs N`, one per GPU under a launcher): contiguous blocks, sizes differing by at most one.
+inline int32_t process_of_rank(int32_t rank, int32_t ranks, int32_t processes) {
+    return static_cast<int32_t>(static_cast<int64_t>(rank) * processes / ranks);
+}
+
 /// "dp 4, cp 2, tp 4 with sp, pp 2, ZeRO 1": the mesh's axes, cp, sp and ZeRO only when on.
 std::string axes_text(const Graph& g);
 

@@ -10,8 +10,7 @@ namespace dist::runtime {
 std::vector<int32_t> process_of_ranks(int32_t ranks, int32_t processes) {
     std::vector<int32_t> out(static_cast<size_t>(ranks));
     for (int32_t r = 0; r < ranks; ++r)
-        out[static_cast<size_t>(r)] =
-            static_cast<int32_t>(static_cast<int64_t>(r) * processes / ranks);
+        out[static_cast<size_t>(r)] = plan::process_of_rank(r, ranks, processes);
     return out;
 }
 

@@ -318,10 +318,12 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
 
 // A calibrated CPU (actors/sim/calibrated.hpp): kernels priced by shape at the rates measured
 // for the threads each rank gets, ranks of a host sharing its cores, transfers and collectives
-// at their measured times (in-process within a host; UCX over TCP and Gloo between hosts). A
-// calibrated GPU: each rank has its device, its kernels at the device's rates, collectives
-// within a host at NCCL's measured times, the rest by the profile's links.
-plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile& pr) {
+// at their measured times (in-process within a process; between the `processes` processes of
+// a host UCX over shared memory and Gloo; UCX over TCP and Gloo between hosts). A calibrated
+// GPU: each rank has its device, its kernels at the device's rates, collectives within a host
+// at NCCL's measured times, the rest by the profile's links.
+plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile& pr,
+                                 int32_t processes) {
     plan::ExecCosts c = profile_costs(g, pr, axes_of(g));
     const Calibration& cal = p.mesh.profile.calibration;
     const bool gpu = cal.gpu();
@@ -329,6 +331,10 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     const double threads = gpu ? 1.0 : rank_threads(g, cal.cores);
     auto seconds = std::make_shared<std::vector<StageSeconds>>();
     for (const PlanStage& s : g.stages) seconds->push_back(stage_seconds(p, s, *rates, threads));
+    const auto ranks = static_cast<int32_t>(g.ranks.size());
+    auto process = [ranks, processes](int32_t rank) {
+        return plan::process_of_rank(rank, ranks, std::max(1, processes));
+    };
     auto same_host = [&g](const std::vector<int32_t>& members) {
         for (int32_t m : members)
             if (g.ranks[static_cast<size_t>(m)].host !=
@@ -336,14 +342,19 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
                 return false;
         return true;
     };
+    auto one_process = [same_host, process](const std::vector<int32_t>& members) {
+        for (int32_t m : members)
+            if (process(m) != process(members[0])) return false;
+        return same_host(members);
+    };
     // A collective's measured time, else the link model's.
-    auto collective = [rates, same_host, gpu](const std::vector<int32_t>& members, const char* op,
-                                              double bytes, double modelled) {
-        const bool here = same_host(members);
-        if (gpu && !here) return modelled; // NCCL between hosts: not measured here
-        double t = rates->collective(gpu    ? "nccl"
-                                     : here ? "inprocess"
-                                            : "gloo",
+    auto collective = [rates, same_host, one_process, gpu](const std::vector<int32_t>& members,
+                                                           const char* op, double bytes,
+                                                           double modelled) {
+        if (gpu && !same_host(members)) return modelled; // NCCL between hosts: not measured here
+        double t = rates->collective(gpu                    ? "nccl"
+                                     : one_process(members) ? "inprocess"
+                                                            : "gloo",
                                      op, static_cast<int32_t>(members.size()), bytes);
         return t >= 0 ? t : modelled;
     };
@@ -393,11 +404,16 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
             static_cast<double>(g.stages[static_cast<size_t>(a.stage)].all_to_all_bytes);
         return collective(g.expert_group(r), "all_to_all", bytes, fallback.exchange(r, a));
     };
-    c.transfer = [&g, rates, fallback, gpu](const PlanRank& from, const PlanRank& to,
-                                            const PlanAction& a) {
+    c.transfer = [&g, rates, fallback, gpu, process](const PlanRank& from, const PlanRank& to,
+                                                     const PlanAction& a) {
         if (gpu) return fallback.transfer(from, to, a); // the profile's links
         double bytes = static_cast<double>(g.stages[static_cast<size_t>(a.stage)].boundary_bytes);
-        double t = rates->transfer(from.host == to.host ? "inprocess" : "ucx-tcp", bytes);
+        double t = -1;
+        if (from.host == to.host && process(from.rank) == process(to.rank))
+            t = rates->transfer("inprocess", bytes);
+        else if (from.host == to.host)
+            t = rates->transfer("ucx-sm", bytes);
+        if (t < 0) t = rates->transfer("ucx-tcp", bytes);
         return t >= 0 ? t : fallback.transfer(from, to, a);
     };
     // The reducer's own passes over memory, on its one thread (RankExecutor::Reducer): it
@@ -430,6 +446,13 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         } else if (a.kind == ActionKind::reduce_scatter) {
             const double members = static_cast<double>(g.replica_group(r).size());
             own = copies(bytes) + 2 * copies(bytes / members);
+        }
+        if (gather || scatter) {
+            // The runtime gathers and reduce-scatters unit by unit (a residual group, or a
+            // layer outside one), a collective each: a small unit's costs its latency.
+            const double units = std::max(1, s.units);
+            const double one = collective(g.replica_group(r), op, bytes / units, -1.0);
+            if (one >= 0) return own + units * one;
         }
         return own + collective(g.replica_group(r), op, bytes, fallback.reduction(r, a));
     };
@@ -601,7 +624,7 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
     const std::vector<Profile> kinds = kinds_of(g, p, o);
     const bool calibrated = p.mesh.profile.calibration.cores > 0;
     plan::ExecCosts costs = o.cost == CostModel::unit ? unit_costs()
-                            : calibrated              ? calibrated_costs(g, p, pr)
+                            : calibrated              ? calibrated_costs(g, p, pr, o.processes)
                                                       : profile_costs(g, pr, axes_of(g), kinds);
     plan::ExecTimes times = plan::execute(g, costs);
     if (!times.complete) {

@@ -28,6 +28,11 @@ struct SimOptions {
     double efficiency = 0.5;
     /// The graph comes from plan::lower, which verified it: not verified again.
     bool verified = false;
+    /// The processes the job runs in (`dist run --procs N`), each holding a contiguous block
+    /// of ranks (plan::process_of_rank). With a calibrated CPU profile, what passes between
+    /// two processes of one host goes as the runtime sends it: collectives through Gloo,
+    /// activations through UCX over shared memory.
+    int32_t processes = 1;
 };
 
 /// One action as it ran.

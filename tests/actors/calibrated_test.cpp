@@ -653,6 +653,24 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     ASSERT_GT(reductions, 0);
     EXPECT_GE(update - last_backward, (reductions + passes) * (1 - 1e-9));
 
+    // In two processes (`dist run --procs 2`), each rank in its own, the same buckets go
+    // through Gloo between the processes, at Gloo's measured times.
+    sim::SimOptions two_processes;
+    two_processes.processes = 2;
+    sim::SimResult apart = sim::simulate(g, two, two_processes);
+    ASSERT_TRUE(apart.ok());
+    double apart_backward = 0, apart_update = -1, gloo = 0;
+    for (const sim::Span& sp : apart.timeline->ranks[0].spans) {
+        if (acts[sp.action].kind == ActionKind::backward) apart_backward = sp.end;
+        if (acts[sp.action].kind == ActionKind::step) apart_update = sp.start;
+    }
+    for (int64_t b : g.stages[0].buckets)
+        gloo += rates.collective("gloo", "all_reduce", 2, static_cast<double>(b));
+    ASSERT_GT(gloo, 0);
+    EXPECT_GE(apart_update - apart_backward, (gloo + passes) * (1 - 1e-9))
+        << "in one process " << update - last_backward << " s, in-process reductions " << reductions
+        << " s, Gloo's " << gloo << " s, passes " << passes << " s";
+
     // Two pipeline stages on two cores are ranks of one thread: they are priced with the
     // one-thread fit (a larger fixed cost per block there lengthens their step), one rank on
     // both cores with the other (its step does not move).

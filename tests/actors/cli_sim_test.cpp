@@ -65,4 +65,12 @@ TEST(CliSim, ErrorsAndUsage) {
     EXPECT_EQ(r.status, 1);
     EXPECT_NE(r.out.find("error: `zb_h1` needs at least pp = 4 microbatches"), std::string::npos)
         << r.out;
+    // The processes of `dist run --procs N`: at least one, and a rank for each.
+    EXPECT_EQ(run("sim examples/gpt_tiny.dist --procs 0").status, 2);
+    r = run("sim examples/gpt_tiny.dist --set mesh.pp=2 --procs 3");
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.out.find("error: --procs 3 for 2 ranks: every process needs at least one rank"),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(run("sim examples/gpt_tiny.dist --set mesh.pp=2 --procs 2").status, 0);
 }
