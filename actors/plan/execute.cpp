@@ -66,6 +66,7 @@ struct Collectives {
         std::pair<int32_t, int32_t> key;
         double ready, seconds;
         std::vector<int32_t> members;
+        double wait = 0; // ExecCosts::reduction_wait
     };
     std::vector<Unsettled> unsettled;
 
@@ -107,8 +108,16 @@ struct Collectives {
             double start = u.ready, seconds = u.seconds;
             for (int32_t m : u.members) start = std::max(start, comm_free[static_cast<size_t>(m)]);
             Running run{start, start, hosts(u.members)};
+            // Members that wait for cores the others fill (ExecCosts::reduction_wait) are
+            // priced by that wait, not stretched as well.
+            bool waits = false;
             for (auto [host, k] : run.threads)
-                seconds = std::max(seconds, u.seconds * costs.speed(k) / costs.speed(on[host]));
+                waits = waits || (u.wait > 0 && costs.cores > 0 && on[host] - k >= costs.cores);
+            if (waits)
+                seconds += u.wait;
+            else
+                for (auto [host, k] : run.threads)
+                    seconds = std::max(seconds, u.seconds * costs.speed(k) / costs.speed(on[host]));
             run.end = start + seconds;
             for (int32_t m : u.members) comm_free[static_cast<size_t>(m)] = run.end;
             finished[u.key] = run.end;
@@ -135,7 +144,8 @@ struct Collectives {
         double start = *std::max_element(e.begin(), e.end());
         std::vector<int32_t> ms = g.replica_group(rank);
         if (shared) {
-            unsettled.push_back({key, start, costs.reduction(rank, a), ms});
+            unsettled.push_back({key, start, costs.reduction(rank, a), ms,
+                                 costs.reduction_wait ? costs.reduction_wait(rank, a) : 0.0});
             return -1.0;
         }
         for (int32_t m : ms) start = std::max(start, comm_free[static_cast<size_t>(m)]);

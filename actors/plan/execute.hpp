@@ -26,6 +26,11 @@ struct ExecCosts {
         transfer;
     /// Seconds of a gradient reduction over the data-parallel group of `rank`.
     std::function<double(const PlanRank& rank, const PlanAction& reduce)> reduction;
+    /// Where a host's cores are shared: seconds a reduction's members wait off their cores
+    /// beyond `reduction` when the other threads busy on their host fill its cores (between
+    /// processes, each step of a collective wakes a thread that then waits for a core). Not
+    /// stretched by the threads beside it. Unset: none.
+    std::function<double(const PlanRank& rank, const PlanAction& reduce)> reduction_wait;
     /// Seconds of one all-to-all of the expert-parallel group of `rank` (DISPATCH_F ...);
     /// unset: none. It starts once every member has come to it; the compute action it runs
     /// inside is cut into equal pieces around its all-to-alls.

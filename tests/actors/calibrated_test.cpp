@@ -360,6 +360,58 @@ TEST(SharedCores, AReductionsThreadsShareTheCoresWithTheCompute) {
     }
 }
 
+// A collective whose members wait for cores that other threads fill (Gloo between processes:
+// ExecCosts::reduction_wait) takes its time and that wait, not stretched; started when the
+// others leave the cores free, its time alone. dp 2 x pp 2, one microbatch, on two cores: the
+// last stage's ranks reduce from t = 4 while the first stage's two backwards run (4 to 6), and
+// the first stage's ranks from their end, when nothing else runs. Each rank's STEP starts once
+// its one bucket is reduced.
+TEST(SharedCores, ACollectiveWaitingForBusyCoresTakesItsWaitUnstretched) {
+    Graph g = planned(checked(
+        "gpt_tiny.dist", {"mesh.dp=2", "mesh.pp=2", "train.batch=8", "schedule.microbatches=1"}));
+    ExecCosts c = distinct_costs();
+    c.compute = [](const PlanRank&, const PlanAction& a) {
+        if (a.kind == ActionKind::forward) return 1.0;
+        if (a.kind == ActionKind::backward) return 2.0;
+        return 0.0;
+    };
+    c.transfer = [](const PlanRank&, const PlanRank&, const PlanAction&) { return 0.0; };
+    const double R = 0.25, W = 1.0;
+    c.reduction = [&](const PlanRank&, const PlanAction&) { return R; };
+    c.threads = [](const PlanRank&) { return 1.0; };
+    c.speed = [](double threads) { return std::min(1.0, 2.0 / std::max(1.0, threads)); };
+    c.cores = 2;
+    ExecCosts waiting = c;
+    waiting.reduction_wait = [&](const PlanRank&, const PlanAction&) { return W; };
+    ExecTimes stretched = execute(g, c), waited = execute(g, waiting);
+    ASSERT_TRUE(stretched.complete);
+    ASSERT_TRUE(waited.complete);
+    for (const PlanRank& r : g.ranks) {
+        const auto i = static_cast<size_t>(r.rank);
+        int buckets = 0;
+        size_t step = 0;
+        for (size_t k = 0; k < r.actions.size(); ++k) {
+            buckets += r.actions[k].kind == ActionKind::reduce_grad;
+            if (r.actions[k].kind == ActionKind::step) step = k;
+        }
+        double backward_end = 0;
+        for (size_t k = 0; k < r.actions.size(); ++k)
+            if (r.actions[k].kind == ActionKind::backward) backward_end = waited.end[i][k];
+        ASSERT_EQ(buckets, 1);
+        if (r.pp == 1) {
+            // Beside the first stage's two backwards: its wait, unstretched; without one, its
+            // time stretched by the two busy threads beside its two.
+            EXPECT_NEAR(backward_end, 4.0, 1e-9);
+            EXPECT_NEAR(waited.start[i][step], 4.0 + R + W, 1e-9) << "rank " << r.rank;
+            EXPECT_NEAR(stretched.start[i][step], 4.0 + 2 * R, 1e-9) << "rank " << r.rank;
+        } else {
+            // After everything else: its time alone.
+            EXPECT_GT(backward_end, 4.0 + R + W);
+            EXPECT_NEAR(waited.start[i][step], backward_end + R, 1e-9) << "rank " << r.rank;
+        }
+    }
+}
+
 TEST(Rates, InterpolateBetweenMeasuredShapesAndClampOutside) {
     Calibration c;
     c.cores = 2;
