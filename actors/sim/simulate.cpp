@@ -404,16 +404,15 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
             static_cast<double>(g.stages[static_cast<size_t>(a.stage)].all_to_all_bytes);
         return collective(g.expert_group(r), "all_to_all", bytes, fallback.exchange(r, a));
     };
-    c.transfer = [&g, rates, fallback, gpu, process](const PlanRank& from, const PlanRank& to,
-                                                     const PlanAction& a) {
+    c.transfer = [&g, rates, fallback, gpu, one_process](const PlanRank& from, const PlanRank& to,
+                                                         const PlanAction& a) {
         if (gpu) return fallback.transfer(from, to, a); // the profile's links
         double bytes = static_cast<double>(g.stages[static_cast<size_t>(a.stage)].boundary_bytes);
-        double t = -1;
-        if (from.host == to.host && process(from.rank) == process(to.rank))
-            t = rates->transfer("inprocess", bytes);
-        else if (from.host == to.host)
-            t = rates->transfer("ucx-sm", bytes);
-        if (t < 0) t = rates->transfer("ucx-tcp", bytes);
+        double t = rates->transfer(one_process({from.rank, to.rank}) ? "inprocess"
+                                   : from.host == to.host            ? "ucx-sm"
+                                                                     : "ucx-tcp",
+                                   bytes);
+        if (t < 0) t = rates->transfer("ucx-tcp", bytes); // shared memory not measured
         return t >= 0 ? t : fallback.transfer(from, to, a);
     };
     // The reducer's own passes over memory, on its one thread (RankExecutor::Reducer): it
