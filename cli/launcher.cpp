@@ -8,15 +8,13 @@
 // SIGTERM, then SIGKILL. Ctrl-C or SIGTERM to the launcher ends them the same way. The
 // children die with the launcher (PR_SET_PDEATHSIG) even when it is killed outright.
 #include "cli/commands.hpp"
+#include "transport/launch.hpp"
 
-#include <arpa/inet.h>
 #include <csignal>
 #include <cstring>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,27 +31,6 @@ namespace {
 volatile std::sig_atomic_t interrupted = 0;
 void on_signal(int sig) {
     interrupted = sig;
-}
-
-// A port on loopback that nobody listens on now (the coordinator binds it a moment later).
-int free_port(std::string& error) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) {
-        error = std::string("socket: ") + std::strerror(errno);
-        return -1;
-    }
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-        port = ntohs(a.sin_port);
-    else
-        error = std::string("cannot find a free port on 127.0.0.1: ") + std::strerror(errno);
-    ::close(fd);
-    return port;
 }
 
 std::string random_token() {
@@ -110,7 +87,7 @@ int launch_local(int procs, const std::vector<std::string>& args, std::ostream& 
         return 2;
     }
     std::string error;
-    int port = free_port(error);
+    int port = transport::free_loopback_port(error);
     if (port < 0) {
         err << "error: " << error << "\n";
         return 1;

@@ -1,7 +1,16 @@
 // launch.cpp: reading Slurm's, OpenMPI's and Dist's launch variables.
 #include "transport/launch.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
+#include <cstring>
+#include <fstream>
+#include <random>
 
 namespace dist::transport {
 
@@ -32,7 +41,49 @@ std::vector<std::string> top_level_items(const std::string& s) {
     return items;
 }
 
+// Binds a fresh socket to 127.0.0.1:`port` (0: the kernel picks) and returns the port bound, or
+// -1 with errno set.
+int bind_loopback(int port) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    socklen_t len = sizeof a;
+    int bound = -1;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+        bound = ntohs(a.sin_port);
+    const int saved = errno;
+    ::close(fd);
+    errno = saved;
+    return bound;
+}
+
 } // namespace
+
+int free_loopback_port(std::string& error) {
+    int ephemeral_low = 32768; // Linux's default when the range cannot be read
+    std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+    int low = 0, high = 0;
+    if (range >> low >> high && low > 1024) ephemeral_low = low;
+    // Registered ports from 10000 up, short of the ephemeral range; if that leaves too few, any
+    // port the kernel gives.
+    const int first = 10000, last = ephemeral_low - 1;
+    if (last - first >= 1000) {
+        std::mt19937 gen(std::random_device{}());
+        std::uniform_int_distribution<int> pick(first, last);
+        for (int tries = 0; tries < 64; ++tries) {
+            int port = bind_loopback(pick(gen));
+            if (port > 0) return port;
+        }
+    }
+    int port = bind_loopback(0);
+    if (port < 0)
+        error = std::string("cannot find a free port on 127.0.0.1: ") + std::strerror(errno);
+    return port;
+}
 
 std::vector<std::string> expand_nodelist(const std::string& list, std::string& error) {
     std::vector<std::string> hosts;

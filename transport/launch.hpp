@@ -36,4 +36,11 @@ std::optional<LaunchInfo> detect_launch(const std::function<const char*(const ch
 /// padding kept). Empty and an error on malformed input.
 std::vector<std::string> expand_nodelist(const std::string& list, std::string& error);
 
+/// A TCP port on 127.0.0.1 that nothing is bound to now, for a coordinator to listen on a moment
+/// later. It is drawn at random from below the kernel's ephemeral range
+/// (/proc/sys/net/ipv4/ip_local_port_range), where no outgoing connection and no `bind` to port
+/// 0 lands in the meantime, so only another caller of this function can take it first, and two
+/// callers agree only by chance. -1 and `error` when no port can be bound.
+int free_loopback_port(std::string& error);
+
 } // namespace dist::transport

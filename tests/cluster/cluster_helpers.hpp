@@ -4,6 +4,7 @@
 #pragma once
 
 #include "tests/common/tiny_scripts.hpp"
+#include "transport/launch.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -180,17 +181,12 @@ inline void expect_same_steps(const std::vector<Step>& a, const std::vector<Step
     }
 }
 
-// A TCP port on loopback that nobody listens on now.
+// A TCP port on loopback that nobody listens on now, drawn as the launcher draws one.
 inline int free_port() {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(fd);
-    return ntohs(a.sin_port);
+    std::string error;
+    int port = dist::transport::free_loopback_port(error);
+    EXPECT_GT(port, 0) << error;
+    return port;
 }
 
 // The children of `pid`, oldest first: every process whose parent it is (read from /proc, which

@@ -3,6 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
 #include <map>
 
 using namespace dist::transport;
@@ -82,4 +88,28 @@ TEST(Launch, MalformedValuesAreErrorsNamingTheVariable) {
     EXPECT_NE(e.find("SLURM_JOB_NODELIST"), std::string::npos) << e;
     EXPECT_TRUE(expand_nodelist("a[1-", e).empty());
     EXPECT_TRUE(expand_nodelist("", e).empty());
+}
+
+// The coordinator's port is drawn below the ephemeral range, where the outgoing connections and
+// port-0 listeners of other jobs on the host land, and it can be listened on.
+TEST(Launch, AFreePortLiesBelowTheEphemeralRangeAndCanBeListenedOn) {
+    int low = 0, high = 0;
+    std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+    if (!(range >> low >> high) || low < 11000)
+        GTEST_SKIP() << "the ephemeral range leaves no room below it";
+    for (int i = 0; i < 8; ++i) {
+        std::string error;
+        const int port = free_loopback_port(error);
+        ASSERT_GT(port, 0) << error;
+        EXPECT_GE(port, 10000);
+        EXPECT_LT(port, low);
+        int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons(static_cast<uint16_t>(port));
+        EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << port;
+        EXPECT_EQ(::listen(fd, 1), 0) << port;
+        ::close(fd);
+    }
 }
