@@ -218,9 +218,9 @@ def build_rows():
              "MFU 51.7%; full AC; seq 8192 (train_configs/llama3_70b.toml)",
              ["model.layers=80", "model.heads=64", "model.width=8192", "model.hidden=28672"]),
             ("titan-8B-8xH100", titan_h100, "Llama 3.1 8B", 8, 2, "selective",
-             "h100", 5762, "FSDP eager (6,667 with torch.compile); H100 96 GB HBM2e at 500 W", []),
+             "h100_gt500", 5762, "FSDP eager (6,667 with torch.compile); 82.4 GiB measured; H100 96 GB HBM2e at 500 W", []),
             ("titan-8B-128xH100", titan_h100, "Llama 3.1 8B", 128, 2, "selective",
-             "h100", 5605, "FSDP eager (6,514 with torch.compile); H100 96 GB HBM2e at 500 W", [])):
+             "h100_gt500", 5605, "FSDP eager (6,514 with torch.compile); 67.0 GiB measured; H100 96 GB HBM2e at 500 W", [])):
         rows.append(dict(
             id=rid, source=src, model=model, script="torchtitan_llama3.dist", gpus=n,
             layout=f"FSDP {n} (ZeRO-3), local batch {lbs}, {rec} AC",
@@ -281,7 +281,9 @@ def simulate(dist, row):
         if os.path.exists(dist):
             break
         time.sleep(60)
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ)  # bench/published/hardware holds the profiles of the rows' own parts
+    env["DIST_PATH"] = HERE + (os.pathsep + env["DIST_PATH"] if env.get("DIST_PATH") else "")
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         return dict(error=(p.stderr.strip() or p.stdout.strip()).splitlines()[:3])
     d = json.loads(p.stdout)

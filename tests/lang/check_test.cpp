@@ -391,6 +391,39 @@ TEST(RoundTrip, FormatPreservesTheProgram) {
     EXPECT_GE(compared, 10u) << "too few scripts checked cleanly to compare programs";
 }
 
+// The scripts of bench/published check as written, and the profile of the part torchtitan's
+// H100 tables ran on loads from that folder on DIST_PATH: the same silicon as h100-sxm with more
+// memory, less bandwidth, and a peak at or below the SXM's and at or above the NVL's 835 TFLOPS.
+TEST(Published, ScriptsCheckAndTheirPartsProfileLoads) {
+    const fs::path dir = fs::path(DIST_SOURCE_DIR) / "bench/published";
+    FrontendOptions o = opts();
+    o.search_roots.insert(o.search_roots.begin(), dir);
+    size_t checked = 0;
+    for (const auto& e : fs::directory_iterator(dir)) {
+        if (e.path().extension() != ".dist") continue;
+        CheckResult r = check_file(e.path(), o);
+        EXPECT_TRUE(r.ok()) << e.path() << "\n" << r.report();
+        ++checked;
+    }
+    EXPECT_GE(checked, 5u);
+    auto on = [&](const std::string& devices) {
+        FrontendOptions with = o;
+        with.overrides = {"mesh.devices=" + devices, "mesh.dp=8", "train.batch=16"};
+        return check_file(dir / "torchtitan_llama3.dist", with);
+    };
+    CheckResult gt = on("h100_gt500 x 8"), sxm = on("h100 x 8");
+    ASSERT_TRUE(gt.ok()) << gt.report();
+    ASSERT_TRUE(sxm.ok()) << sxm.report();
+    const HardwareProfile &g = gt.program->mesh.profile_of(0), &s = sxm.program->mesh.profile_of(0);
+    EXPECT_EQ(g.name, "h100-gt500");
+    EXPECT_LE(g.peak_flops_bf16, s.peak_flops_bf16);
+    EXPECT_GE(g.peak_flops_bf16, 835e12);
+    EXPECT_GT(g.memory_bytes, s.memory_bytes);
+    EXPECT_LT(g.memory_bandwidth, s.memory_bandwidth);
+    EXPECT_EQ(g.matmul_efficiency_by_width, s.matmul_efficiency_by_width);
+    EXPECT_EQ(g.attention_efficiency, s.attention_efficiency);
+}
+
 // Every ```dist example of the language reference checks (the formatter's "Input" included).
 TEST(Docs, LanguageReferenceExamplesCheck) {
     std::string text, error;
