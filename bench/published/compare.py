@@ -189,7 +189,7 @@ def build_rows():
     rows.append(dict(
         id="bloom-176B", source="BLOOM README",
         model="BLOOM 176B", script="bloom_176b.dist", gpus=384,
-        layout="t4 p12 d8, ZeRO-1, mbs 2, m 128", sets=[],
+        layout="t4 p12 d8, ZeRO-1, mbs 2, m 128", sets=["mesh.devices=a100_jz x 384"],
         metric="samples_per_s", unit="samples/s", published=19.561, shape=dict(B=2048),
         note="104.70 s/iteration at GBS 2048; logged 149.77 TFLOPs (hardware, with recompute); "
              "README's estimate uses ~150 TFLOP/s per GPU"))

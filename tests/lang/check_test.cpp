@@ -391,10 +391,11 @@ TEST(RoundTrip, FormatPreservesTheProgram) {
     EXPECT_GE(compared, 10u) << "too few scripts checked cleanly to compare programs";
 }
 
-// The scripts of bench/published check as written, and the profile of the part torchtitan's
-// H100 tables ran on loads from that folder on DIST_PATH: the same silicon as h100-sxm with more
-// memory, less bandwidth, and a peak at or below the SXM's and at or above the NVL's 835 TFLOPS.
-TEST(Published, ScriptsCheckAndTheirPartsProfileLoads) {
+// The scripts of bench/published check as written, and the profiles of the parts its rows ran on
+// load from that folder on DIST_PATH: torchtitan's H100, the silicon of h100-sxm with more
+// memory, less bandwidth, and a peak at or below the SXM's and at or above the NVL's 835 TFLOPS;
+// Jean Zay's A100 hosts.
+TEST(Published, ScriptsCheckAndTheProfilesOfTheirPartsLoad) {
     const fs::path dir = fs::path(DIST_SOURCE_DIR) / "bench/published";
     FrontendOptions o = opts();
     o.search_roots.insert(o.search_roots.begin(), dir);
@@ -422,6 +423,20 @@ TEST(Published, ScriptsCheckAndTheirPartsProfileLoads) {
     EXPECT_LT(g.memory_bandwidth, s.memory_bandwidth);
     EXPECT_EQ(g.matmul_efficiency_by_width, s.matmul_efficiency_by_width);
     EXPECT_EQ(g.attention_efficiency, s.attention_efficiency);
+    // BLOOM's hosts: the A100 of a100-80g with slower links between hosts, nothing else.
+    CheckResult jz = on("a100_jz x 8"), a100 = on("a100 x 8");
+    ASSERT_TRUE(jz.ok()) << jz.report();
+    ASSERT_TRUE(a100.ok()) << a100.report();
+    const HardwareProfile &j = jz.program->mesh.profile_of(0),
+                          &a = a100.program->mesh.profile_of(0);
+    EXPECT_EQ(j.name, "a100-jz");
+    EXPECT_LT(j.inter_host.bandwidth, a.inter_host.bandwidth);
+    EXPECT_EQ(j.peak_flops_bf16, a.peak_flops_bf16);
+    EXPECT_EQ(j.memory_bytes, a.memory_bytes);
+    EXPECT_EQ(j.memory_bandwidth, a.memory_bandwidth);
+    EXPECT_EQ(j.intra_host.bandwidth, a.intra_host.bandwidth);
+    EXPECT_EQ(j.matmul_efficiency_by_width, a.matmul_efficiency_by_width);
+    EXPECT_EQ(j.attention_efficiency, a.attention_efficiency);
 }
 
 // Every ```dist example of the language reference checks (the formatter's "Input" included).
