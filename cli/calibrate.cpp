@@ -464,33 +464,7 @@ double ping_pong(transport::PointToPoint& a, transport::PointToPoint& b, int64_t
     return s;
 }
 
-// Every core computing (a single-threaded matmul on each) for as long as this lives: what a
-// rank's messages and collectives meet while the ranks of a busy host compute.
-class BusyCores {
-  public:
-    explicit BusyCores(int32_t cores) {
-        for (int32_t i = 0; i < cores; ++i)
-            load_.emplace_back([this] {
-                omp_set_num_threads(1);
-                std::vector<float> x = filled(128 * 128), y(128 * 128);
-                while (!stop_)
-                    cpu::matmul_forward<float>(x.data(), x.data(), nullptr, 128, 128, 128,
-                                               y.data());
-            });
-    }
-    ~BusyCores() {
-        stop_ = true;
-        for (auto& t : load_) t.join();
-    }
-    BusyCores(const BusyCores&) = delete;
-    BusyCores& operator=(const BusyCores&) = delete;
-
-  private:
-    std::atomic<bool> stop_{false};
-    std::vector<std::thread> load_;
-};
-
-std::vector<TransferSample> measure_transfers(int32_t cores, const std::vector<int64_t>& message,
+std::vector<TransferSample> measure_transfers(const std::vector<int64_t>& message,
                                               Progress& progress,
                                               std::vector<std::string>& skipped) {
     std::vector<TransferSample> out;
@@ -502,18 +476,6 @@ std::vector<TransferSample> measure_transfers(int32_t cores, const std::vector<i
             out.push_back({"inprocess", bytes, ping_pong(*a, *b, bytes, iters(bytes))});
             progress.tick("transfers");
         }
-    }
-    {
-        // The same hand-over while every core computes (ranks outnumbering the cores): the
-        // woken receiver waits for a core. One-way seconds of a small message.
-        transport::InProcessFabric fabric;
-        auto a = fabric.endpoint(0), b = fabric.endpoint(1);
-        {
-            BusyCores busy(cores);
-            out.push_back(
-                {"inprocess-busy", message.front(), ping_pong(*a, *b, message.front(), 200)});
-        }
-        progress.tick("transfers");
     }
     for (auto [name, tls, devices] :
          {std::tuple{"ucx-sm", "sm,self", ""}, std::tuple{"ucx-tcp", "tcp,self", "lo"}}) {
@@ -1007,13 +969,17 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
         err << "calibrate: warning: this machine is busy (load average " << load << " on " << cores
             << " cores); what is measured now will be slower than an idle machine\n";
     Plan plan = plan_for(cores, c.quick);
-    const int total =
-        static_cast<int>(plan.threads.size() *
-                         (3 * plan.grid.size() * plan.grid.size() * plan.grid.size() +
-                          plan.seqs.size() * plan.head_dims.size() + 13 * plan.elements.size())) +
-        2 * cores + 3 * static_cast<int>(plan.message.size()) * 4 + (c.quick ? 7 : 19) +
-        (cores > 1 ? (c.quick ? 1 : 18) : 0) +                        // the probes on one thread
-        static_cast<int>(plan.message.size()) * (cores >= 4 ? 2 : 1); // the all-to-alls
+    // One tick per measurement, in the order they run.
+    const int threads = static_cast<int>(plan.threads.size());
+    const int sizes = static_cast<int>(plan.grid.size()),
+              messages = static_cast<int>(plan.message.size());
+    // run_probes: 1 probe once (quick) or 6 probes in 3 passes, on all the cores and on one.
+    const int probe_runs = (c.quick ? 1 : 6 * 3) * (cores > 1 ? 2 : 1);
+    const int total = threads * (3 * sizes * sizes * sizes +
+                                 static_cast<int>(plan.seqs.size() * plan.head_dims.size()) +
+                                 13 * static_cast<int>(plan.elements.size())) +
+                      probe_runs + (2 * cores - 1) + 1 + 3 * messages +
+                      4 * messages * (cores >= 4 ? 2 : 1);
     Progress progress(err, total);
     auto t0 = Clock::now();
     std::vector<std::string> skipped;
@@ -1027,7 +993,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     omp_set_num_threads(cores);
     auto sharing = measure_sharing(cores, plan, progress);
     const double slice = measure_slice(progress);
-    auto transfers = measure_transfers(cores, plan.message, progress, skipped);
+    auto transfers = measure_transfers(plan.message, progress, skipped);
     auto collectives = measure_collectives(cores, plan, progress, skipped);
     Calibration measured;
     measured.cores = cores;

@@ -336,7 +336,7 @@ int run_calibrate_gpu(const CalibrateOptions& c, const std::string& name, int gp
     // The host's side: UCX over TCP on the loopback stands for the link to another host.
     const int32_t cores = omp_get_num_procs();
     auto transfers =
-        measure_transfers(cores, {plan.message.front(), plan.message.back()}, progress, skipped);
+        measure_transfers({plan.message.front(), plan.message.back()}, progress, skipped);
     Calibration measured;
     measured.cores = cores;
     measured.device = "cuda";

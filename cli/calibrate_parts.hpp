@@ -44,10 +44,9 @@ class Progress {
     std::string last_;
 };
 
-/// One-way seconds of messages of each size through the in-process fabric (idle, and with
-/// `cores` threads computing), UCX over shared memory and UCX over TCP on the loopback; a
-/// transport that cannot start is named in `skipped`.
-std::vector<TransferSample> measure_transfers(int32_t cores, const std::vector<int64_t>& message,
+/// One-way seconds of messages of each size through the in-process fabric, UCX over shared
+/// memory and UCX over TCP on the loopback; a transport that cannot start is named in `skipped`.
+std::vector<TransferSample> measure_transfers(const std::vector<int64_t>& message,
                                               Progress& progress,
                                               std::vector<std::string>& skipped);
 /// Latency (the smallest message) and bandwidth (between the two largest) of `transport`.
