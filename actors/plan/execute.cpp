@@ -272,6 +272,17 @@ void conclude(const Graph& g, const Collectives& dp, const Exchanges& ex, ExecTi
     t.complete = true;
     for (size_t r = 0; r < g.ranks.size(); ++r) {
         const PlanRank& rank = g.ranks[r];
+        // The rank's k-th collective action is its group's k-th collective.
+        int32_t k = 0;
+        for (size_t i = 0; i < rank.actions.size(); ++i) {
+            if (!is_dp_collective(rank.actions[i].kind)) continue;
+            const auto key = std::make_pair(dp.group_of(rank), k++);
+            auto b = dp.begun.find(key), f = dp.finished.find(key);
+            if (b != dp.begun.end() && f != dp.finished.end()) {
+                t.collective_start[r][i] = b->second;
+                t.collective_end[r][i] = f->second;
+            }
+        }
         if (t.stopped_at[r] == rank.actions.size()) continue;
         t.complete = false;
         const PlanAction& a = rank.actions[t.stopped_at[r]];
@@ -321,12 +332,16 @@ ExecTimes sized(const Graph& g) {
     t.start.resize(n);
     t.end.resize(n);
     t.core_wait.resize(n);
+    t.collective_start.resize(n);
+    t.collective_end.resize(n);
     t.stopped_at.assign(n, 0);
     t.waits_for.assign(n, {});
     for (size_t r = 0; r < n; ++r) {
         t.start[r].assign(g.ranks[r].actions.size(), 0.0);
         t.end[r].assign(g.ranks[r].actions.size(), 0.0);
         t.core_wait[r].assign(g.ranks[r].actions.size(), 0.0);
+        t.collective_start[r].assign(g.ranks[r].actions.size(), -1.0);
+        t.collective_end[r].assign(g.ranks[r].actions.size(), -1.0);
     }
     return t;
 }

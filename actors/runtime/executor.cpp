@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -26,6 +27,11 @@ std::string RankFailure::str() const {
 }
 
 namespace {
+
+// Seconds on the host's monotonic clock, which every process of a host shares.
+double seconds_of(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
 
 Tensor take(std::map<int32_t, Tensor>& m, int32_t mb, const char* what, int32_t stage) {
     auto it = m.find(mb);
@@ -181,18 +187,34 @@ class RankExecutor::Reducer {
         edp_ = edp;
     }
 
-    void enqueue(int32_t stage, int32_t bucket) {
-        run([this, stage, bucket] { reduce(stage, bucket); });
+    /// REDUCE_GRAD, the rank's action `action`.
+    void enqueue(int32_t stage, int32_t bucket, size_t action) {
+        run([this, stage, bucket] { reduce(stage, bucket); }, action);
     }
 
     /// Queues any other collective of the group (ZeRO 3's gathers, ZeRO 2's reduce-scatters)
     /// behind those queued: every member queues them in one order, so the group runs them in
-    /// one order. Returns a ticket for wait_for.
-    uint64_t run(std::function<void()> task) {
+    /// one order. `action`: the plan action it is part of, for its timing. Returns a ticket
+    /// for wait_for.
+    uint64_t run(std::function<void()> task, size_t action) {
         std::lock_guard lock(mutex_);
-        queue_.push_back(std::move(task));
+        queue_.push_back({std::move(task), action});
         cv_.notify_all();
         return ++queued_;
+    }
+
+    /// The plan actions that the gathers and the reduce-scatters queued from now on are part
+    /// of: those of the stage and microbatch computing (set on the rank's thread before each
+    /// action, read there by the hooks).
+    size_t gathering = 0, scattering = 0;
+
+    /// The collectives run since the last call: (action, start, end) on the host's monotonic
+    /// clock, seconds.
+    std::vector<ActionTiming> take_ran() {
+        std::lock_guard lock(mutex_);
+        std::vector<ActionTiming> out;
+        out.swap(ran_);
+        return out;
     }
 
     /// Waits until the task of `ticket` (and every one before it) has run; rethrows a failure.
@@ -271,11 +293,14 @@ class RankExecutor::Reducer {
         while (true) {
             cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !error_); });
             if (stop_) return;
-            auto task = std::move(queue_.front());
+            auto [task, action] = std::move(queue_.front());
             queue_.pop_front();
             lock.unlock();
+            const auto began = std::chrono::steady_clock::now();
             try {
                 task();
+                ran_.push_back({action, seconds_of(began),
+                                seconds_of(std::chrono::steady_clock::now()), true});
             } catch (...) {
                 lock.lock();
                 error_ = std::current_exception();
@@ -343,7 +368,8 @@ class RankExecutor::Reducer {
     Tensor share_; // this member's summed share of a scattered unit
     std::mutex mutex_;
     std::condition_variable cv_;
-    std::deque<std::function<void()>> queue_;
+    std::deque<std::pair<std::function<void()>, size_t>> queue_;
+    std::vector<ActionTiming> ran_; // under mutex_ but while a task runs (only this thread)
     uint64_t queued_ = 0, done_ = 0;
     bool stop_ = false;
     std::exception_ptr error_;
@@ -393,10 +419,11 @@ class RankExecutor::GradientScatterer final : public models::UnitHooks {
             }
             if (!done.empty()) {
                 device_.synchronize(); // the gradients are in before another thread reads them
-                const uint64_t ticket =
-                    comm_.run([this, done = std::move(done), grads = std::move(grads)] {
+                const uint64_t ticket = comm_.run(
+                    [this, done = std::move(done), grads = std::move(grads)] {
                         comm_.scatter(done, grads, comms_, ep_);
-                    });
+                    },
+                    comm_.scattering);
                 // At most two units' gradients whole: wait for the one before.
                 if (last_ > 0) comm_.wait_for(last_);
                 last_ = ticket;
@@ -475,7 +502,7 @@ class RankExecutor::WeightGatherer final : public models::UnitHooks {
             fresh.push_back(p);
         }
         if (fresh.empty()) return;
-        const uint64_t ticket = comm_.run([this, fresh] { gather(fresh); });
+        const uint64_t ticket = comm_.run([this, fresh] { gather(fresh); }, comm_.gathering);
         for (models::Parameter* p : fresh) held_[p].ticket = ticket;
     }
 
@@ -658,8 +685,17 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
     using clock = std::chrono::steady_clock;
     // Times on the host's monotonic clock, which every process of a host shares: the ranks'
     // actions line up in one timeline (runtime/measured.cpp takes the earliest as zero).
-    auto since = [](clock::time_point t) {
-        return std::chrono::duration<double>(t.time_since_epoch()).count();
+    auto since = [](clock::time_point t) { return seconds_of(t); };
+    // The collective actions of each stage and microbatch: what the communication thread's
+    // work queued inside a compute action is part of.
+    std::map<std::tuple<plan::ActionKind, int32_t, int32_t>, size_t> collective_at;
+    for (size_t i = 0; i < me_.actions.size(); ++i) {
+        const plan::PlanAction& a = me_.actions[i];
+        if (plan::is_dp_collective(a.kind)) collective_at[{a.kind, a.stage, a.microbatch}] = i;
+    }
+    auto collective_of = [&](plan::ActionKind kind, const plan::PlanAction& a, size_t i) {
+        auto it = collective_at.find({kind, a.stage, a.microbatch});
+        return it == collective_at.end() ? i : it->second;
     };
     auto start = clock::now();
     RankStepResult result;
@@ -721,6 +757,17 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
             // over the replica) is waiting for other ranks, as the simulator counts it.
             t0 = update_began_;
         } else {
+            action_index_ = i;
+            if (reducer_) {
+                using plan::ActionKind;
+                const bool fwd = a.kind == ActionKind::forward;
+                reducer_->gathering =
+                    plan::is_dp_collective(a.kind)
+                        ? i
+                        : collective_of(
+                              fwd ? ActionKind::gather_forward : ActionKind::gather_backward, a, i);
+                reducer_->scattering = collective_of(ActionKind::reduce_scatter, a, i);
+            }
             execute(a, step, result);
         }
         // An action's time is the device's: its kernels have run when it is over (a GPU queues
@@ -735,6 +782,10 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
         throw std::logic_error("rank " + std::to_string(rank_) + ": " +
                                std::to_string(exchanges_ran_.size()) +
                                " all-to-all(s) ran that the plan does not list");
+    if (reducer_) { // every one has run: STEP waited for them
+        std::vector<ActionTiming> ran = reducer_->take_ran();
+        result.timings.insert(result.timings.end(), ran.begin(), ran.end());
+    }
     comms_.p2p->flush(); // sends to other processes complete before the step is over
     {
         std::lock_guard lock(current_mutex_);
@@ -840,7 +891,7 @@ void RankExecutor::execute(const plan::PlanAction& a, int64_t step, RankStepResu
             widened(comms_.p2p->recv(a.peer, {step, s + 1, mb, Direction::gradient}), *device_);
         break;
     case ActionKind::reduce_grad:
-        if (reducer_) reducer_->enqueue(s, mb);
+        if (reducer_) reducer_->enqueue(s, mb, action_index_);
         break;
     case ActionKind::reduce_scatter: break; // queued unit by unit in the backward before it
     case ActionKind::gather_forward:

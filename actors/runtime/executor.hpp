@@ -57,6 +57,10 @@ struct StateGroup {
 struct ActionTiming {
     size_t action = 0;
     double start_s = 0, end_s = 0;
+    /// A data-parallel collective the rank's communication thread ran for `action` (its
+    /// REDUCE_GRAD, or a unit's gather or reduce-scatter of its GATHER_F, GATHER_B or
+    /// REDUCE_SCATTER), listed after the actions; false: the action itself.
+    bool collective = false;
 };
 
 struct RankStepResult {
@@ -150,6 +154,7 @@ class RankExecutor {
     // ZeRO 2 and 3, by stage: the hooks that reduce-scatter each unit's gradients.
     std::map<int32_t, std::unique_ptr<GradientScatterer>> scatterers_;
     std::unique_ptr<Reducer> reducer_;
+    size_t action_index_ = 0;          // the action `execute` runs: where in the rank's list
     kernels::Tensor tokens_, targets_; // this dp rank's rows of the step's batch
     int64_t microbatch_rows_ = 0;
     std::function<void(int64_t, const plan::PlanAction&)> hook_;

@@ -33,6 +33,10 @@ sim::Timeline measured_timeline(const plan::Graph& graph,
             a.start_s -= origin[r];
             a.end_s -= origin[r];
             if (a.action >= actions.size()) continue;
+            if (a.collective) { // the communication thread's, apart from the rank's own
+                rep.collectives.push_back({a.action, a.start_s, a.end_s});
+                continue;
+            }
             // Compute actions and the optimizer step: the spans the simulator reports.
             ActionKind kind = actions[a.action].kind;
             if (plan::is_exchange(kind)) rep.exchanges.push_back({a.action, a.start_s, a.end_s});
@@ -43,8 +47,8 @@ sim::Timeline measured_timeline(const plan::Graph& graph,
             first = false;
             rep.last_end = a.end_s;
         }
-        if (!timings[r].empty())
-            t.makespan = std::max(t.makespan, timings[r].back().end_s - origin[r]);
+        for (const ActionTiming& a : timings[r])
+            if (!a.collective) t.makespan = std::max(t.makespan, a.end_s - origin[r]);
         t.ranks.push_back(std::move(rep));
     }
     double idle = 0;

@@ -61,7 +61,9 @@ struct StepOutcome {
     /// "" when the step updated the weights, else the non-finite value ("loss", "gradient
     /// norm") for which every rank skipped the update.
     std::string nonfinite;
-    std::vector<double> timings; // (action index, start, end) triples
+    /// (action index, start, end) triples; a collective run for action i (ActionTiming::
+    /// collective) has index -(i + 1).
+    std::vector<double> timings;
     /// This step's traffic with other processes: per peer, its rank, then per direction sent
     /// (messages, bytes, seconds) and received (messages, bytes, seconds).
     std::vector<double> traffic;

@@ -80,9 +80,11 @@ worker_actor::behavior_type worker(worker_actor::pointer, RankExecutor* ex,
                              e.aux_loss, static_cast<double>(e.aux_terms)};
                 for (int64_t l : e.load) o.experts.push_back(static_cast<double>(l));
             }
-            for (const auto& t : r.timings)
+            for (const auto& t : r.timings) {
+                const double at = static_cast<double>(t.action);
                 o.timings.insert(o.timings.end(),
-                                 {static_cast<double>(t.action), t.start_s, t.end_s});
+                                 {t.collective ? -(at + 1) : at, t.start_s, t.end_s});
+            }
             RankTraffic now = comms->traffic(ex->rank());
             o.traffic = encode(minus(now, *last));
             *last = now;

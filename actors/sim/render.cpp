@@ -289,28 +289,43 @@ std::string chrome_trace(const std::vector<std::pair<std::string, const Timeline
                       "\"args\":{\"sort_index\":%zu}}",
                       pid, pid);
         out += buf;
+        auto span = [&](const PlanAction& a, int tid, const Span& s) {
+            // Action names are letters, digits, `<`, `>`, `+`, `_` and `@`: nothing to escape.
+            std::snprintf(buf, sizeof buf,
+                          ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%zu,"
+                          "\"tid\":%d,\"ts\":%.17g,\"dur\":%.17g,\"args\":{\"stage\":%d,"
+                          "\"microbatch\":%d}}",
+                          plan::to_string(a).c_str(), plan::op_name(a.kind), pid, tid, s.start * us,
+                          (s.end - s.start) * us, a.stage, a.microbatch);
+            out += buf;
+        };
+        // A rank's compute track, and under it its communication thread's (tid: the rank
+        // count after it), when it ran data-parallel collectives.
+        const int comm_tid = static_cast<int>(t.graph.ranks.size());
         for (const RankReport& r : t.ranks) {
             const plan::PlanRank& rank = t.graph.ranks[static_cast<size_t>(r.rank)];
             std::snprintf(buf, sizeof buf,
                           ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%zu,\"tid\":%d,"
-                          "\"args\":{\"name\":\"rank %d (dp %d, pp %d, tp %d)\"}}",
-                          pid, r.rank, r.rank, rank.dp, rank.pp, rank.tp);
+                          "\"args\":{\"name\":\"rank %d (dp %d, pp %d, tp %d)\"}},"
+                          "\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":%zu,"
+                          "\"tid\":%d,\"args\":{\"sort_index\":%d}}",
+                          pid, r.rank, r.rank, rank.dp, rank.pp, rank.tp, pid, r.rank, 2 * r.rank);
             out += buf;
+            if (!r.collectives.empty()) {
+                std::snprintf(buf, sizeof buf,
+                              ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%zu,"
+                              "\"tid\":%d,\"args\":{\"name\":\"rank %d communication\"}},"
+                              "\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":%zu,"
+                              "\"tid\":%d,\"args\":{\"sort_index\":%d}}",
+                              pid, comm_tid + r.rank, r.rank, pid, comm_tid + r.rank,
+                              2 * r.rank + 1);
+                out += buf;
+            }
+            for (const Span& s : r.collectives) span(rank.actions[s.action], comm_tid + r.rank, s);
             // The all-to-alls nest inside the compute spans that run them.
             std::vector<Span> spans = r.spans;
             spans.insert(spans.end(), r.exchanges.begin(), r.exchanges.end());
-            for (const Span& s : spans) {
-                const PlanAction& a = rank.actions[s.action];
-                // Action names are letters, digits, `<`, `>`, `+`, `_` and `@`: nothing to
-                // escape.
-                std::snprintf(buf, sizeof buf,
-                              ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%zu,"
-                              "\"tid\":%d,\"ts\":%.17g,\"dur\":%.17g,\"args\":{\"stage\":%d,"
-                              "\"microbatch\":%d}}",
-                              plan::to_string(a).c_str(), plan::op_name(a.kind), pid, r.rank,
-                              s.start * us, (s.end - s.start) * us, a.stage, a.microbatch);
-                out += buf;
-            }
+            for (const Span& s : spans) span(rank.actions[s.action], r.rank, s);
         }
     }
     out += "\n]}\n";

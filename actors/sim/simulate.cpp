@@ -660,6 +660,9 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
             const PlanAction& a = rank.actions[i];
             if (plan::is_exchange(a.kind))
                 rep.exchanges.push_back({i, times.start[r][i], times.end[r][i]});
+            if (times.collective_end[r][i] > times.collective_start[r][i])
+                rep.collectives.push_back(
+                    {i, times.collective_start[r][i], times.collective_end[r][i]});
             if (!plan::is_compute(a.kind) && a.kind != ActionKind::step) continue;
             double s = times.start[r][i], e = times.end[r][i];
             if (e <= s && a.kind == ActionKind::step) continue;

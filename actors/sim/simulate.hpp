@@ -57,6 +57,11 @@ struct RankReport {
     std::vector<Span> spans; // compute actions only, in order
     /// The expert-parallel all-to-alls (DISPATCH_F ...), each inside its compute action's span.
     std::vector<Span> exchanges;
+    /// The data-parallel collectives (REDUCE_GRAD, REDUCE_SCATTER, GATHER_F, GATHER_B) on the
+    /// rank's communication thread, in the order they ran. Predicted: one span per action, from
+    /// when every member has entered it and the thread is free. Measured: a span per collective
+    /// the thread ran for the action (ZeRO's gathers and reduce-scatters run unit by unit).
+    std::vector<Span> collectives;
     /// The rank's activations as they rise and fall: from each time on, the bytes it holds (at a
     /// compute span's start, what it holds during the span; at its end, what it keeps).
     std::vector<std::pair<double, int64_t>> activation_steps;

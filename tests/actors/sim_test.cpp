@@ -218,10 +218,14 @@ TEST(Render, SvgAndTraceParse) {
         }
         if (e["ph"] == "M" && e["name"] == "thread_name") ++tracks;
     }
-    size_t expected = 0;
-    for (const sim::RankReport& rr : r.timeline->ranks) expected += rr.spans.size();
+    // A track per rank, and one for its communication thread where it runs collectives.
+    size_t expected = 0, expected_tracks = 0;
+    for (const sim::RankReport& rr : r.timeline->ranks) {
+        expected += rr.spans.size() + rr.collectives.size();
+        expected_tracks += rr.collectives.empty() ? 1 : 2;
+    }
     EXPECT_EQ(spans, expected);
-    EXPECT_EQ(tracks, r.timeline->ranks.size());
+    EXPECT_EQ(tracks, expected_tracks);
     std::string text = sim::text_report(*r.timeline);
     size_t start = 0;
     for (size_t end; (end = text.find('\n', start)) != std::string::npos; start = end + 1)

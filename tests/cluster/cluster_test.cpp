@@ -24,6 +24,7 @@
 #include <map>
 #include <netinet/in.h>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -177,6 +178,30 @@ TEST(Cluster, ActivationsBetweenProcessesAreCountedInTheMetrics) {
         ++events;
     EXPECT_EQ(events, 2u) << trace;
     EXPECT_NE(trace.find(act), std::string::npos) << trace;
+}
+
+// The collectives a rank's communication thread ran in another process come back to the trace:
+// dp 2 in two processes, each rank's REDUCE_GRAD on its communication track, measured as
+// predicted.
+TEST(Cluster, CollectivesOfOtherProcessesAreInTheTrace) {
+    Dir dir("collectives");
+    auto args = run_args(dir / "gpt.dist", mesh_sets(2, 1, 1, "1f1b", 2), dir / "m.jsonl", 2);
+    args.insert(args.end(), {"--procs", "2", "--trace", dir / "trace.json"});
+    Proc job(args, {}, dir / "out", dir / "err");
+    ASSERT_EQ(job.wait(120s), 0) << slurp(dir / "err");
+    auto j = nlohmann::json::parse(slurp(dir / "trace.json"));
+    std::map<std::pair<int, int>, std::set<std::string>> names; // (pid, rank) -> actions
+    for (const auto& e : j["traceEvents"])
+        if (e["ph"] == "X" && e["tid"].get<int>() >= 2) // the ranks' communication tracks
+            names[{e["pid"].get<int>(), e["tid"].get<int>() - 2}].insert(
+                e["name"].get<std::string>());
+    for (int rank = 0; rank < 2; ++rank) {
+        const auto& measured = names[{0, rank}];
+        ASSERT_FALSE(measured.empty()) << "rank " << rank;
+        for (const std::string& n : measured)
+            EXPECT_NE(n.find("REDUCE_GRAD"), std::string::npos) << n;
+        EXPECT_EQ(measured, (names[{1, rank}])) << "rank " << rank;
+    }
 }
 
 // In bf16 the same activations and gradients cross between the processes in 2 bytes an element

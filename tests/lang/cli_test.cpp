@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -464,6 +467,77 @@ TEST(Cli, RunWritesTheMeasuredStepBesideThePredictedOne) {
     std::string svg = slurp(dir / "t.svg");
     EXPECT_NE(svg.find(">measured"), std::string::npos);
     EXPECT_NE(svg.find(">predicted"), std::string::npos);
+    fs::remove_all(dir);
+}
+
+// The data-parallel collectives on each rank's communication track, measured and predicted:
+// ZeRO 3's gathers and reduce-scatters (unit by unit as they ran; one span per action as
+// predicted) and ZeRO 0's bucket all-reduces, the same actions in both, one after another on
+// the thread, inside the step.
+TEST(Cli, RunTracesTheCollectivesOnACommunicationTrackMeasuredAndPredicted) {
+    fs::path dir = fs::temp_directory_path() / ("dist_cli_comm_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    for (const char* zero : {"3", "0"}) {
+        Result r = run("run examples/gpt_tiny.dist --quiet --set model.width=32 --set "
+                       "train.batch=4 --set 'train.data=synthetic()' --set train.stop_after=2 "
+                       "--set mesh.dp=2 --set mesh.pp=2 --set schedule.microbatches=2 "
+                       "--set mesh.zero=" +
+                       std::string(zero) + " --trace " + (dir / "t.json").string());
+        ASSERT_EQ(r.status, 0) << r.err;
+        auto j = nlohmann::json::parse(slurp(dir / "t.json"));
+        struct Event {
+            std::string name;
+            double start, end;
+        };
+        std::map<int, std::map<int, std::string>> tracks;        // pid -> tid -> name
+        std::map<int, std::map<int, std::vector<Event>>> events; // pid -> tid -> events
+        for (const auto& e : j["traceEvents"]) {
+            if (e["ph"] == "M" && e["name"] == "thread_name")
+                tracks[e["pid"].get<int>()][e["tid"].get<int>()] =
+                    e["args"]["name"].get<std::string>();
+            if (e["ph"] == "X") {
+                double ts = e["ts"].get<double>();
+                events[e["pid"].get<int>()][e["tid"].get<int>()].push_back(
+                    {e["name"].get<std::string>(), ts, ts + e["dur"].get<double>()});
+            }
+        }
+        const int ranks = 4;
+        for (int rank = 0; rank < ranks; ++rank) {
+            std::set<std::string> names[2];
+            size_t predicted_spans = 0;
+            for (int pid = 0; pid < 2; ++pid) {
+                ASSERT_EQ(tracks[pid][ranks + rank],
+                          "rank " + std::to_string(rank) + " communication")
+                    << "zero " << zero << " pid " << pid;
+                double step_end = 0;
+                for (const Event& x : events[pid][rank]) step_end = std::max(step_end, x.end);
+                std::vector<Event> comm = events[pid][ranks + rank];
+                ASSERT_FALSE(comm.empty()) << "zero " << zero << " rank " << rank;
+                std::sort(comm.begin(), comm.end(),
+                          [](const Event& a, const Event& b) { return a.start < b.start; });
+                for (size_t i = 0; i < comm.size(); ++i) {
+                    const Event& x = comm[i];
+                    names[pid].insert(x.name);
+                    const bool expected =
+                        std::string(zero) == "3"
+                            ? x.name.find("GATHER_") != std::string::npos ||
+                                  x.name.find("REDUCE_SCATTER") != std::string::npos
+                            : x.name.find("REDUCE_GRAD") != std::string::npos;
+                    EXPECT_TRUE(expected) << x.name << " under ZeRO " << zero;
+                    EXPECT_GE(x.start, 0.0);
+                    EXPECT_LE(x.end, step_end + 1.0) << x.name; // microseconds
+                    if (i > 0) EXPECT_GE(x.start, comm[i - 1].end - 1.0) << x.name << " overlaps";
+                }
+                if (pid == 1) predicted_spans = comm.size();
+            }
+            EXPECT_EQ(names[0], names[1]) << "zero " << zero << " rank " << rank;
+            EXPECT_EQ(predicted_spans, names[1].size()) << "one span per action as predicted";
+            if (std::string(zero) == "3") {
+                // Both microbatches' forward and backward gathers and reduce-scatters.
+                EXPECT_EQ(names[1].size(), 6u) << "rank " << rank;
+            }
+        }
+    }
     fs::remove_all(dir);
 }
 
