@@ -27,7 +27,9 @@ std::string relative(double measured, double predicted) {
 // that run them, and hold the wait for the group's last member as well as the transfer.
 const char* const all_to_all_row = "all-to-all (in F, B, I)";
 
-// Seconds of each kind of compute action on each rank, and of the all-to-alls inside them.
+// Seconds of each kind of compute action on each rank, of the all-to-alls inside them, and of
+// each kind of collective on the rank's communication thread (a row "KIND (comm)": measured, a
+// collective's span holds the wait for the other members to come to it as well).
 std::vector<std::map<std::string, double>> busy_by_kind(const Timeline& t) {
     std::vector<std::map<std::string, double>> out(t.ranks.size());
     for (size_t i = 0; i < t.ranks.size(); ++i) {
@@ -36,6 +38,9 @@ std::vector<std::map<std::string, double>> busy_by_kind(const Timeline& t) {
         for (const Span& s : r.spans)
             out[i][plan::op_name(rank.actions[s.action].kind)] += s.end - s.start;
         for (const Span& s : r.exchanges) out[i][all_to_all_row] += s.end - s.start;
+        for (const Span& s : r.collectives)
+            out[i][std::string(plan::op_name(rank.actions[s.action].kind)) + " (comm)"] +=
+                s.end - s.start;
     }
     return out;
 }

@@ -150,7 +150,8 @@ std::string comparison_line(double measured_step_s, double measured_bubble,
 /// how to calibrate this one ("" for any other profile, a calibrated one included).
 std::string calibration_hint(const HardwareProfile& profile);
 /// Where a measured step and the prediction of the same plan disagree: each kind of action's
-/// time summed over the ranks, the idle time, and the rank and kind with the largest gap.
+/// time summed over the ranks (the communication threads' collectives apart, as "KIND (comm)"),
+/// the idle time, and the rank and kind with the largest gap.
 std::string disagreement_text(const Timeline& measured, const Timeline& predicted);
 
 } // namespace dist::sim

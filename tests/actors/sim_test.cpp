@@ -406,3 +406,25 @@ TEST(Simulate, TheDisagreementShowsTheAllToAllsInsideTheComputeApart) {
     predicted.ranks[0].exchanges.clear();
     EXPECT_EQ(sim::disagreement_text(measured, predicted).find("all-to-all"), std::string::npos);
 }
+
+// `explain` after a run with ZeRO 3: the communication thread's gathers get a row of their own,
+// measured (unit by unit) beside predicted, and when they are the largest gap it says so.
+TEST(Simulate, TheDisagreementShowsTheCommunicationThreadsCollectives) {
+    sim::Timeline measured, predicted;
+    PlanRank rank;
+    rank.actions = {{ActionKind::gather_forward, 0, 0}, {ActionKind::forward, 0, 0}};
+    for (sim::Timeline* t : {&measured, &predicted}) {
+        t->graph.ranks = {rank};
+        t->ranks.resize(1);
+    }
+    measured.ranks[0].spans = {{1, 0.000, 0.010}};
+    measured.ranks[0].collectives = {{0, 0.000, 0.003}, {0, 0.004, 0.009}};
+    predicted.ranks[0].spans = {{1, 0.000, 0.009}};
+    predicted.ranks[0].collectives = {{0, 0.000, 0.002}};
+    std::string text = sim::disagreement_text(measured, predicted);
+    EXPECT_NE(
+        text.find("  GATHER_F (comm)         measured     8.0 ms, predicted     2.0 ms (-75%)"),
+        std::string::npos)
+        << text;
+    EXPECT_NE(text.find("the largest gap: GATHER_F (comm) on rank 0"), std::string::npos) << text;
+}
