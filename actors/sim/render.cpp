@@ -233,14 +233,25 @@ std::string svg(const std::vector<std::pair<std::string, const Timeline*>>& pane
                     out += buf;
                 }
             }
+            // The communication thread's collectives: a thin bar along the row's foot.
+            for (const Span& s : r.collectives) {
+                const std::string name = plan::to_string(rank.actions[s.action]);
+                std::snprintf(buf, sizeof buf,
+                              "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"3\" "
+                              "fill=\"#333333\"><title>%s</title></rect>\n",
+                              left + s.start * scale, y + row_h - 3,
+                              std::max(0.5, (s.end - s.start) * scale), name.c_str());
+                out += buf;
+            }
         }
         y0 += static_cast<double>(t.ranks.size()) * row_h + gap;
     }
     // Legend: the phases (lightness) and the microbatches (hue).
-    const char* phases[] = {"F forward", "B / I backward (input)", "W weight gradient", "idle"};
-    int lights[] = {72, 50, 85, 0};
-    for (int k = 0; k < 4; ++k) {
-        double x = left + k * 200;
+    const char* phases[] = {"F forward", "B / I backward (input)", "W weight gradient", "idle",
+                            "collective (under)"};
+    int lights[] = {72, 50, 85, 0, 20};
+    for (int k = 0; k < 5; ++k) {
+        double x = left + k * 180;
         std::string fill = k == 3 ? "url(#idle)" : "hsl(0,0%," + std::to_string(lights[k]) + "%)";
         std::snprintf(buf, sizeof buf,
                       "<rect x=\"%.0f\" y=\"%.0f\" width=\"14\" height=\"14\" fill=\"%s\" "

@@ -226,6 +226,12 @@ TEST(Render, SvgAndTraceParse) {
     }
     EXPECT_EQ(spans, expected);
     EXPECT_EQ(tracks, expected_tracks);
+    // The picture draws each collective as a thin bar along its rank's row.
+    size_t bars = 0, collectives = 0;
+    for (size_t at = 0; (at = svg.find("height=\"3\"", at)) != std::string::npos; ++at) ++bars;
+    for (const sim::RankReport& rr : r.timeline->ranks) collectives += rr.collectives.size();
+    EXPECT_GT(collectives, 0u);
+    EXPECT_EQ(bars, collectives);
     std::string text = sim::text_report(*r.timeline);
     size_t start = 0;
     for (size_t end; (end = text.find('\n', start)) != std::string::npos; start = end + 1)
