@@ -138,12 +138,19 @@ TEST(Cluster, RendezvousTransfersOverTcpBetweenProcesses) {
     }
 }
 
-TEST(Cluster, ActivationsBetweenProcessesAreCountedInTheMetrics) {
-    Dir dir("traffic");
-    auto args = run_args(dir / "gpt.dist", mesh_sets(1, 1, 2, "1f1b", 2), dir / "m.jsonl", 2);
+// Two steps of the test job on `sets` in two processes, its metrics in m.jsonl and the last
+// step's trace in trace.json.
+void run_traced_in_two_processes(const Dir& dir, const std::vector<std::string>& sets) {
+    auto args = run_args(dir / "gpt.dist", sets, dir / "m.jsonl", 2);
     args.insert(args.end(), {"--procs", "2", "--trace", dir / "trace.json"});
     Proc job(args, {}, dir / "out", dir / "err");
     ASSERT_EQ(job.wait(120s), 0) << slurp(dir / "err");
+}
+
+TEST(Cluster, ActivationsBetweenProcessesAreCountedInTheMetrics) {
+    Dir dir("traffic");
+    run_traced_in_two_processes(dir, mesh_sets(1, 1, 2, "1f1b", 2));
+    if (HasFatalFailure()) return;
     std::string metrics = slurp(dir / "m.jsonl");
     // Stage 0 (rank 0, process 0) sends two microbatches of (4 rows x 8 tokens x 16 floats)
     // activations to rank 1 each step, and rank 1 sends as many gradients back.
@@ -185,10 +192,8 @@ TEST(Cluster, ActivationsBetweenProcessesAreCountedInTheMetrics) {
 // predicted.
 TEST(Cluster, CollectivesOfOtherProcessesAreInTheTrace) {
     Dir dir("collectives");
-    auto args = run_args(dir / "gpt.dist", mesh_sets(2, 1, 1, "1f1b", 2), dir / "m.jsonl", 2);
-    args.insert(args.end(), {"--procs", "2", "--trace", dir / "trace.json"});
-    Proc job(args, {}, dir / "out", dir / "err");
-    ASSERT_EQ(job.wait(120s), 0) << slurp(dir / "err");
+    run_traced_in_two_processes(dir, mesh_sets(2, 1, 1, "1f1b", 2));
+    if (HasFatalFailure()) return;
     auto j = nlohmann::json::parse(slurp(dir / "trace.json"));
     std::map<std::pair<int, int>, std::set<std::string>> names; // (pid, rank) -> actions
     for (const auto& e : j["traceEvents"])
