@@ -486,6 +486,17 @@ class RankExecutor::WeightGatherer final : public models::UnitHooks {
         request(forward ? 0 : units_.size() - 1, forward ? Phase::forward : Phase::backward_input);
     }
 
+    /// Until the first unit of the coming pass, when it was queued, is in: before the action's
+    /// clock starts, since the simulator counts that wait as idle (the compute starts once its
+    /// first unit has arrived).
+    void await_first(bool forward) {
+        if (units_.empty()) return;
+        for (models::Parameter* p : units_[forward ? 0 : units_.size() - 1]) {
+            auto it = held_.find(p);
+            if (it != held_.end() && it->second.refs > 0) comm_.wait_for(it->second.ticket);
+        }
+    }
+
   private:
     struct Held {
         int refs = 0;
@@ -731,6 +742,12 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
         {
             std::lock_guard lock(current_mutex_);
             current_ = plan::to_string(a);
+        }
+        if (a.kind == plan::ActionKind::forward || a.kind == plan::ActionKind::backward ||
+            a.kind == plan::ActionKind::backward_input) {
+            auto it = gatherers_.find(a.stage);
+            if (it != gatherers_.end())
+                it->second->await_first(a.kind == plan::ActionKind::forward);
         }
         auto t0 = clock::now();
         if (hook_) hook_(step, a);
