@@ -601,15 +601,22 @@ std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& pla
 // four tell a fixed cost per block from the kernels' scale: measured = scale x kernels +
 // overhead x blocks, fitted by least squares, for forwards and backwards apart.
 // Trains the probes; run first, on a quiet process (before the transports' threads exist).
+// The whole-action probes (width, layers, rows) and how many passes run them.
+std::vector<Probe> probe_shapes(bool quick) {
+    if (quick) return {{64, 1, 1, {}, {}}};
+    return {{128, 8, 1, {}, {}}, {128, 8, 4, {}, {}}, {256, 2, 1, {}, {}},
+            {256, 2, 4, {}, {}}, {512, 1, 2, {}, {}}, {512, 8, 1, {}, {}}};
+}
+int probe_passes(bool quick) {
+    return quick ? 1 : 3;
+}
+
 std::vector<Probe> run_probes(bool quick, const std::string& devices, int32_t threads,
                               Progress& progress, std::vector<std::string>& skipped) {
-    std::vector<Probe> probes =
-        quick ? std::vector<Probe>{{64, 1, 1, {}, {}}}
-              : std::vector<Probe>{{128, 8, 1, {}, {}}, {128, 8, 4, {}, {}}, {256, 2, 1, {}, {}},
-                                   {256, 2, 4, {}, {}}, {512, 1, 2, {}, {}}, {512, 8, 1, {}, {}}};
+    std::vector<Probe> probes = probe_shapes(quick);
     // Every probe once per pass, the passes one after another; each keeps its fastest pass's
     // medians: a burst of other work slows the probes of one pass, not the others.
-    const int passes = quick ? 1 : 3;
+    const int passes = probe_passes(quick);
     for (int pass = 0; pass < passes; ++pass) {
         for (Probe& pr : probes) {
             const std::string text =
@@ -973,8 +980,9 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     const int threads = static_cast<int>(plan.threads.size());
     const int sizes = static_cast<int>(plan.grid.size()),
               messages = static_cast<int>(plan.message.size());
-    // run_probes: 1 probe once (quick) or 6 probes in 3 passes, on all the cores and on one.
-    const int probe_runs = (c.quick ? 1 : 6 * 3) * (cores > 1 ? 2 : 1);
+    // run_probes: every probe in every pass, on all the cores and on one.
+    const int probe_runs = static_cast<int>(probe_shapes(c.quick).size()) * probe_passes(c.quick) *
+                           (cores > 1 ? 2 : 1);
     const int total = threads * (3 * sizes * sizes * sizes +
                                  static_cast<int>(plan.seqs.size() * plan.head_dims.size()) +
                                  13 * static_cast<int>(plan.elements.size())) +

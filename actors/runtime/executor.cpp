@@ -299,8 +299,6 @@ class RankExecutor::Reducer {
             const auto began = std::chrono::steady_clock::now();
             try {
                 task();
-                ran_.push_back({action, seconds_of(began),
-                                seconds_of(std::chrono::steady_clock::now()), true});
             } catch (...) {
                 lock.lock();
                 error_ = std::current_exception();
@@ -309,7 +307,9 @@ class RankExecutor::Reducer {
                 cv_.notify_all();
                 continue;
             }
+            const double ended = seconds_of(std::chrono::steady_clock::now());
             lock.lock();
+            ran_.push_back({action, seconds_of(began), ended, true});
             ++done_;
             cv_.notify_all();
         }
@@ -369,7 +369,7 @@ class RankExecutor::Reducer {
     std::mutex mutex_;
     std::condition_variable cv_;
     std::deque<std::pair<std::function<void()>, size_t>> queue_;
-    std::vector<ActionTiming> ran_; // under mutex_ but while a task runs (only this thread)
+    std::vector<ActionTiming> ran_; // under mutex_
     uint64_t queued_ = 0, done_ = 0;
     bool stop_ = false;
     std::exception_ptr error_;
