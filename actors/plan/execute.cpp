@@ -38,8 +38,17 @@ MessageKey recv_key(int32_t to, const PlanAction& a) {
     return {a.kind == ActionKind::recv_forward ? 0 : 1, a.stage, a.microbatch, a.peer, to};
 }
 
-// Data-parallel collectives (reductions, ZeRO's gathers): the k-th one of each group starts
-// once every member has entered it and the members' communication streams are free.
+// Data-parallel collectives (reductions, ZeRO's gathers and reduce-scatters): the k-th one of
+// each group starts once every member has entered it and the members' communication streams
+// are free.
+//
+// ZeRO 2 and 3 run theirs unit by unit (a residual group, or a layer outside one), as the
+// runtime does: GATHER_F / GATHER_B gather the first unit of the coming pass; the compute
+// action gathers each next unit as it starts one (so the rest of its gathers are queued once
+// it starts, not at GATHER), and a pass that writes weight gradients reduce-scatters each unit
+// once it is done (the rest of them inside the action, ahead of the next gathers on the
+// stream; REDUCE_SCATTER keeps the last unit's). A compute action's rest is its own collective
+// (two: the gathers, then the reduce-scatters), which its members enter when they start it.
 struct Collectives {
     const Graph& g;
     const ExecCosts& costs;
@@ -47,9 +56,21 @@ struct Collectives {
     std::vector<int32_t> entered;                                       // per rank
     std::map<std::pair<int32_t, int32_t>, std::vector<double>> entries; // (group, k) -> times
     std::map<std::pair<int32_t, int32_t>, double> finished, begun;
-    // ZeRO 3: the collective number of the gather a compute action waits for, per rank.
+    std::vector<std::vector<size_t>> action_of; // per rank: the action of each collective k
+    // ZeRO 3: the collective number and action of the gather a compute action waits for.
     using GatherKey = std::tuple<int32_t, int32_t, bool>; // stage, microbatch, forward
-    std::vector<std::map<GatherKey, int32_t>> gathered;
+    std::vector<std::map<GatherKey, std::pair<int32_t, size_t>>> gathered;
+    // ZeRO 2 and 3: the (stage, microbatch) whose REDUCE_SCATTER has only its last unit left.
+    std::vector<std::set<std::pair<int32_t, int32_t>>> scattered;
+    // Per rank: the compute action (its position and start) whose rest it entered, the rest's
+    // last collective (-1: none) and the seconds the action runs beyond its end.
+    struct Rest {
+        size_t pos = 0;
+        double start = 0;
+        int32_t last = -1;
+        double tail = 0;
+    };
+    std::vector<std::optional<Rest>> rest;
 
     // Where a host's cores are shared (execute_shared): a collective's members are threads
     // that keep a core of their host busy while it runs (the communication threads pack, reduce
@@ -72,7 +93,8 @@ struct Collectives {
 
     Collectives(const Graph& graph, const ExecCosts& c)
         : g(graph), costs(c), comm_free(graph.ranks.size(), 0.0), entered(graph.ranks.size(), 0),
-          gathered(graph.ranks.size()) {}
+          action_of(graph.ranks.size()), gathered(graph.ranks.size()),
+          scattered(graph.ranks.size()), rest(graph.ranks.size()) {}
 
     /// The member threads of the collectives running at `at` on each host.
     std::map<int32_t, double> threads_at(double at) const {
@@ -130,29 +152,101 @@ struct Collectives {
 
     int32_t group_of(const PlanRank& r) const { return r.pp * g.tp + r.tp; }
 
-    /// Rank `r` enters collective `a` at `at`; returns its end once known (else -1: not all
-    /// members have entered, or it is settled later).
-    double enter(const PlanRank& rank, const PlanAction& a, double at) {
+    static int32_t units(const Graph& g, int32_t stage) {
+        return std::max(1, g.stages[static_cast<size_t>(stage)].units);
+    }
+
+    /// Rank `r` enters collective action `a` (at `index` in its list) at `at`; returns its end
+    /// once known (else -1: not all members have entered, or it is settled later). A gather
+    /// runs the first unit; a reduce-scatter whose backward ran the others, the last.
+    double enter(const PlanRank& rank, const PlanAction& a, size_t index, double at) {
         const size_t r = static_cast<size_t>(rank.rank);
-        int32_t k = entered[r]++;
-        if (a.kind == ActionKind::gather_forward || a.kind == ActionKind::gather_backward)
-            gathered[r][{a.stage, a.microbatch, a.kind == ActionKind::gather_forward}] = k;
-        auto key = std::make_pair(group_of(rank), k);
-        auto& e = entries[key];
-        e.push_back(at);
-        if (static_cast<int32_t>(e.size()) < g.dp * g.cp || finished.count(key)) return -1.0;
-        double start = *std::max_element(e.begin(), e.end());
-        std::vector<int32_t> ms = g.replica_group(rank);
-        if (shared) {
-            unsettled.push_back({key, start, costs.reduction(rank, a), ms,
-                                 costs.reduction_wait ? costs.reduction_wait(rank, a) : 0.0});
-            return -1.0;
+        double share = 1;
+        if (a.kind == ActionKind::gather_forward || a.kind == ActionKind::gather_backward) {
+            gathered[r][{a.stage, a.microbatch, a.kind == ActionKind::gather_forward}] = {
+                entered[r], index};
+            share = 1.0 / units(g, a.stage);
+        } else if (a.kind == ActionKind::reduce_scatter &&
+                   scattered[r].erase({a.stage, a.microbatch}) > 0) {
+            share = 1.0 / units(g, a.stage);
         }
-        for (int32_t m : ms) start = std::max(start, comm_free[static_cast<size_t>(m)]);
-        double end = start + costs.reduction(rank, a);
-        for (int32_t m : ms) comm_free[static_cast<size_t>(m)] = end;
-        finished[key] = end;
-        begun[key] = start;
+        return queue(rank, index, at, share * costs.reduction(rank, a),
+                     costs.reduction_wait ? share * costs.reduction_wait(rank, a) : 0.0);
+    }
+
+    /// When the first unit of the weights compute action `a` needs has arrived (0: it needs no
+    /// gather), or -1 while that gather has not settled.
+    double first_in(const PlanRank& rank, const PlanAction& a) const {
+        if (a.kind == ActionKind::backward_weight) return 0;
+        const auto& mine = gathered[static_cast<size_t>(rank.rank)];
+        auto it = mine.find({a.stage, a.microbatch, a.kind == ActionKind::forward});
+        if (it == mine.end()) return 0;
+        auto fin = finished.find({group_of(rank), it->second.first});
+        return fin == finished.end() ? -1.0 : fin->second;
+    }
+
+    /// Rank `rank` starts compute action `a` (at `pos`, `compute` seconds) at `at`: it enters
+    /// the rest of its unit-by-unit gathers and reduce-scatters (once; later calls do nothing).
+    /// Returns the action's start: `at` at the first call.
+    double begin(const PlanRank& rank, const PlanAction& a, size_t pos, double at, double compute) {
+        const size_t r = static_cast<size_t>(rank.rank);
+        if (rest[r] && rest[r]->pos == pos) return rest[r]->start;
+        Rest out;
+        out.pos = pos;
+        out.start = at;
+        const double n = units(g, a.stage), unit = compute / n;
+        auto& mine = gathered[r];
+        double gathers = 0, scatters = 0;
+        if (a.kind != ActionKind::backward_weight) {
+            auto it = mine.find({a.stage, a.microbatch, a.kind == ActionKind::forward});
+            if (it != mine.end()) {
+                if (n > 1) {
+                    const PlanAction& gather = rank.actions[it->second.second];
+                    gathers = costs.reduction(rank, gather) * (n - 1) / n;
+                    queue(rank, it->second.second, at, gathers,
+                          costs.reduction_wait ? costs.reduction_wait(rank, gather) * (n - 1) / n
+                                               : 0.0);
+                    out.last = entered[r] - 1;
+                }
+                mine.erase(it);
+            }
+        }
+        if (n > 1 && (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight)) {
+            for (size_t i = pos + 1; i < rank.actions.size(); ++i) {
+                const PlanAction& s = rank.actions[i];
+                if (s.kind != ActionKind::reduce_scatter || s.stage != a.stage ||
+                    s.microbatch != a.microbatch)
+                    continue;
+                scatters = costs.reduction(rank, s) * (n - 1) / n;
+                queue(rank, i, at, scatters,
+                      costs.reduction_wait ? costs.reduction_wait(rank, s) * (n - 1) / n : 0.0);
+                out.last = entered[r] - 1;
+                scattered[r].insert({a.stage, a.microbatch});
+                break;
+            }
+        }
+        // Beyond the rest: a forward (or an input gradient) computes its last unit after the
+        // last gather; a backward that gathers and reduce-scatters computes it while the
+        // stream reduce-scatters the unit before it, and waits for that one (at most two
+        // units' gradients whole); one that only reduce-scatters starts its first once its
+        // first unit is computed.
+        out.tail = gathers > 0 && scatters > 0 ? std::max(0.0, unit - scatters / (n - 1)) : unit;
+        rest[r] = out;
+        return at;
+    }
+
+    /// The earliest the compute action at `pos` may end, given the rest `begin` entered (0:
+    /// none), or -1 while that has not settled.
+    double rest_end(const PlanRank& rank, size_t pos) {
+        const size_t r = static_cast<size_t>(rank.rank);
+        if (!rest[r] || rest[r]->pos != pos) return 0;
+        double end = 0;
+        if (rest[r]->last >= 0) {
+            auto fin = finished.find({group_of(rank), rest[r]->last});
+            if (fin == finished.end()) return -1.0;
+            end = fin->second + rest[r]->tail;
+        }
+        rest[r].reset();
         return end;
     }
 
@@ -167,33 +261,29 @@ struct Collectives {
         return at;
     }
 
-    /// A compute action under ZeRO 3 waits for its stage's weights: the gather runs a unit
-    /// (block) at a time, one ahead of the compute, so the compute may start once the first
-    /// unit is in and cannot end before the last unit has arrived and been computed. Returns
-    /// false when the gather has not settled yet; else the earliest start and end.
-    struct Gate {
-        bool gated = false, ready = true;
-        double start = 0, not_before = 0;
-    };
-    Gate gate(const PlanRank& rank, const PlanAction& a, double compute) {
-        Gate out;
-        if (a.kind == ActionKind::backward_weight) return out;
-        auto& mine = gathered[static_cast<size_t>(rank.rank)];
-        auto git = mine.find({a.stage, a.microbatch, a.kind == ActionKind::forward});
-        if (git == mine.end()) return out;
-        out.gated = true;
-        auto key = std::make_pair(group_of(rank), git->second);
-        auto fin = finished.find(key);
-        if (fin == finished.end()) {
-            out.ready = false;
-            return out;
+  private:
+    // The rank's next collective, of `seconds` (and `wait`, ExecCosts::reduction_wait), for
+    // its action at `index`, entered at `at`: its end once known, else -1.
+    double queue(const PlanRank& rank, size_t index, double at, double seconds, double wait) {
+        const size_t r = static_cast<size_t>(rank.rank);
+        int32_t k = entered[r]++;
+        action_of[r].push_back(index);
+        auto key = std::make_pair(group_of(rank), k);
+        auto& e = entries[key];
+        e.push_back(at);
+        if (static_cast<int32_t>(e.size()) < g.dp * g.cp || finished.count(key)) return -1.0;
+        double start = *std::max_element(e.begin(), e.end());
+        std::vector<int32_t> ms = g.replica_group(rank);
+        if (shared) {
+            unsettled.push_back({key, start, seconds, ms, wait});
+            return -1.0;
         }
-        double units = std::max(1, g.stages[static_cast<size_t>(a.stage)].units);
-        double began = begun[key], took = fin->second - began;
-        out.start = began + took / units;
-        out.not_before = fin->second + compute / units;
-        mine.erase(git);
-        return out;
+        for (int32_t m : ms) start = std::max(start, comm_free[static_cast<size_t>(m)]);
+        double end = start + seconds;
+        for (int32_t m : ms) comm_free[static_cast<size_t>(m)] = end;
+        finished[key] = end;
+        begun[key] = start;
+        return end;
     }
 };
 
@@ -272,16 +362,12 @@ void conclude(const Graph& g, const Collectives& dp, const Exchanges& ex, ExecTi
     t.complete = true;
     for (size_t r = 0; r < g.ranks.size(); ++r) {
         const PlanRank& rank = g.ranks[r];
-        // The rank's k-th collective action is its group's k-th collective.
-        int32_t k = 0;
-        for (size_t i = 0; i < rank.actions.size(); ++i) {
-            if (!is_dp_collective(rank.actions[i].kind)) continue;
-            const auto key = std::make_pair(dp.group_of(rank), k++);
+        // The rank's k-th collective is its group's k-th collective.
+        for (size_t k = 0; k < dp.action_of[r].size(); ++k) {
+            const auto key = std::make_pair(dp.group_of(rank), static_cast<int32_t>(k));
             auto b = dp.begun.find(key), f = dp.finished.find(key);
-            if (b != dp.begun.end() && f != dp.finished.end()) {
-                t.collective_start[r][i] = b->second;
-                t.collective_end[r][i] = f->second;
-            }
+            if (b != dp.begun.end() && f != dp.finished.end())
+                t.collectives[r].push_back({dp.action_of[r][k], b->second, f->second});
         }
         if (t.stopped_at[r] == rank.actions.size()) continue;
         t.complete = false;
@@ -332,16 +418,13 @@ ExecTimes sized(const Graph& g) {
     t.start.resize(n);
     t.end.resize(n);
     t.core_wait.resize(n);
-    t.collective_start.resize(n);
-    t.collective_end.resize(n);
+    t.collectives.resize(n);
     t.stopped_at.assign(n, 0);
     t.waits_for.assign(n, {});
     for (size_t r = 0; r < n; ++r) {
         t.start[r].assign(g.ranks[r].actions.size(), 0.0);
         t.end[r].assign(g.ranks[r].actions.size(), 0.0);
         t.core_wait[r].assign(g.ranks[r].actions.size(), 0.0);
-        t.collective_start[r].assign(g.ranks[r].actions.size(), -1.0);
-        t.collective_end[r].assign(g.ranks[r].actions.size(), -1.0);
     }
     return t;
 }
@@ -366,14 +449,19 @@ ExecTimes execute_devices(const Graph& g, const ExecCosts& costs) {
                 const PlanAction& a = rank.actions[pos];
                 double start = clock[r], end = start;
                 if (is_compute(a.kind)) {
+                    // Under ZeRO 3 it starts once its first unit is in, and ends no sooner
+                    // than the rest of its units allow (Collectives::begin).
                     double compute = costs.compute(rank, a);
-                    Collectives::Gate gate = dp.gate(rank, a, compute);
-                    if (!gate.ready) break;
-                    start = std::max(start, gate.start);
-                    end = std::max(start + compute, gate.not_before);
+                    const double first = dp.first_in(rank, a);
+                    if (first < 0) break;
+                    start = std::max(start, first);
+                    start = dp.begin(rank, a, pos, start, compute);
+                    const double not_before = dp.rest_end(rank, pos);
+                    if (not_before < 0) break;
+                    end = std::max(start + compute, not_before);
                     if (size_t k = exchanges_after(rank, pos); k > 0) {
                         // Its first piece now; its end once the last all-to-all is over.
-                        end = start + cut[r].begin(pos, compute, k, gate.not_before);
+                        end = start + cut[r].begin(pos, compute, k, not_before);
                     }
                 } else if (is_exchange(a.kind)) {
                     auto when = ex.enter(rank, a, start);
@@ -405,7 +493,7 @@ ExecTimes execute_devices(const Graph& g, const ExecCosts& costs) {
                     start = end = std::max(start, it->second);
                     arrived.erase(it);
                 } else if (is_dp_collective(a.kind)) {
-                    dp.enter(rank, a, start);
+                    dp.enter(rank, a, pos, start);
                 } else { // STEP: after this rank's reductions
                     double done = dp.all_done(rank);
                     if (done < 0) break;
@@ -588,6 +676,8 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
         int32_t meets = 0, met = 0;
         double piece = 0, hand_over = 0, end_not_before = 0;
         bool meeting = false, handing = false;
+        // Its end waits for the rest of its units (ZeRO 2 and 3) to settle (Collectives::rest).
+        bool rest = false;
     };
     std::vector<Running> run(n);
     Exchanges ex(g, costs);
@@ -626,7 +716,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                     const PlanAction& a = rank.actions[pos];
                     if (is_compute(a.kind) || a.kind == ActionKind::step) {
                         double compute = costs.compute(rank, a);
-                        double not_before = 0, wait = 0;
+                        double wait = 0;
                         if (a.kind == ActionKind::step) {
                             double done = dp.all_done(rank);
                             if (done < 0) break;
@@ -647,37 +737,32 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                                 break;
                             }
                         } else {
-                            Collectives::Gate gate = dp.gate(rank, a, compute);
-                            if (!gate.ready) break;
+                            // Under ZeRO 3 it starts once its first unit is in; it ends no
+                            // sooner than the rest of its units allow (Collectives::begin),
+                            // known once every member has started it.
+                            const double first = dp.first_in(rank, a);
+                            if (first < 0) break;
+                            if (first > now) {
+                                wakes.insert(first);
+                                break;
+                            }
+                            dp.begin(rank, a, pos, now, compute);
                             if (size_t k = exchanges_after(rank, pos); k > 0) {
                                 // Its first piece now; the others after its all-to-alls.
-                                compute = cut[r].begin(pos, compute, k, gate.not_before);
-                                gate.not_before = 0;
+                                compute = cut[r].begin(pos, compute, k, 0.0);
                             } else if (costs.compute_wait) {
                                 wait = std::clamp(costs.compute_wait(rank, a), 0.0, compute);
                             }
-                            if (gate.start > now) {
-                                // Not yet: the gather's first unit arrives later (the gate
-                                // is taken; keep it for when the rank wakes).
-                                wakes.insert(gate.start);
-                                run[r] = {true,
-                                          compute - wait,
-                                          compute - wait,
-                                          gate.not_before,
-                                          costs.threads(rank),
-                                          wait};
-                                t.start[r][pos] = gate.start;
-                                break;
-                            }
                             if (const int32_t k = meets_in(r, a); k > 0 && !cut[r].open()) {
-                                start_pieces(r, k, compute, wait, gate.not_before);
+                                start_pieces(r, k, compute, wait, 0.0);
+                                run[r].rest = true;
                                 t.start[r][pos] = now;
                                 break;
                             }
-                            not_before = gate.not_before;
                         }
-                        run[r] = {true,       compute - wait,      compute - wait,
-                                  not_before, costs.threads(rank), wait};
+                        run[r] = {true, compute - wait,      compute - wait,
+                                  0.0,  costs.threads(rank), wait};
+                        run[r].rest = !cut[r].open() && a.kind != ActionKind::step;
                         t.start[r][pos] = now;
                         break;
                     }
@@ -694,9 +779,8 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                         if (cut[r].open()) {
                             // The compute's next piece, which ends it after the last one.
                             const Cut& c = cut[r];
-                            run[r] = {true, c.piece, c.piece,
-                                      Cut::last(rank.actions, pos) ? c.not_before : 0.0,
-                                      costs.threads(rank)};
+                            run[r] = {true, c.piece, c.piece, 0.0, costs.threads(rank)};
+                            run[r].rest = Cut::last(rank.actions, pos);
                             moved = true; // members waiting at it go on at `now` too
                             break;
                         }
@@ -716,7 +800,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                         if (it == arrived.end() || it->second > now) break;
                         arrived.erase(it);
                     } else if (is_dp_collective(a.kind)) {
-                        double end = dp.enter(rank, a, now);
+                        double end = dp.enter(rank, a, pos, now);
                         if (end > now) wakes.insert(end);
                     }
                     t.start[r][pos] = t.end[r][pos] = now;
@@ -734,6 +818,15 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
         }
         // The collectives entered now start beside them; the ranks waiting for them look again.
         if (dp.settle(now, busy)) continue;
+        // The compute actions whose rest of units has settled end no sooner than it allows.
+        for (size_t r = 0; r < n; ++r) {
+            if (!run[r].on || !run[r].rest) continue;
+            const size_t at = cut[r].open() ? static_cast<size_t>(cut[r].at) : t.stopped_at[r];
+            const double end = dp.rest_end(g.ranks[r], at);
+            if (end < 0) continue;
+            run[r].rest = false;
+            run[r].end_not_before = std::max(run[r].end_not_before, end);
+        }
         // The next event.
         std::erase_if(dp.running, [&](const Collectives::Running& c) { return c.end <= now; });
         std::map<int32_t, double> comm = dp.threads_at(now);
@@ -759,8 +852,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
         double next = std::numeric_limits<double>::infinity();
         for (size_t r = 0; r < n; ++r) {
             if (!run[r].on || run[r].meeting) continue;
-            double began = t.start[r][t.stopped_at[r]];
-            if (began > now) continue; // waiting for its gate (a wake)
+            if (run[r].rest && run[r].left <= 0) continue; // for its rest to settle
             double done = run[r].left > 0 ? now + run[r].left / speed_of(r) : now;
             next = std::min(next, std::max(done, run[r].not_before));
         }
@@ -807,6 +899,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                 }
                 continue;
             }
+            if (run[r].rest) continue;         // its rest of units has not settled
             if (run[r].end_not_before > now) { // ZeRO 3: its last unit arrives later
                 run[r].not_before = run[r].end_not_before;
                 run[r].end_not_before = 0;

@@ -77,11 +77,17 @@ struct ExecTimes {
     /// Per rank, per action: the seconds a compute action's thread waited for a core before
     /// its start (ranks beyond a host's cores, ExecCosts::cores); 0 elsewhere.
     std::vector<std::vector<double>> core_wait;
-    /// Per rank, per action: a data-parallel collective's run on the rank's communication
-    /// stream (REDUCE_GRAD, REDUCE_SCATTER, GATHER_F, GATHER_B), from when the last member has
-    /// entered it and the stream is free to its end; -1 for the other actions and for one
-    /// that never ran. (start/end hold the moment the rank queued it.)
-    std::vector<std::vector<double>> collective_start, collective_end;
+    /// Per rank, in the order it entered them: the data-parallel collectives' runs on the
+    /// rank's communication stream, from when the last member has entered one and the stream
+    /// is free to its end, each with the action it belongs to (REDUCE_GRAD, REDUCE_SCATTER,
+    /// GATHER_F, GATHER_B). Under ZeRO 2 and 3 an action has two: the rest of its units, which
+    /// the compute action that needs or writes them queued, and its own unit. (start/end hold
+    /// the moment the rank queued the action.)
+    struct CollectiveRun {
+        size_t action = 0;
+        double start = 0, end = 0;
+    };
+    std::vector<std::vector<CollectiveRun>> collectives;
     std::vector<size_t> stopped_at; // per rank: actions completed
     bool complete = false;          // every rank reached the end of its list
     /// When not complete: for each rank that is blocked, the ranks it waits for.

@@ -655,14 +655,13 @@ SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
         const PlanRank& rank = g.ranks[r];
         RankReport rep;
         rep.rank = rank.rank;
+        for (const plan::ExecTimes::CollectiveRun& c : times.collectives[r])
+            if (c.end > c.start) rep.collectives.push_back({c.action, c.start, c.end});
         bool first = true;
         for (size_t i = 0; i < rank.actions.size(); ++i) {
             const PlanAction& a = rank.actions[i];
             if (plan::is_exchange(a.kind))
                 rep.exchanges.push_back({i, times.start[r][i], times.end[r][i]});
-            if (times.collective_end[r][i] > times.collective_start[r][i])
-                rep.collectives.push_back(
-                    {i, times.collective_start[r][i], times.collective_end[r][i]});
             if (!plan::is_compute(a.kind) && a.kind != ActionKind::step) continue;
             double s = times.start[r][i], e = times.end[r][i];
             if (e <= s && a.kind == ActionKind::step) continue;

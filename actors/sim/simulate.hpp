@@ -59,8 +59,10 @@ struct RankReport {
     std::vector<Span> exchanges;
     /// The data-parallel collectives (REDUCE_GRAD, REDUCE_SCATTER, GATHER_F, GATHER_B) on the
     /// rank's communication thread, in the order they ran. Predicted: one span per action, from
-    /// when every member has entered it and the thread is free. Measured: a span per collective
-    /// the thread ran for the action (ZeRO's gathers and reduce-scatters run unit by unit).
+    /// when every member has entered it and the thread is free, and under ZeRO 2 and 3 one more
+    /// for the rest of its units, queued by the compute action that needs or writes them.
+    /// Measured: a span per collective the thread ran for the action (ZeRO's gathers and
+    /// reduce-scatters run unit by unit).
     std::vector<Span> collectives;
     /// The rank's activations as they rise and fall: from each time on, the bytes it holds (at a
     /// compute span's start, what it holds during the span; at its end, what it keeps).

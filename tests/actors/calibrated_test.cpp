@@ -93,7 +93,7 @@ Result run(const std::string& command) {
 
 // With every thread at full speed, sharing nothing, the time-ordered engine must reproduce the
 // fixpoint's times exactly: every schedule, with data parallelism, split backward passes and
-// ZeRO 3's gathers.
+// ZeRO 2 and 3's collectives unit by unit.
 TEST(SharedCores, AtFullSpeedTheEventEngineMatchesTheFixpoint) {
     const std::vector<std::vector<std::string>> meshes = {
         {"mesh.pp=1"},
@@ -101,6 +101,9 @@ TEST(SharedCores, AtFullSpeedTheEventEngineMatchesTheFixpoint) {
         {"mesh.pp=4", "schedule.microbatches=8"},
         {"mesh.pp=2", "mesh.dp=2", "schedule.microbatches=4"},
         {"mesh.pp=2", "mesh.dp=2", "mesh.zero=3", "schedule.microbatches=4"},
+        {"mesh.pp=2", "mesh.dp=2", "mesh.zero=2", "schedule.kind=zb_h1", "schedule.microbatches=4"},
+        {"mesh.pp=2", "mesh.dp=2", "mesh.zero=3", "schedule.kind=zbv", "schedule.virtual_stages=2",
+         "schedule.microbatches=4"},
         {"mesh.pp=2", "schedule.kind=gpipe", "schedule.microbatches=4"},
         {"mesh.pp=2", "schedule.kind=zb_h1", "schedule.microbatches=4"},
         {"mesh.pp=2", "schedule.kind=interleaved_1f1b", "schedule.virtual_stages=2",
@@ -131,6 +134,82 @@ TEST(SharedCores, AtFullSpeedTheEventEngineMatchesTheFixpoint) {
                     << mesh.back() << " rank " << r << " " << to_string(g.ranks[r].actions[i]);
             }
     }
+}
+
+// ZeRO 2 and 3 unit by unit, as the runtime's WeightGatherer and GradientScatterer run them:
+// GATHER_F / GATHER_B gather a stage's first unit; the compute action gathers the others once
+// it starts (one unit ahead of it, on the rank's one communication stream); a backward
+// reduce-scatters each unit once it is done and REDUCE_SCATTER the last. dp 2, one stage of n
+// units, one microbatch; a stage's gather takes n g, its reduce-scatter n s, F 1 and B 2.
+TEST(ZeroUnits, AComputeActionGathersAndReduceScattersItsUnitsAsItRuns) {
+    struct Times {
+        double f_start, f_end, b_start, b_end, step_start;
+        std::map<ActionKind, std::vector<std::pair<double, double>>> runs;
+    };
+    auto simulate = [](const std::string& zero, double g, double s, int32_t& n) {
+        Graph graph =
+            planned(checked("gpt_tiny.dist", {"mesh.dp=2", "mesh.zero=" + zero, "train.batch=8",
+                                              "schedule.microbatches=1"}));
+        n = graph.stages[0].units;
+        ExecCosts c;
+        c.compute = [](const PlanRank&, const PlanAction& a) {
+            return a.kind == ActionKind::forward ? 1.0 : a.kind == ActionKind::backward ? 2.0 : 0.0;
+        };
+        c.transfer = [](const PlanRank&, const PlanRank&, const PlanAction&) { return 0.0; };
+        c.reduction = [&](const PlanRank&, const PlanAction& a) {
+            return (a.kind == ActionKind::reduce_scatter ? s : g) * graph.stages[0].units;
+        };
+        ExecTimes t = execute(graph, c);
+        EXPECT_TRUE(t.complete);
+        Times out{};
+        const PlanRank& rank = graph.ranks[0];
+        for (size_t i = 0; i < rank.actions.size(); ++i) {
+            const ActionKind k = rank.actions[i].kind;
+            if (k == ActionKind::forward)
+                std::tie(out.f_start, out.f_end) = {t.start[0][i], t.end[0][i]};
+            if (k == ActionKind::backward)
+                std::tie(out.b_start, out.b_end) = {t.start[0][i], t.end[0][i]};
+            if (k == ActionKind::step) out.step_start = t.start[0][i];
+        }
+        for (const ExecTimes::CollectiveRun& run : t.collectives[0])
+            out.runs[rank.actions[run.action].kind].push_back({run.start, run.end});
+        return out;
+    };
+    const double g = 0.1, s = 0.05, eps = 1e-9;
+    int32_t n = 0;
+    Times t = simulate("3", g, s, n);
+    ASSERT_GT(n, 2);
+    // The forward starts once its first unit is in; its other gathers queue behind the
+    // backward's first (GATHER_B, listed before it), and it computes its last unit after them.
+    EXPECT_NEAR(t.f_start, g, eps);
+    EXPECT_NEAR(t.f_end, (n + 1) * g + 1.0 / n, eps);
+    ASSERT_EQ(t.runs[ActionKind::gather_forward].size(), 2u);
+    EXPECT_NEAR(t.runs[ActionKind::gather_forward][0].second, g, eps);
+    EXPECT_NEAR(t.runs[ActionKind::gather_forward][1].first, 2 * g, eps);
+    EXPECT_NEAR(t.runs[ActionKind::gather_forward][1].second, (n + 1) * g, eps);
+    // The backward's gathers and reduce-scatters, (n - 1) (g + s), hide behind its 2 seconds;
+    // they start with it, and REDUCE_SCATTER's last unit follows it, before the step.
+    EXPECT_NEAR(t.b_start, t.f_end, eps);
+    EXPECT_NEAR(t.b_end, t.b_start + 2.0, eps);
+    ASSERT_EQ(t.runs[ActionKind::gather_backward].size(), 2u);
+    EXPECT_NEAR(t.runs[ActionKind::gather_backward][1].first, t.b_start, eps);
+    ASSERT_EQ(t.runs[ActionKind::reduce_scatter].size(), 2u);
+    EXPECT_NEAR(t.runs[ActionKind::reduce_scatter][0].second, t.b_start + (n - 1) * (g + s), eps);
+    EXPECT_NEAR(t.runs[ActionKind::reduce_scatter][1].first, t.b_end, eps);
+    EXPECT_NEAR(t.runs[ActionKind::reduce_scatter][1].second, t.b_end + s, eps);
+    EXPECT_NEAR(t.step_start, t.b_end + s, eps);
+
+    // Reduce-scatters slower than the compute hold the backward up: it ends with the one before
+    // its last unit (its last unit computed beside it, 2 / n < s).
+    t = simulate("3", g, 0.5, n);
+    EXPECT_NEAR(t.b_end, t.b_start + (n - 1) * (g + 0.5), eps);
+    // ZeRO 2 gathers nothing: the forward runs alone, and the backward's reduce-scatters start
+    // once its first unit is computed.
+    t = simulate("2", g, 0.5, n);
+    EXPECT_NEAR(t.f_start, 0.0, eps);
+    EXPECT_NEAR(t.f_end, 1.0, eps);
+    EXPECT_TRUE(t.runs[ActionKind::gather_forward].empty());
+    EXPECT_NEAR(t.b_end, t.b_start + (n - 1) * 0.5 + 2.0 / n, eps);
 }
 
 // Two data-parallel ranks on one core: their forwards and backwards overlap throughout, so each
