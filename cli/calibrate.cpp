@@ -464,6 +464,20 @@ double ping_pong(transport::PointToPoint& a, transport::PointToPoint& b, int64_t
     return s;
 }
 
+// A message of fewer bytes takes no longer than one of more (it could be sent padded to it):
+// each row's seconds at most those of the next larger one of its kind, so that a burst of
+// other load during one small measurement does not price small messages above large ones.
+template <class Sample, class Kind> void bound_by_larger(std::vector<Sample>& rows, Kind kind) {
+    std::vector<Sample*> order;
+    for (Sample& r : rows) order.push_back(&r);
+    std::stable_sort(order.begin(), order.end(), [&](const Sample* a, const Sample* b) {
+        return kind(*a) != kind(*b) ? kind(*a) < kind(*b) : a->bytes > b->bytes;
+    });
+    for (size_t i = 1; i < order.size(); ++i)
+        if (kind(*order[i]) == kind(*order[i - 1]))
+            order[i]->seconds = std::min(order[i]->seconds, order[i - 1]->seconds);
+}
+
 std::vector<TransferSample> measure_transfers(const std::vector<int64_t>& message,
                                               Progress& progress,
                                               std::vector<std::string>& skipped) {
@@ -502,13 +516,84 @@ std::vector<TransferSample> measure_transfers(const std::vector<int64_t>& messag
             skipped.push_back(std::string(name) + ": " + e.what());
         }
     }
+    bound_by_larger(out, [](const TransferSample& t) { return t.transport; });
     return out;
+}
+
+using Members = std::vector<std::unique_ptr<transport::Collectives>>;
+
+// A Gloo group of `size` members in this process (TCP loopback), or none (said in `skipped`).
+Members join_gloo(int32_t size, const std::string& prefix, std::vector<std::string>& skipped) {
+    Members gloo;
+    try {
+        transport::MemoryStore store;
+        std::vector<std::future<std::unique_ptr<transport::Collectives>>> joining;
+        for (int i = 0; i < size; ++i)
+            joining.push_back(std::async(std::launch::async, [&, i] {
+                return transport::make_gloo_collectives(store, prefix, i, size);
+            }));
+        for (auto& j : joining) gloo.push_back(j.get());
+    } catch (const std::exception& e) {
+        skipped.push_back(std::string("gloo: ") + e.what());
+        gloo.clear();
+    }
+    return gloo;
+}
+
+// Between processes each step of a Gloo collective wakes a member's thread, which then waits
+// for a core when other threads fill them (ExecCosts::reduction_wait), and the communication
+// thread's own work around it (packing and copying each unit) runs on those cores too. Two
+// members all-gather and all-reduce 64 KiB, 100 calls in a row, each after half a millisecond
+// of work of its own, alone and beside two threads per core that never block (ranks that
+// outnumber the cores): the extra seconds per step (one for the gather, two for the
+// all-reduce), the median of five passes. 0 when Gloo is unavailable.
+double measure_collective_wait(int32_t cores, Progress& progress,
+                               std::vector<std::string>& skipped) {
+    Members gloo = join_gloo(2, "calibrate-wait", skipped);
+    progress.tick("collectives beside busy cores");
+    if (gloo.empty()) return 0.0;
+    const int64_t n = 16384; // 64 KiB
+    std::vector<std::vector<float>> in(2, filled(n)), res(2, std::vector<float>(n));
+    auto per_call = [&](bool gather) {
+        auto t0 = Clock::now();
+        std::vector<std::thread> members;
+        for (size_t i = 0; i < 2; ++i)
+            members.emplace_back([&, i] {
+                for (int j = 0; j < 100; ++j) {
+                    volatile double x = 1;
+                    for (auto w0 = Clock::now(); since(w0) < 5e-4;) x = x * 1.0000001;
+                    if (gather)
+                        gloo[i]->all_gather(in[i].data(), n / 2, res[i].data());
+                    else
+                        gloo[i]->all_reduce(in[i].data(), n, transport::ReduceOp::sum);
+                }
+            });
+        for (auto& t : members) t.join();
+        return since(t0) / 100;
+    };
+    std::vector<double> waits;
+    for (int pass = 0; pass < 5; ++pass) {
+        const double gather = per_call(true), reduce = per_call(false);
+        std::atomic<bool> stop{false};
+        std::vector<std::thread> busy;
+        for (int32_t i = 0; i < 2 * cores; ++i)
+            busy.emplace_back([&] {
+                volatile double x = 1;
+                while (!stop.load(std::memory_order_relaxed)) x = x * 1.0000001 + 1e-9;
+            });
+        std::this_thread::sleep_for(std::chrono::milliseconds(50)); // all of them running
+        const double gather_busy = per_call(true), reduce_busy = per_call(false);
+        stop = true;
+        for (auto& t : busy) t.join();
+        waits.push_back(((gather_busy - gather) + (reduce_busy - reduce) / 2) / 2);
+    }
+    std::sort(waits.begin(), waits.end());
+    return std::max(0.0, waits[2]);
 }
 
 std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& plan,
                                                   Progress& progress,
                                                   std::vector<std::string>& skipped) {
-    using Members = std::vector<std::unique_ptr<transport::Collectives>>;
     std::vector<CollectiveSample> out;
     // Seconds per call of `count` calls in a row on every member's thread (0: as many as fill
     // about plan.min_s, chosen from a first run of three); the count used is written back.
@@ -551,19 +636,7 @@ std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& pla
         transport::InProcessGroup group(size, "calibrate");
         Members inprocess;
         for (int i = 0; i < size; ++i) inprocess.push_back(group.member(i));
-        Members gloo;
-        try {
-            transport::MemoryStore store;
-            std::vector<std::future<std::unique_ptr<transport::Collectives>>> joining;
-            for (int i = 0; i < size; ++i)
-                joining.push_back(std::async(std::launch::async, [&, i] {
-                    return transport::make_gloo_collectives(store, "calibrate", i, size);
-                }));
-            for (auto& j : joining) gloo.push_back(j.get());
-        } catch (const std::exception& e) {
-            skipped.push_back(std::string("gloo: ") + e.what());
-            gloo.clear();
-        }
+        Members gloo = join_gloo(size, "calibrate", skipped);
         // Every collective once per pass, the passes one after another, each keeping its
         // fastest: a burst of other load on the machine slows one pass of a collective, not
         // all of its runs (run back to back, a small one's all fit in 10 ms).
@@ -589,6 +662,8 @@ std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& pla
                 }
         }
     }
+    bound_by_larger(
+        out, [](const CollectiveSample& c) { return std::make_tuple(c.backend, c.op, c.ranks); });
     return out;
 }
 
@@ -854,7 +929,7 @@ std::string profile_text(const std::string& name, const std::string& command, in
                          const std::vector<MatmulRate>& mm, const std::vector<AttentionRate>& att,
                          const std::vector<StreamRate>& elt,
                          const std::vector<SharingPoint>& sharing, double slice,
-                         const std::vector<TransferSample>& transfers,
+                         double collective_wait, const std::vector<TransferSample>& transfers,
                          const std::vector<CollectiveSample>& collectives,
                          const std::vector<std::string>& skipped) {
     const std::string date = utc_now();
@@ -917,6 +992,12 @@ std::string profile_text(const std::string& name, const std::string& command, in
         o << "# How long a thread runs before another waiting for its core has a turn (seconds):\n"
           << "# the OS scheduler's time slice, seen by two threads held to one core.\n"
           << "slice = " << number(slice) << "\n";
+    if (collective_wait > 0)
+        o << "# How much longer each step of a Gloo collective takes when other threads fill the\n"
+          << "# cores (seconds): its woken member's wait for a core, and its own work slowed. Two\n"
+          << "# members all-gathering and all-reducing 64 KiB, each call after 0.5 ms of work,\n"
+          << "# beside " << 2 * cores << " threads that never block, against alone.\n"
+          << "collective_wait = " << number(collective_wait) << "\n";
     write_rows(o,
                "One-way seconds of a message (half an activation's round trip with its "
                "gradient).",
@@ -987,7 +1068,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
                                  static_cast<int>(plan.seqs.size() * plan.head_dims.size()) +
                                  13 * static_cast<int>(plan.elements.size())) +
                       probe_runs + (2 * cores - 1) + 1 + 3 * messages +
-                      4 * messages * (cores >= 4 ? 2 : 1);
+                      4 * messages * (cores >= 4 ? 2 : 1) + 1;
     Progress progress(err, total);
     auto t0 = Clock::now();
     std::vector<std::string> skipped;
@@ -1003,6 +1084,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     const double slice = measure_slice(progress);
     auto transfers = measure_transfers(plan.message, progress, skipped);
     auto collectives = measure_collectives(cores, plan, progress, skipped);
+    const double collective_wait = measure_collective_wait(cores, progress, skipped);
     Calibration measured;
     measured.cores = cores;
     measured.matmul = mm;
@@ -1017,8 +1099,9 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     std::string command = "dist calibrate --out " + c.out + (c.quick ? " --quick" : "") +
                           (c.device == "cpu" ? " --device cpu" : "") +
                           (c.cores > 0 ? " --cores " + std::to_string(c.cores) : "");
-    std::string text = profile_text(name, command, cores, since(t0), fit, fewer, mm, att, elt,
-                                    sharing, slice, transfers, collectives, skipped);
+    std::string text =
+        profile_text(name, command, cores, since(t0), fit, fewer, mm, att, elt, sharing, slice,
+                     collective_wait, transfers, collectives, skipped);
     std::string e = models::write_file_atomically(c.out, {text});
     if (!e.empty()) {
         err << "error: " << e << "\n";

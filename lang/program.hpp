@@ -200,6 +200,10 @@ struct Calibration {
     /// The OS scheduler's time slice: how long a thread runs before another that waits for its
     /// core has a turn (seconds; 0: not measured, threads on a core share it evenly).
     double slice_s = 0;
+    /// Seconds more that each step of a Gloo collective takes when other threads fill the
+    /// cores: its woken member's wait for a core and its own work slowed (0: not measured; the
+    /// model takes half the slice).
+    double collective_wait_s = 0;
     /// Whole actions against their kernels, for a rank on all the cores.
     WholeActions actions;
     /// The same for ranks of fewer threads (`calibration.fewer_threads`), by thread count.

@@ -458,19 +458,19 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     c.step_barrier = true;
     if (gpu) return c; // a device per rank
     // Between the processes of a host each step of a Gloo collective wakes a member's thread,
-    // which then waits for a core where the other threads fill them: half the scheduler's
-    // slice on average. (A 4 KiB all-reduce of two members, two steps, took 0.41 ms on idle
-    // cores and 2.4 ms beside four busy threads on two, with a calibrated slice of 2.7 ms;
-    // bench/RESULTS.md, 2026-12-03.) A unit's gather or reduce-scatter is a collective each.
-    const double slice = cal.slice_s;
-    c.reduction_wait = [&g, same_host, one_process, slice](const PlanRank& r, const PlanAction& a) {
+    // which then waits for a core where the other threads fill them, and the thread's own
+    // work around it runs slowed: as calibrated (`collective_wait`, seconds per step), else
+    // half the scheduler's slice. A unit's gather or reduce-scatter is a collective each.
+    const double step_wait = cal.collective_wait_s > 0 ? cal.collective_wait_s : cal.slice_s / 2;
+    c.reduction_wait = [&g, same_host, one_process, step_wait](const PlanRank& r,
+                                                               const PlanAction& a) {
         const std::vector<int32_t> members = g.replica_group(r);
-        if (slice <= 0 || one_process(members) || !same_host(members)) return 0.0;
+        if (step_wait <= 0 || one_process(members) || !same_host(members)) return 0.0;
         const double n = static_cast<double>(members.size());
         const bool whole = a.kind == ActionKind::reduce_grad; // an all-reduce: 2 (n - 1) steps
         const double calls =
             whole ? 1.0 : std::max(1, g.stages[static_cast<size_t>(a.stage)].units);
-        return calls * (whole ? 2.0 : 1.0) * (n - 1) * slice / 2;
+        return calls * (whole ? 2.0 : 1.0) * (n - 1) * step_wait;
     };
     // A tensor-parallel all-reduce's hand-over (its time at the smallest size measured) is the
     // members waiting for each other, off their cores; the rest is the copies and sums.

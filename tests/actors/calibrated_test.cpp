@@ -721,6 +721,27 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     std::set<std::string> transports;
     for (const TransferSample& t : c.transfers) transports.insert(t.transport);
     EXPECT_TRUE(transports.count("inprocess"));
+    // A message of fewer bytes never takes longer than one of more of its kind.
+    std::map<std::string, std::map<int64_t, double>> sent;
+    for (const TransferSample& t : c.transfers) sent[t.transport][t.bytes] = t.seconds;
+    std::map<std::tuple<std::string, std::string, int32_t>, std::map<int64_t, double>> reduced;
+    for (const CollectiveSample& s : c.collectives)
+        reduced[{s.backend, s.op, s.ranks}][s.bytes] = s.seconds;
+    auto ordered = [](const std::map<int64_t, double>& by_bytes) {
+        double last = 0;
+        for (const auto& [bytes, seconds] : by_bytes) {
+            if (!(seconds > 0) || seconds < last) return false;
+            last = seconds;
+        }
+        return true;
+    };
+    for (const auto& [transport, rows] : sent) EXPECT_TRUE(ordered(rows)) << transport;
+    for (const auto& [kind, rows] : reduced)
+        EXPECT_TRUE(ordered(rows)) << std::get<0>(kind) << " " << std::get<1>(kind);
+    // Between processes a collective's steps wait for a core beside busy threads: measured,
+    // and shorter than a second.
+    EXPECT_GT(c.collective_wait_s, 0);
+    EXPECT_LT(c.collective_wait_s, 1.0);
     // Every collective the runtime runs, the mixture of experts' all-to-all too, on each backend
     // measured, at every size.
     std::map<std::string, std::map<std::string, std::set<int64_t>>> collectives;
