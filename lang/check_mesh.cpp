@@ -302,6 +302,8 @@ const EditableField editable_fields[] = {
      }},
     {"compute.attention_efficiency", 0, true, 1, false,
      [](HardwareProfile& h, double v) { h.attention_efficiency = v; }},
+    {"compute.overlap_slowdown", 0, false, 1e300, false,
+     [](HardwareProfile& h, double v) { h.overlap_slowdown = v; }},
     {"compute.attention_block", 0, true, 1 << 20, true,
      [](HardwareProfile& h, double v) { h.attention_block = static_cast<int64_t>(v); }},
     {"memory.bytes", 0, true, 9.2e18, true,

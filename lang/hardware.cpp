@@ -253,7 +253,14 @@ std::optional<HardwareProfile> load_profile(const std::filesystem::path& path,
         diags.error(node_loc(file, root.at_path("compute.attention_efficiency").node(), root),
                     "`attention_efficiency` is a fraction of peak, at most 1");
     p.attention_block = r.whole("compute.attention_block", false);
+    p.overlap_slowdown = r.number("compute.overlap_slowdown", false);
     read_calibration(r, root, file, diags, p.calibration);
+    if (p.overlap_slowdown > 0 && p.calibration.cores > 0 && !p.calibration.gpu())
+        diags.error(node_loc(file, root.at_path("compute.overlap_slowdown").node(), root),
+                    "a CPU's calibration prices its collectives' threads on the shared cores as "
+                    "measured; `overlap_slowdown` is for a device's compute beside its own "
+                    "collectives",
+                    "remove it, or calibrate with `--device cuda` on a GPU");
     if (diags.error_count() > before) return std::nullopt;
     return p;
 }

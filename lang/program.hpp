@@ -243,6 +243,10 @@ struct HardwareProfile {
     /// tile wholly above the diagonal (0: 128, FlashAttention-2's).
     double attention_efficiency = 0.0;
     int64_t attention_block = 0;
+    /// How much slower compute runs while a collective runs beside it on the same device (a
+    /// GPU's communication kernels take SMs and memory bandwidth): 0.19 runs it at 1 / 1.19 of
+    /// its speed for as long as the device's communication stream is busy. 0: not slowed.
+    double overlap_slowdown = 0.0;
     Calibration calibration;
 
     /// Ranks on this machine's CPU cores: the `cpu` profile, or one `dist calibrate` measured

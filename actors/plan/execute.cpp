@@ -71,6 +71,7 @@ struct Collectives {
         double tail = 0;
     };
     std::vector<std::optional<Rest>> rest;
+    std::vector<int32_t> overlap_from; // per rank: its first collective not over (slowed_end)
 
     // Where a host's cores are shared (execute_shared): a collective's members are threads
     // that keep a core of their host busy while it runs (the communication threads pack, reduce
@@ -94,7 +95,8 @@ struct Collectives {
     Collectives(const Graph& graph, const ExecCosts& c)
         : g(graph), costs(c), comm_free(graph.ranks.size(), 0.0), entered(graph.ranks.size(), 0),
           action_of(graph.ranks.size()), gathered(graph.ranks.size()),
-          scattered(graph.ranks.size()), rest(graph.ranks.size()) {}
+          scattered(graph.ranks.size()), rest(graph.ranks.size()),
+          overlap_from(graph.ranks.size(), 0) {}
 
     /// The member threads of the collectives running at `at` on each host.
     std::map<int32_t, double> threads_at(double at) const {
@@ -248,6 +250,31 @@ struct Collectives {
         }
         rest[r].reset();
         return end;
+    }
+
+    /// Where compute `seconds` long that starts at `start` ends when it runs at 1 / (1 + slow)
+    /// of its speed while the rank's stream runs a collective, or -1 while one the rank entered
+    /// has not settled. A rank's collectives end in the order it entered them, and its compute
+    /// actions start in order: the ones over before a start are never looked at again.
+    double slowed_end(const PlanRank& rank, double start, double seconds, double slow) {
+        const size_t r = static_cast<size_t>(rank.rank);
+        int32_t& k = overlap_from[r];
+        const int32_t group = group_of(rank);
+        for (int32_t j = k; j < entered[r]; ++j)
+            if (!finished.count({group, j})) return -1.0;
+        while (k < entered[r] && finished.at({group, k}) <= start) ++k;
+        double at = start, left = seconds;
+        for (int32_t j = k; j < entered[r] && left > 0; ++j) {
+            const double b = std::max(at, begun.at({group, j})), e = finished.at({group, j});
+            if (e <= at) continue;
+            if (b >= at + left) break; // done before it starts
+            left -= b - at;            // at full speed up to it
+            at = b;
+            const double beside = std::min(e - at, left * (1 + slow));
+            left -= beside / (1 + slow);
+            at += beside;
+        }
+        return at + left;
     }
 
     /// The end of the rank's last collective when all have finished (else -1): STEP waits for it.
@@ -456,6 +483,14 @@ ExecTimes execute_devices(const Graph& g, const ExecCosts& costs) {
                     if (first < 0) break;
                     start = std::max(start, first);
                     start = dp.begin(rank, a, pos, start, compute);
+                    if (const double slow =
+                            costs.overlap_slowdown ? costs.overlap_slowdown(rank) : 0.0;
+                        slow > 0) {
+                        // Slowed while the rank's collectives run beside it.
+                        const double slowed = dp.slowed_end(rank, start, compute, slow);
+                        if (slowed < 0) break;
+                        compute = slowed - start;
+                    }
                     const double not_before = dp.rest_end(rank, pos);
                     if (not_before < 0) break;
                     end = std::max(start + compute, not_before);

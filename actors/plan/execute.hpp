@@ -67,6 +67,10 @@ struct ExecCosts {
     /// its share of compute_wait (the hand-over) off the core, and queues again for the next.
     /// Unset or 0: one piece, with compute_wait at its end.
     std::function<int32_t(const PlanRank& rank, const PlanAction& a)> meets;
+    /// Where each rank has a device: how much slower its compute runs while its communication
+    /// stream runs a collective beside it (0.19: at 1 / 1.19 of its speed for that time). Unset
+    /// or 0: not slowed.
+    std::function<double(const PlanRank& rank)> overlap_slowdown;
 };
 
 /// Zero for everything: the verifier's execution.

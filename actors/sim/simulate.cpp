@@ -36,6 +36,7 @@ struct Profile {
     /// Flash attention's fraction of peak (0: the matmuls') and its tiles' query rows.
     double attention_efficiency = 0;
     double attention_block = 128;
+    double overlap_slowdown = 0; // compute beside a collective (HardwareProfile's)
     LinkSpec intra{1e10, 1e-6}, inter{1e9, 1e-5};
 
     /// Seconds of `flops` FLOPs of which `flash` are a causal flash kernel's products over a
@@ -60,6 +61,7 @@ Profile profile_of(const Graph& g, const Program& p, const SimOptions& o,
     if (h.inter_host.bandwidth > 0) pr.inter = h.inter_host;
     pr.efficiency = h.matmul_efficiency > 0 ? h.matmul_efficiency : o.efficiency;
     pr.attention_efficiency = h.attention_efficiency;
+    pr.overlap_slowdown = h.overlap_slowdown;
     if (h.attention_block > 0) pr.attention_block = static_cast<double>(h.attention_block);
     const auto& curve = h.matmul_efficiency_by_width;
     if (!curve.empty()) {
@@ -288,6 +290,7 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
         LinkSpec l = link_between(from.pp, to.pp, host_of(from) == host_of(to));
         return l.latency + static_cast<double>(stage(a).boundary_bytes) / l.bandwidth;
     };
+    c.overlap_slowdown = [kind](const PlanRank& r) { return kind(r.pp).overlap_slowdown; };
     c.reduction = [&g, stage, replica_link, ax](const PlanRank& r, const PlanAction& a) {
         const PlanStage& s = stage(a);
         LinkSpec link = replica_link(r);

@@ -212,6 +212,46 @@ TEST(ZeroUnits, AComputeActionGathersAndReduceScattersItsUnitsAsItRuns) {
     EXPECT_NEAR(t.b_end, t.b_start + (n - 1) * 0.5 + 2.0 / n, eps);
 }
 
+// Where each rank has a device, compute that runs beside the rank's collectives runs at
+// 1 / (1 + slow) of its speed for that time. Worked by hand for ZeRO 3 over one stage of n units,
+// one microbatch: the forward starts with its first unit in (at g) while the stream runs the
+// backward's first unit and the forward's n - 1 others, n g in all, and the backward starts with
+// (n - 1) (g + s) of its own gathers and reduce-scatters; both shorter than the compute beside
+// them, which the forward's last unit and the backward's tail leave no say.
+TEST(ZeroUnits, ComputeBesideTheRanksCollectivesRunsSlowerForThatTime) {
+    Graph graph = planned(checked(
+        "gpt_tiny.dist", {"mesh.dp=2", "mesh.zero=3", "train.batch=8", "schedule.microbatches=1"}));
+    const double n = graph.stages[0].units, g = 0.01, s = 0.005, eps = 1e-9;
+    ASSERT_GT(n, 2);
+    ASSERT_LT(n, 30); // the collectives stay shorter than the compute beside them
+    auto run = [&](double slow) {
+        ExecCosts c;
+        c.compute = [](const PlanRank&, const PlanAction& a) {
+            return a.kind == ActionKind::forward ? 1.0 : a.kind == ActionKind::backward ? 2.0 : 0.0;
+        };
+        c.transfer = [](const PlanRank&, const PlanRank&, const PlanAction&) { return 0.0; };
+        c.reduction = [&](const PlanRank&, const PlanAction& a) {
+            return (a.kind == ActionKind::reduce_scatter ? s : g) * n;
+        };
+        if (slow > 0) c.overlap_slowdown = [slow](const PlanRank&) { return slow; };
+        ExecTimes t = execute(graph, c);
+        EXPECT_TRUE(t.complete);
+        std::map<ActionKind, std::pair<double, double>> out;
+        const PlanRank& rank = graph.ranks[0];
+        for (size_t i = 0; i < rank.actions.size(); ++i)
+            out[rank.actions[i].kind] = {t.start[0][i], t.end[0][i]};
+        return out;
+    };
+    auto alone = run(0), slowed = run(0.5);
+    const auto f = slowed[ActionKind::forward], b = slowed[ActionKind::backward];
+    EXPECT_NEAR(alone[ActionKind::forward].second - alone[ActionKind::forward].first, 1.0, eps);
+    EXPECT_NEAR(f.first, g, eps);
+    // n g beside the stream, done at 1 / 1.5 of the speed: 0.5 n g / 1.5 more.
+    EXPECT_NEAR(f.second, f.first + 1.0 + 0.5 * n * g / 1.5, eps);
+    EXPECT_NEAR(b.first, f.second, eps);
+    EXPECT_NEAR(b.second, b.first + 2.0 + 0.5 * (n - 1) * (g + s) / 1.5, eps);
+}
+
 // Two data-parallel ranks on one core: their forwards and backwards overlap throughout, so each
 // takes twice as long as alone, and so does the step.
 TEST(SharedCores, TwoRanksOnOneCoreTakeTwiceAsLong) {
@@ -561,6 +601,16 @@ TEST(Rates, AProfileWithABadCalibrationRowIsRefusedWhereItIs) {
             "bad.toml:18:10: error: `calibration.device` is \"cpu\" or \"cuda\"");
     refused("device = \"cuda\"", "a calibration of a GPU needs `[host] devices`");
     refused("", "a calibration of a CPU needs its `matmul` and `sharing` rows");
+    // Compute slowed beside a device's own collectives is a GPU's figure: a CPU's calibration
+    // prices the threads of its collectives on the cores, and refuses it where it is written.
+    std::string head = calibrated_head("bad");
+    head.insert(head.find("[memory]"), "overlap_slowdown = 0.19\n");
+    std::ofstream(file) << head << "sharing = [ { threads = 2, speed = 0.9 } ]\n"
+                        << "matmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, "
+                           "flops = 1e10 } ]\n";
+    report = refusal(file);
+    EXPECT_NE(report.find("bad.toml:5:20: error: a CPU's calibration prices"), std::string::npos)
+        << report;
 }
 
 // bf16 runs with float arithmetic (models/unit_common.hpp's Bf16): a calibrated stage costs the
@@ -888,6 +938,8 @@ TEST(Calibrate, AGpuCalibrationIsAProfileOfDevicesThatPricesEachRankAlone) {
     std::ifstream in(file);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_NE(text.find("# not measured: collectives: one GPU"), std::string::npos) << text;
+    // Compute beside NCCL's kernels: the published average, not measured with one GPU.
+    EXPECT_NEAR(p->overlap_slowdown, 0.19, 1e-12);
 
     // One rank per device: two data-parallel ranks, each with the microbatch one rank had
     // alone, take as long for their forward as the one rank did.

@@ -423,6 +423,7 @@ TEST(Published, ScriptsCheckAndTheProfilesOfTheirPartsLoad) {
     EXPECT_LT(g.memory_bandwidth, s.memory_bandwidth);
     EXPECT_EQ(g.matmul_efficiency_by_width, s.matmul_efficiency_by_width);
     EXPECT_EQ(g.attention_efficiency, s.attention_efficiency);
+    EXPECT_EQ(g.overlap_slowdown, s.overlap_slowdown);
     // BLOOM's hosts: the A100 of a100-80g with slower links between hosts, nothing else.
     CheckResult jz = on("a100_jz x 8"), a100 = on("a100 x 8");
     ASSERT_TRUE(jz.ok()) << jz.report();
@@ -437,6 +438,11 @@ TEST(Published, ScriptsCheckAndTheProfilesOfTheirPartsLoad) {
     EXPECT_EQ(j.intra_host.bandwidth, a.intra_host.bandwidth);
     EXPECT_EQ(j.matmul_efficiency_by_width, a.matmul_efficiency_by_width);
     EXPECT_EQ(j.attention_efficiency, a.attention_efficiency);
+    EXPECT_EQ(j.overlap_slowdown, a.overlap_slowdown);
+    // The GPUs' compute beside a collective slowed by a fraction, as published.
+    EXPECT_GT(a.overlap_slowdown, 0.0);
+    EXPECT_LT(a.overlap_slowdown, 1.0);
+    EXPECT_GT(s.overlap_slowdown, 0.0);
 }
 
 // Every ```dist example of the language reference checks (the formatter's "Input" included).
