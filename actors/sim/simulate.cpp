@@ -421,10 +421,19 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     // The reducer's own passes over memory, on its one thread (RankExecutor::Reducer): it
     // packs a bucket's gradients into one buffer and, after an all-reduce, copies them back
     // scaled by 1 / N_d; before a reduce-scatter it packs every member's shares, after it
-    // scales its own and adds it to the share it keeps.
-    auto copies = [rates](double bytes) {
+    // scales its own and adds it to the share it keeps. The members of its host copy at the
+    // same time (the replicas reach a bucket together) and share the memory's bandwidth: each
+    // copies no faster than its share of what as many threads copy together.
+    const double cores = cal.cores;
+    auto copies = [rates, cores](double bytes, double together) {
         const double n = bytes / 4;
-        return n > 0 ? n / rates->elementwise("copy", n, 1.0, false) : 0.0;
+        if (n <= 0) return 0.0;
+        double rate = rates->elementwise("copy", n, 1.0, false);
+        if (together > 1)
+            rate = std::min(
+                rate, rates->elementwise("copy", n * together, std::min(together, cores), false) /
+                          together);
+        return n / rate;
     };
     c.reduction = [&g, fallback, collective, copies](const PlanRank& r, const PlanAction& a) {
         const PlanStage& s = g.stages[static_cast<size_t>(a.stage)];
@@ -442,12 +451,14 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
                            : static_cast<double>(s.buckets[static_cast<size_t>(a.microbatch)]);
         if (gather || scatter ? s.expert_parameters > 0 : s.expert_bucket(a.microbatch))
             return fallback.reduction(r, a); // groups of their own: the link model's
-        double own = 0;
+        double own = 0, here = 0;
+        for (int32_t m : g.replica_group(r))
+            here += g.ranks[static_cast<size_t>(m)].host == r.host ? 1 : 0;
         if (a.kind == ActionKind::reduce_grad) {
-            own = 2 * copies(bytes);
+            own = 2 * copies(bytes, here);
         } else if (a.kind == ActionKind::reduce_scatter) {
             const double members = static_cast<double>(g.replica_group(r).size());
-            own = copies(bytes) + 2 * copies(bytes / members);
+            own = copies(bytes, here) + 2 * copies(bytes / members, here);
         }
         if (gather || scatter) {
             // The runtime gathers and reduce-scatters unit by unit (a residual group, or a

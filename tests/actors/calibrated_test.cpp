@@ -829,8 +829,9 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     // On two data-parallel ranks the gradient buckets are reduced after the last backward, on
     // the reducer's one thread: each costs its collective and the reducer's two passes over it
     // (pack, and copy back scaled), so the step's update cannot start before the last
-    // backward's end plus the buckets' measured all-reduces and those passes at the profile's
-    // one-thread copy rate.
+    // backward's end plus the buckets' measured all-reduces and those passes, each at the
+    // profile's one-thread copy rate or, the two members copying at once, at half what two
+    // threads copy together, the slower.
     Program two = checked("gpt_tiny.dist", {"mesh.dp=2"});
     two.mesh.profile = *p;
     Graph g = *lower(two).graph;
@@ -848,12 +849,38 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     double passes = 0, reductions = 0;
     for (int64_t b : g.stages[0].buckets) {
         const double n = static_cast<double>(b) / 4;
-        passes += 2 * n / rates.elementwise("copy", n, 1.0, false);
+        const double alone = rates.elementwise("copy", n, 1.0, false),
+                     shared = rates.elementwise("copy", 2 * n, 2.0, false) / 2;
+        passes += 2 * n / std::min(alone, shared);
         reductions += rates.collective("inprocess", "all_reduce", 2, static_cast<double>(b));
     }
     ASSERT_GT(passes, 0);
     ASSERT_GT(reductions, 0);
     EXPECT_GE(update - last_backward, (reductions + passes) * (1 - 1e-9));
+
+    // The two members pack and copy back at once: where two threads copy no faster together
+    // than one alone (the memory's bandwidth), each pass takes twice as long as where they
+    // copy twice as fast, and the update starts that much later.
+    auto update_with = [&](double two_threads) {
+        Program q = two;
+        auto& rows = q.mesh.profile.calibration.elementwise;
+        std::erase_if(rows, [](const StreamRate& e) { return e.op == "copy"; });
+        for (int64_t n : {int64_t{1} << 10, int64_t{1} << 26}) {
+            rows.push_back({"copy", n, 1, 1e9, 1e9});
+            rows.push_back({"copy", n, 2, two_threads, two_threads});
+        }
+        sim::SimResult run = sim::simulate(g, q);
+        EXPECT_TRUE(run.ok());
+        double back = 0, at = -1;
+        for (const sim::Span& sp : run.timeline->ranks[0].spans) {
+            if (acts[sp.action].kind == ActionKind::backward) back = sp.end;
+            if (acts[sp.action].kind == ActionKind::step) at = sp.start;
+        }
+        return at - back;
+    };
+    double one_pass = 0; // each bucket's two passes at 1e9 elements a second
+    for (int64_t b : g.stages[0].buckets) one_pass += 2 * (static_cast<double>(b) / 4) / 1e9;
+    EXPECT_NEAR(update_with(1e9) - update_with(2e9), one_pass, 1e-9 + 1e-6 * one_pass);
 
     // In two processes (`dist run --procs 2`), each rank in its own, the same buckets go
     // through Gloo between the processes, at Gloo's measured times.
