@@ -60,11 +60,23 @@ class InProcessCollectives final : public Collectives {
                       "all_reduce");
         auto [begin, end] = chunk(n, rank_, size());
         const auto& slots = group_.slots_;
-        for (int64_t i = begin; i < end; ++i) {
-            float acc = slots[0].out[i];
-            for (size_t m = 1; m < slots.size(); ++m)
-                acc = op == ReduceOp::sum ? acc + slots[m].out[i] : std::max(acc, slots[m].out[i]);
-            for (const auto& s : slots) s.out[i] = acc;
+        // A block at a time through a buffer of our own, member 0's values first and the
+        // others' added in member order (the same sums as element by element), so the loops
+        // over contiguous floats vectorise and each block is written once to every member.
+        constexpr int64_t block = 2048;
+        float acc[block];
+        for (int64_t at = begin; at < end; at += block) {
+            const int64_t len = std::min(block, end - at);
+            std::memcpy(acc, slots[0].out + at, static_cast<size_t>(len) * sizeof(float));
+            for (size_t m = 1; m < slots.size(); ++m) {
+                const float* from = slots[m].out + at;
+                if (op == ReduceOp::sum)
+                    for (int64_t i = 0; i < len; ++i) acc[i] += from[i];
+                else
+                    for (int64_t i = 0; i < len; ++i) acc[i] = std::max(acc[i], from[i]);
+            }
+            for (const auto& s : slots)
+                std::memcpy(s.out + at, acc, static_cast<size_t>(len) * sizeof(float));
         }
         group_.barrier(rank_, "all_reduce");
     }
