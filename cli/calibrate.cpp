@@ -327,6 +327,12 @@ std::vector<StreamRate> measure_elementwise(const Plan& plan, Progress& progress
                      for (int64_t o = o0; o < o1; ++o) db[o] += dout[r * C + o];
              }
          }},
+        // The gradient norm's pass alone (before its all-reduce and the update).
+        {"sum_squares",
+         [&](int64_t n, bool) {
+             volatile double kept = cpu::sum_squares<float>(z.data(), n); // not optimised away
+             (void)kept;
+         }},
         // The optimizer's pass per parameter: the gradient norm, the clip, the AdamW update
         // and the zeroing of the gradient.
         {"adamw",

@@ -364,27 +364,34 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     plan::ExecCosts fallback = c;
     // The tied embedding's sum: the all-reduce of its gradient between the first and the last
     // stage's rank, as measured.
-    c.step_before = [&g, fallback, collective](const PlanRank& r) {
+    // The gradient norm's pass over the rank's gradients (its share under ZeRO), on its threads
+    // before the norm's barrier (RankExecutor::gradient_norm): time before STEP's span, which is
+    // the update alone, as the runtime counts it. The calibrated optimizer's pass includes it.
+    auto norm_pass = [&g, rates, threads](const PlanRank& r) {
+        const double n = step_share(g, r, g.dp * g.cp, g.ep).updated;
+        return n > 0 ? n / rates->elementwise("sum_squares", n, threads, false) : 0.0;
+    };
+    c.step_before = [&g, fallback, collective, norm_pass](const PlanRank& r) {
         const double modelled = fallback.step_before(r);
-        if (modelled <= 0) return 0.0;
+        if (modelled <= 0) return norm_pass(r);
         const int32_t first = g.stages.front().pp, last = g.stages.back().pp;
         const int32_t partner = g.rank_of(r.dp, r.pp == first ? last : first, r.tp, r.cp);
-        return collective({r.rank, partner}, "all_reduce", static_cast<double>(g.tied_bytes),
-                          modelled);
+        return norm_pass(r) + collective({r.rank, partner}, "all_reduce",
+                                         static_cast<double>(g.tied_bytes), modelled);
     };
     // One all-reduce of the rank's tensor-parallel group, as measured (-1: not measured).
     auto tp_all_reduce = [&g, collective](const PlanRank& r, double bytes) {
         return collective(g.tensor_group(r), "all_reduce", bytes, -1.0);
     };
     const double mem_bw = pr.mem_bw;
-    c.compute = [&g, fallback, seconds, rates, threads, tp_all_reduce,
-                 mem_bw](const PlanRank& r, const PlanAction& a) {
+    c.compute = [&g, fallback, seconds, rates, threads, tp_all_reduce, mem_bw,
+                 norm_pass](const PlanRank& r, const PlanAction& a) {
         if (a.kind == ActionKind::step) {
-            // The optimizer's kernels on the rank's share of its parameters, with the
-            // communication the link model prices.
+            // The optimizer's kernels on the rank's share of its parameters, but the norm's
+            // pass (before it), with the communication the link model prices.
             const double updated = step_share(g, r, g.dp * g.cp, g.ep).updated;
             double modelled = fallback.compute(r, a);
-            return step_seconds(updated, *rates, threads) +
+            return std::max(0.0, step_seconds(updated, *rates, threads) - norm_pass(r)) +
                    std::max(0.0, modelled - 2.0 * 16.0 * updated / mem_bw);
         }
         const PlanStage& s = g.stages[static_cast<size_t>(a.stage)];

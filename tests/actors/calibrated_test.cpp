@@ -856,7 +856,31 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     }
     ASSERT_GT(passes, 0);
     ASSERT_GT(reductions, 0);
-    EXPECT_GE(update - last_backward, (reductions + passes) * (1 - 1e-9));
+    // Then the gradient norm's pass over the rank's gradients, before the norm's barrier; the
+    // update's span is the optimizer's pass without it, as the runtime counts it.
+    const double params = static_cast<double>(g.stages[0].parameters);
+    const double threads = sim::rank_threads(g, c.cores);
+    const double norm = params / rates.elementwise("sum_squares", params, threads, false);
+    EXPECT_GE(update - last_backward, (reductions + passes + norm) * (1 - 1e-9));
+    {
+        // One rank alone on the host (no other thread to share the cores with): its update's
+        // span is the optimizer's pass less the norm's, each at the rank's threads.
+        Program one = checked("gpt_tiny.dist", {});
+        one.mesh.profile = *p;
+        Graph g1 = *lower(one).graph;
+        sim::SimResult alone = sim::simulate(g1, one);
+        ASSERT_TRUE(alone.ok());
+        const double n1 = static_cast<double>(g1.stages[0].parameters);
+        const double t1 = sim::rank_threads(g1, c.cores);
+        const double norm1 = n1 / rates.elementwise("sum_squares", n1, t1, false);
+        int spans = 0;
+        for (const sim::Span& sp : alone.timeline->ranks[0].spans)
+            if (g1.ranks[0].actions[sp.action].kind == ActionKind::step) {
+                EXPECT_NEAR(sp.end - sp.start, sim::step_seconds(n1, rates, t1) - norm1, 1e-9);
+                ++spans;
+            }
+        EXPECT_EQ(spans, 1);
+    }
 
     // The two members pack and copy back at once: where two threads copy no faster together
     // than one alone (the memory's bandwidth), each pass takes twice as long as where they
