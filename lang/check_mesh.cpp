@@ -288,6 +288,7 @@ struct EditableField {
     double max;
     bool integer;
     void (*set)(HardwareProfile&, double);
+    const char* example = nullptr; // a value for the hint (else one by the field's range)
 };
 
 const EditableField editable_fields[] = {
@@ -303,7 +304,7 @@ const EditableField editable_fields[] = {
     {"compute.attention_efficiency", 0, true, 1, false,
      [](HardwareProfile& h, double v) { h.attention_efficiency = v; }},
     {"compute.overlap_slowdown", 0, false, 1e300, false,
-     [](HardwareProfile& h, double v) { h.overlap_slowdown = v; }},
+     [](HardwareProfile& h, double v) { h.overlap_slowdown = v; }, "0.19"},
     {"compute.attention_block", 0, true, 1 << 20, true,
      [](HardwareProfile& h, double v) { h.attention_block = static_cast<int64_t>(v); }},
     {"memory.bytes", 0, true, 9.2e18, true,
@@ -315,11 +316,11 @@ const EditableField editable_fields[] = {
     {"links.intra_host.bandwidth", 0, true, 1e300, false,
      [](HardwareProfile& h, double v) { h.intra_host.bandwidth = v; }},
     {"links.intra_host.latency", 0, false, 1e300, false,
-     [](HardwareProfile& h, double v) { h.intra_host.latency = v; }},
+     [](HardwareProfile& h, double v) { h.intra_host.latency = v; }, "3e-6"},
     {"links.inter_host.bandwidth", 0, true, 1e300, false,
      [](HardwareProfile& h, double v) { h.inter_host.bandwidth = v; }},
     {"links.inter_host.latency", 0, false, 1e300, false,
-     [](HardwareProfile& h, double v) { h.inter_host.latency = v; }},
+     [](HardwareProfile& h, double v) { h.inter_host.latency = v; }, "5e-6"},
 };
 
 } // namespace
@@ -368,9 +369,10 @@ void BlockChecker::edit_profile(HardwareProfile& profile) {
                                                       : "a number of 0 or more";
             diags.error(o.value_loc, "`hardware." + key + "` is " + what,
                         "for example `--set hardware." + key + "=" +
-                            (field->max == 1  ? "0.6"
-                             : field->integer ? "8"
-                                              : "2e12") +
+                            (field->example    ? field->example
+                             : field->max == 1 ? "0.6"
+                             : field->integer  ? "8"
+                                               : "2e12") +
                             "`");
             ok = false;
             continue;

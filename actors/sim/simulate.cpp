@@ -362,8 +362,6 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         return t >= 0 ? t : modelled;
     };
     plan::ExecCosts fallback = c;
-    // The tied embedding's sum: the all-reduce of its gradient between the first and the last
-    // stage's rank, as measured.
     // The gradient norm's pass over the rank's gradients (its share under ZeRO), on its threads
     // before the norm's barrier (RankExecutor::gradient_norm): time before STEP's span, which is
     // the update alone, as the runtime counts it. The calibrated optimizer's pass includes it.
@@ -371,13 +369,18 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         const double n = step_share(g, r, g.dp * g.cp, g.ep).updated;
         return n > 0 ? n / rates->elementwise("sum_squares", n, threads, false) : 0.0;
     };
+    // Before the barrier, that pass and the tied embedding's sum: the all-reduce of its
+    // gradient between the first and the last stage's rank, as measured.
     c.step_before = [&g, fallback, collective, norm_pass](const PlanRank& r) {
         const double modelled = fallback.step_before(r);
-        if (modelled <= 0) return norm_pass(r);
-        const int32_t first = g.stages.front().pp, last = g.stages.back().pp;
-        const int32_t partner = g.rank_of(r.dp, r.pp == first ? last : first, r.tp, r.cp);
-        return norm_pass(r) + collective({r.rank, partner}, "all_reduce",
-                                         static_cast<double>(g.tied_bytes), modelled);
+        double tied = 0;
+        if (modelled > 0) {
+            const int32_t first = g.stages.front().pp, last = g.stages.back().pp;
+            const int32_t partner = g.rank_of(r.dp, r.pp == first ? last : first, r.tp, r.cp);
+            tied = collective({r.rank, partner}, "all_reduce", static_cast<double>(g.tied_bytes),
+                              modelled);
+        }
+        return norm_pass(r) + tied;
     };
     // One all-reduce of the rank's tensor-parallel group, as measured (-1: not measured).
     auto tp_all_reduce = [&g, collective](const PlanRank& r, double bytes) {

@@ -84,8 +84,9 @@ float value(int r, int64_t i) {
 
 TEST_P(CollectivesTest, AllReduceSumAndMaxGiveEveryMemberTheReduction) {
     Group g(GetParam());
-    // Sizes that do not divide evenly among members, and an empty call.
-    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}}) {
+    // Sizes that do not divide evenly among members, an empty call, and one whose shares span
+    // several of the in-process path's blocks of 2,048 with a part of one left over.
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{20011}}) {
         for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
             std::vector<std::vector<float>> data(static_cast<size_t>(g.size()));
             g.run([&](int r, Collectives& c) {
