@@ -692,18 +692,17 @@ int probe_passes(bool quick) {
     return quick ? 1 : 3;
 }
 
-std::vector<Probe> run_probes(bool quick, const std::string& devices, int32_t threads,
-                              Progress& progress, std::vector<std::string>& skipped) {
-    std::vector<Probe> probes = probe_shapes(quick);
+std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
+                              const std::string& devices, int32_t threads, Progress& progress,
+                              std::vector<std::string>& skipped) {
     // Every probe once per pass, the passes one after another; each keeps its fastest pass's
     // medians: a burst of other work slows the probes of one pass, not the others.
-    const int passes = probe_passes(quick);
     for (int pass = 0; pass < passes; ++pass) {
         for (Probe& pr : probes) {
             const std::string text =
                 "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: " +
-                std::to_string(pr.layers) + ", heads: 4, width: " + std::to_string(pr.width) +
-                ")\nmesh {\n    devices: " + devices +
+                std::to_string(pr.layers) + ", heads: " + std::to_string(pr.heads) +
+                ", width: " + std::to_string(pr.width) + ")\nmesh {\n    devices: " + devices +
                 "\n}\nschedule {\n    kind: 1f1b\n    microbatches: 2\n}\n"
                 "train {\n    data: synthetic()\n    batch: " +
                 std::to_string(2 * pr.rows) + "\n    steps: " + std::to_string(quick ? 3 : 8) +
@@ -1079,9 +1078,13 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     auto t0 = Clock::now();
     std::vector<std::string> skipped;
     // The probes on all the cores (one rank alone), and on one thread (many ranks).
-    std::vector<Probe> probes = run_probes(c.quick, "cpu", cores, progress, skipped);
+    const std::vector<Probe> shapes = probe_shapes(c.quick);
+    std::vector<Probe> probes =
+        run_probes(shapes, probe_passes(c.quick), c.quick, "cpu", cores, progress, skipped);
     std::vector<Probe> probes_one;
-    if (cores > 1 && !probes.empty()) probes_one = run_probes(c.quick, "cpu", 1, progress, skipped);
+    if (cores > 1 && !probes.empty())
+        probes_one =
+            run_probes(shapes, probe_passes(c.quick), c.quick, "cpu", 1, progress, skipped);
     auto mm = measure_matmuls(plan, progress);
     auto att = measure_attention(plan, progress);
     auto elt = measure_elementwise(plan, progress);

@@ -41,6 +41,11 @@ using kernels::Tensor;
 struct GpuPlan {
     std::vector<int64_t> grid, seqs, head_dims, elements, message;
     int64_t heads = 8;
+    // The query rows (batch x heads x sequence) an attention call is measured with: a GPU's
+    // rate depends on how many rows fill its multiprocessors, and a training microbatch's many
+    // heads and sequences fill them (GPT-2 124M at batch 16 and context 256: 49,152 rows),
+    // where one sequence of a few heads would leave most of them idle.
+    int64_t attention_rows = 1 << 16;
     double min_s = 0.02;
 };
 
@@ -53,16 +58,34 @@ GpuPlan gpu_plan(bool quick) {
         p.elements = {1 << 12, 1 << 16};
         p.message = {4096, 1 << 20};
         p.heads = 2;
+        p.attention_rows = 1 << 10;
         p.min_s = 0.002;
     } else {
         p.grid = {256, 1024, 4096, 8192};
-        p.seqs = {512, 1024, 2048, 4096};
+        p.seqs = {128, 256, 512, 1024, 2048, 4096};
         p.head_dims = {64, 128};
         p.elements = {1 << 16, 1 << 20, 1 << 24, 1 << 27};
         p.message = {4096, 1 << 20, 1 << 24, 1 << 26, 1 << 28};
     }
     return p;
 }
+
+// The whole-action probes on a GPU (width, sequences of 64 tokens, blocks, heads of 64): large
+// enough that their kernels, not the launches between them, take most of an action (the
+// CPU's probes would be launch gaps on a GPU), one block and four of each width to tell a
+// block's fixed cost from the kernels' scale.
+std::vector<Probe> gpu_probes(bool quick) {
+    if (quick) return {{64, 1, 1, {}, {}}};
+    std::vector<Probe> out;
+    for (auto [width, rows] : {std::pair{512, 64}, std::pair{768, 32}, std::pair{1024, 16}})
+        for (int blocks : {1, 4}) {
+            Probe pr{width, rows, blocks, {}, {}};
+            pr.heads = width / 64;
+            out.push_back(pr);
+        }
+    return out;
+}
+constexpr int probe_passes = 2;
 
 // Seconds per call on the device: one call to warm up, one alone to size the batches, then the
 // fastest of three batches of at least `min_s`, each ended by waiting for the device.
@@ -122,12 +145,13 @@ std::vector<AttentionRate> gpu_attention(Backend& b, const GpuPlan& plan, Progre
     const int64_t H = plan.heads;
     for (int64_t D : plan.head_dims)
         for (int64_t T : plan.seqs) {
-            const int64_t n = T * H * D;
+            const int64_t B = std::max<int64_t>(1, plan.attention_rows / (H * T));
+            const int64_t n = B * T * H * D;
             Tensor q = on_device(b, n), k = on_device(b, n), v = on_device(b, n),
-                   dout = on_device(b, n), o = b.zeros({n}), lse = b.zeros({T * H}),
+                   dout = on_device(b, n), o = b.zeros({n}), lse = b.zeros({B * T * H}),
                    dq = b.zeros({n}), dk = b.zeros({n}), dv = b.zeros({n});
             auto forward = [&] {
-                b.attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), 1, T, H, H,
+                b.attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), B, T, H, H,
                                     D, o.data<float>(), lse.data<float>());
             };
             const double f = device_call(b, forward, plan.min_s);
@@ -135,13 +159,13 @@ std::vector<AttentionRate> gpu_attention(Backend& b, const GpuPlan& plan, Progre
                 b,
                 [&] {
                     b.attention_backward(dout.data<float>(), q.data<float>(), k.data<float>(),
-                                         v.data<float>(), o.data<float>(), lse.data<float>(), 1, T,
+                                         v.data<float>(), o.data<float>(), lse.data<float>(), B, T,
                                          H, H, D, dq.data<float>(), dk.data<float>(),
                                          dv.data<float>());
                 },
                 plan.min_s);
-            // The plan's count: 4 T^2 H D forward (scores and values, no causal halving).
-            const double flops = 4.0 * static_cast<double>(T * T * H * D);
+            // The plan's count: 4 B T^2 H D forward (scores and values, no causal halving).
+            const double flops = 4.0 * static_cast<double>(B * T * T * H * D);
             out.push_back({T, D, 1, flops / f, 2 * flops / bw});
             progress.tick("attention");
         }
@@ -153,7 +177,8 @@ std::vector<StreamRate> gpu_elementwise(Backend& b, const GpuPlan& plan, Progres
     const int64_t C = 256, V = 256;
     Tensor x = on_device(b, most * 2), y = b.zeros({most * 2}), z = on_device(b, most * 2),
            w = on_device(b, C * 4, 1.0f), dw = b.zeros({C * 4}), s1 = b.zeros({most}),
-           s2 = b.zeros({most}), m = b.zeros({most}), v = b.zeros({most});
+           s2 = b.zeros({most}), m = b.zeros({most}), v = b.zeros({most}),
+           half({most}, kernels::DType::bf16, b.allocator());
     Tensor host_tokens({most / C + 1}, kernels::DType::i32);
     for (int64_t i = 0; i < host_tokens.numel(); ++i)
         host_tokens.data<int32_t>()[i] = static_cast<int32_t>(i % V);
@@ -212,11 +237,23 @@ std::vector<StreamRate> gpu_elementwise(Backend& b, const GpuPlan& plan, Progres
                  b.cross_entropy_forward(X, tok, n / V, V, S2, S1);
          }},
         {"copy", [&](int64_t n, bool) { b.copy_block(X, n, Y, n, 1, n); }},
+        // bf16 mixed precision, as the CPU's calibration measures it: a tensor rounded in
+        // place; one kept in bf16 storage (forward) and widened again (backward).
+        {"bf16_round", [&](int64_t n, bool) { b.round_bf16(X, n); }},
+        {"bf16_keep",
+         [&](int64_t n, bool bw) {
+             if (bw)
+                 b.from_bf16(half.data<uint16_t>(), n, Y);
+             else
+                 b.to_bf16(X, n, half.data<uint16_t>());
+         }},
         // A fresh gradient buffer, zeroed (the kernels accumulate into it).
         {"zero", [&](int64_t n, bool) { b.zeros({n}); }},
         // A linear layer's bias written into each output row (a pass over the rows, forward
         // and backward alike here).
         {"bias", [&](int64_t n, bool) { b.add_rows(W, n / C, C, Y); }},
+        // The gradient norm's pass alone (before its all-reduce and the update).
+        {"sum_squares", [&](int64_t n, bool) { (void)b.sum_squares(Z, n); }},
         // The optimizer's pass per parameter: the gradient norm, the clip, the AdamW update
         // and the zeroing of the gradient.
         {"adamw",
@@ -322,13 +359,15 @@ int run_calibrate_gpu(const CalibrateOptions& c, const std::string& name, int gp
     int groups = 0;
     for (int size = 2; size <= gpus && size <= 8; size *= 2) ++groups;
     const int total = 3 * g * g * g + static_cast<int>(plan.seqs.size() * plan.head_dims.size()) +
-                      11 * static_cast<int>(plan.elements.size()) + (c.quick ? 1 : 18) + 7 +
+                      14 * static_cast<int>(plan.elements.size()) +
+                      static_cast<int>(gpu_probes(c.quick).size()) * probe_passes + 7 +
                       groups * 3 * static_cast<int>(plan.message.size());
     Progress progress(err, total);
     auto t0 = Clock::now();
     std::vector<std::string> skipped;
     // Any GPU profile places a probe's rank on the first GPU; its figures are not used.
-    std::vector<Probe> probes = run_probes(c.quick, "h100", 0, progress, skipped);
+    std::vector<Probe> probes =
+        run_probes(gpu_probes(c.quick), probe_passes, c.quick, "h100", 0, progress, skipped);
     auto mm = gpu_matmuls(b, plan, progress);
     auto att = gpu_attention(b, plan, progress);
     auto elt = gpu_elementwise(b, plan, progress);
@@ -378,6 +417,8 @@ int run_calibrate_gpu(const CalibrateOptions& c, const std::string& name, int gp
       << "# Every number below was measured by `" << command << "` on " << date << ",\n"
       << "# on " << device.model << " (" << gpus << " on this host), from Dist's own kernels\n"
       << "# (the device's backend) and NCCL; rates are the fastest of three timed batches.\n"
+      << "# Attention runs over " << plan.attention_rows
+      << " query rows (batch x heads x sequence) a call, as a training microbatch fills the GPU.\n"
       << "name = \"" << escaped(name) << "\"\n"
       << "description = \"" << escaped(device.model) << ", calibrated on " << date.substr(0, 10)
       << "\"\n\n"

@@ -65,13 +65,15 @@ struct Probe {
     std::optional<Program> program;
     std::optional<plan::Graph> graph;
     double forward = 0, backward = 0; // measured seconds per microbatch
+    int heads = 4;
 };
 
-/// Trains small GPTs on one rank of `devices` (a profile name: `cpu`, or a GPU's) with
-/// `threads` compute threads (0: the runtime's choice) and times their forwards and backwards;
-/// run first, on a quiet process.
-std::vector<Probe> run_probes(bool quick, const std::string& devices, int32_t threads,
-                              Progress& progress, std::vector<std::string>& skipped);
+/// Trains small GPTs of the `probes` shapes on one rank of `devices` (a profile name: `cpu`, or
+/// a GPU's) with `threads` compute threads (0: the runtime's choice) and times their forwards
+/// and backwards, `passes` times each; run first, on a quiet process.
+std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
+                              const std::string& devices, int32_t threads, Progress& progress,
+                              std::vector<std::string>& skipped);
 /// The probes' actions against their kernels' prediction from `cal` on `threads` threads.
 ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, int32_t threads);
 

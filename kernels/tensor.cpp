@@ -1,6 +1,8 @@
 // tensor.cpp: allocators, tensors and bf16 conversion.
 #include "kernels/tensor.hpp"
 
+#include "kernels/bf16_bits.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <cstdlib>
@@ -195,9 +197,7 @@ std::string Tensor::shape_str() const {
 uint16_t f32_to_bf16(float x) {
     uint32_t bits;
     std::memcpy(&bits, &x, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-    uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
-    return static_cast<uint16_t>((bits + rounding) >> 16);
+    return static_cast<uint16_t>(bf16_bits(bits) >> 16);
 }
 
 float bf16_to_f32(uint16_t x) {

@@ -2,8 +2,9 @@
 # shellcheck disable=SC2317 # its functions run through `step`, which shellcheck cannot follow
 # gpu-check.sh: the CUDA kernels on a GPU: build with CUDA for sm_90 (H100 / H200), run the CUDA
 # tests (every op against the CPU op), the NCCL tests, the runtime training on GPU ranks against
-# the CPU (runtime_tests' GPU suites, f32 and bf16), and the GPU benchmarks side by side with
-# PyTorch on the same GPU, and print a short table last. CPU-only tests stay off the device.
+# the CPU (runtime_tests' GPU suites, f32 and bf16), the GPU's calibration and a run's measured
+# step beside its prediction, and the GPU benchmarks side by side with PyTorch on the same GPU,
+# and print a short table last. CPU-only tests stay off the device.
 #
 #   scripts/gpu-check.sh                 build in build-gpu/ (needs `make deps` and nvcc), check
 #   scripts/gpu-check.sh --bundle DIR    build here, then copy the test and benchmark programs
@@ -12,16 +13,19 @@
 #                                        has CUDA but not the build's other dependencies
 #
 # GPU_CHECK_TIER picks how much runs (the device's time is counted):
-#   quick    versions, the CUDA tests, the runtime's GPU suites (about 2 minutes)
-#   default  also NCCL, end-to-end GPT-2 124M training beside PyTorch (f32 and bf16) and the
-#            CUDA benchmarks against PyTorch (under 8 minutes with a prebuilt bundle)
+#   quick    versions, the CUDA tests, the runtime's GPU suites, `dist calibrate` on the GPU and
+#            GPT-2 124M trained by `dist run` beside its prediction from that profile and from
+#            the h200 datasheet one (about 2 minutes with a prebuilt bundle)
+#   default  also NCCL, the same training by PyTorch (f32 and bf16) and the CUDA benchmarks
+#            against PyTorch (about 2 minutes more)
 #   full     also the CUDA tests under compute-sanitizer's memcheck (GPU_CHECK_SANITIZE=1 too)
-# Every step's log, and summary.json (one entry per step: name, exit status, seconds, the
-# log's last lines), are written into $OUT (else the log folder) as each step ends, so a run
-# cut short by a time limit still returns what it did.
+# Every step's log (appended to steps.log), summary.json (one entry per step: name, exit status,
+# seconds, the log's last lines), the calibrated profile, the runs' metrics and traces are
+# written into $OUT (else the log folder) as each step ends, so a run cut short by a time limit
+# still returns what it did.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-build=build-gpu
+build="build-gpu"
 programs="cuda_tests cuda_bench nccl_tests runtime_tests dist"
 
 build_here() {
@@ -103,7 +107,8 @@ entries.append({"step": name, "rc": int(rc), "seconds": round(time.time() - floa
                 "timed_out": rc in ("124", "137"), "tail": lines[-6:]})
 json.dump(entries, open(path, "w"), indent=1)
 PY
-    [ "$logs" = "$out" ] || cp "$logs/$name.log" "$out/"
+    # One file of every step's log in $OUT (the device returns a few files, not one per step).
+    [ "$logs" = "$out" ] || { echo "=== $name: exit $rc" && cat "$logs/$name.log"; } >> "$out/steps.log"
     echo "$name: exit $rc"
     return "$rc"
 }
@@ -138,31 +143,67 @@ grep -E '^\[  (FAILED|SKIPPED)|Failure' "$logs/cuda_tests.log" | head -40
 step runtime_tests 300 env DIST_SOURCE_DIR="$PWD" "$bin/runtime_tests" --gtest_brief=1 \
     --gtest_filter='Devices.*:Meshes/GpuEquivalence.*:GpuBf16.*'
 grep -E '^\[  FAILED|Failure' "$logs/runtime_tests.log" | head -20
-# `dist calibrate` on the GPU (a quick grid): the profile it writes, which `dist sim` then loads
-# through DIST_PATH and prices a plan with.
+# `dist calibrate` on the GPU (its full grid: half a minute on an H200): the profile it writes,
+# which `dist sim` then loads through DIST_PATH and prices a plan with.
 if [ -x "$bin/dist" ]; then
     mkdir -p "$logs/cal/hardware"
-    step calibrate 240 env DIST_PATH="$PWD/stdlib" "$bin/dist" calibrate --quick --device cuda \
+    step calibrate 300 env DIST_PATH="$PWD/stdlib" "$bin/dist" calibrate --device cuda \
         --out "$logs/cal/hardware/gpu.toml"
     [ "$logs" = "$out" ] || cp "$logs/cal/hardware/gpu.toml" "$out/" 2> /dev/null
     step calibrated_sim 60 env DIST_PATH="$logs/cal:$PWD/stdlib" "$bin/dist" sim \
-        examples/gpt_tiny.dist --set mesh.devices=gpu
+        examples/gpt_tiny.dist --set mesh.devices=gpu --set 'train.data=synthetic()'
     tail -3 "$logs/calibrated_sim.log"
 fi
 
+sims=""
+if [ -x "$bin/dist" ]; then
+    # Predicted beside measured: GPT-2 124M (context 256, batch 16) trained by `dist run` on one
+    # GPU, priced by the calibrated profile (its last line: measured and simulated step and
+    # bubble; its trace: both timelines), and by the h200 datasheet profile through `dist sim`.
+    profile=gpu
+    [ -f "$logs/cal/hardware/gpu.toml" ] || profile=h200
+    for pr in f32 bf16; do
+        rm -f "$logs/dist-$pr.jsonl"
+        step "dist_$pr" 180 env DIST_PATH="$logs/cal:$PWD/stdlib" "$bin/dist" run \
+            bench/gpt2_124m.dist --quiet --set mesh.devices=$profile --set train.batch=16 \
+            --set train.steps=20 --set train.precision=$pr --metrics "$logs/dist-$pr.jsonl" \
+            --trace "$logs/trace-$pr.json"
+        [ "$logs" = "$out" ] || cp "$logs/dist-$pr.jsonl" "$logs/trace-$pr.json" "$out/" 2> /dev/null
+        step "sim_h200_$pr" 60 env DIST_PATH="$PWD/stdlib" "$bin/dist" sim bench/gpt2_124m.dist \
+            --json --set mesh.devices=h200 --set train.batch=16 --set train.precision=$pr
+    done
+    sims=$(python3 - "$logs" <<'PY' 2>&1
+import json, re, sys
+logs = sys.argv[1]
+for pr in ("f32", "bf16"):
+    # The run's own line: the median step after the first, beside the calibrated prediction.
+    m = cal = memory = None
+    try:
+        for line in open(f"{logs}/dist_{pr}.log", errors="replace"):
+            g = re.search(r"measured ([0-9.]+) ms, predicted ([0-9.]+) ms", line)
+            if g: m, cal = float(g.group(1)) / 1e3, float(g.group(2)) / 1e3
+            g = re.search(r"memory: measured ([0-9.]+) MB at the peak of cuda.*predicted ([0-9.]+) MB", line)
+            if g: memory = f"; memory: measured {g.group(1)} MB, predicted {g.group(2)} MB"
+    except OSError:
+        pass
+    try:
+        d = json.loads(open(f"{logs}/sim_h200_{pr}.log").read())["step_time_s"]
+    except Exception:
+        d = None
+    fmt = lambda v: "-" if v is None else f"{v * 1e3:.1f} ms"
+    rat = lambda v: f" ({v / m:.2f}x)" if v and m else ""
+    print(f"| GPT-2 124M step, {pr}: measured {fmt(m)}; calibrated {fmt(cal)}{rat(cal)}; "
+          f"h200 datasheet {fmt(d)}{rat(d)}{memory or ''} | predicted (/ measured) |")
+PY
+)
+fi
 e2e=""
 if [ "$tier" != quick ]; then
     step nccl_tests 120 "$bin/nccl_tests" --gtest_brief=1
-    # End to end: GPT-2 124M (context 256, batch 16) trained by `dist run` on one GPU, beside
-    # PyTorch training the same model on the same GPU: f32 (TF32 off on both sides), then bf16
-    # (PyTorch under autocast with its fused attention).
+    # End to end beside PyTorch training the same model on the same GPU: f32 (TF32 off on both
+    # sides), then bf16 (PyTorch under autocast with its fused attention).
     if [ -x "$bin/dist" ]; then
         for pr in f32 bf16; do
-            rm -f "$logs/dist-$pr.jsonl"
-            step "dist_$pr" 240 env DIST_PATH="$PWD/stdlib" "$bin/dist" run bench/gpt2_124m.dist \
-                --quiet --set mesh.devices=h200 --set train.batch=16 \
-                --set train.precision=$pr --metrics "$logs/dist-$pr.jsonl"
-            [ "$logs" = "$out" ] || cp "$logs/dist-$pr.jsonl" "$out/" 2> /dev/null
             step "torch_$pr" 240 env DEVICE=cuda PRECISION=$pr \
                 python3 bench/pytorch_gpt.py 50257 256 12 12 768 16 8
         done
@@ -204,6 +245,7 @@ for t in cuda_tests runtime_tests nccl_tests memcheck; do
 done
 [ -f "$logs/calibrate.log" ] && echo "| calibrate | $(grep -E '^wrote|error' "$logs/calibrate.log" | tail -1) |"
 [ -f "$logs/calibrated_sim.log" ] && echo "| calibrated sim | $(grep -E "step" "$logs/calibrated_sim.log" | head -1) |"
+[ -n "$sims" ] && echo "$sims"
 [ -n "$e2e" ] && echo "$e2e"
 if [ -f "$logs/cuda_bench.json" ]; then
     echo

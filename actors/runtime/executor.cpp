@@ -128,6 +128,17 @@ std::string tied_embedding(const ModelSpec& spec) {
     return {};
 }
 
+// A host number summed over `group`, a group that reduces the memory of the rank's device
+// (`device`): it travels in a device buffer (NCCL and the host-staged groups read and write
+// device memory only).
+float summed_over(transport::Collectives& group, kernels::Backend& device, float value) {
+    kernels::Tensor one({1});
+    one.data<float>()[0] = value;
+    kernels::Tensor there = device.here(one);
+    group.all_reduce(there.data<float>(), 1, transport::ReduceOp::sum);
+    return there.on_host().data<float>()[0];
+}
+
 } // namespace
 
 // ----- per-stage state ------------------------------------------------------------------------
@@ -996,16 +1007,13 @@ double RankExecutor::gradient_norm(bool& loss_nonfinite, double loss_sum) {
     double sq = device_->sum_squares_of(grads);
     if (zero_ >= 1) {
         // Each member counted its share of the replicated parameters: sum over the group.
-        float share = static_cast<float>(sq);
-        comms_.dp->all_reduce(&share, 1, transport::ReduceOp::sum);
-        sq = share;
+        sq = summed_over(*comms_.dp, *device_, static_cast<float>(sq));
     }
     if (comms_.ep) {
         // The experts' shares over their holders, then the expert group's different experts.
         auto held = static_cast<float>(experts.empty() ? 0.0 : device_->sum_squares_of(experts));
-        if (zero_ >= 1 && comms_.edp) comms_.edp->all_reduce(&held, 1, transport::ReduceOp::sum);
-        comms_.ep->all_reduce(&held, 1, transport::ReduceOp::sum);
-        sq += held;
+        if (zero_ >= 1 && comms_.edp) held = summed_over(*comms_.edp, *device_, held);
+        sq += summed_over(*comms_.ep, *device_, held);
     }
     // The replica's loss lives on its last stage: whether it is finite travels with the norm.
     float v[2] = {static_cast<float>(sq), std::isfinite(loss_sum) ? 0.0f : 1.0f};

@@ -148,8 +148,9 @@ std::string chrome_trace(const std::vector<std::pair<std::string, const Timeline
 /// 87.9 ms (0.99x); bubble: measured 28.9%, predicted 27.6% (`dist sim` with the P profile)".
 std::string comparison_line(double measured_step_s, double measured_bubble,
                             const Timeline& predicted, const std::string& profile);
-/// Beside a run's comparison on the `cpu` datasheet profile, which knows nothing of the machine:
-/// how to calibrate this one ("" for any other profile, a calibrated one included).
+/// Beside a run's comparison on a datasheet profile, which knows nothing of the machine (the
+/// `cpu` one) or prices published kernels rather than Dist's (a GPU's): how to calibrate this
+/// one ("" for a calibrated profile).
 std::string calibration_hint(const HardwareProfile& profile);
 /// Where a measured step and the prediction of the same plan disagree: each kind of action's
 /// time summed over the ranks (the communication threads' collectives apart, as "KIND (comm)"),

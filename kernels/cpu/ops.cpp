@@ -5,6 +5,8 @@
 
 #include "kernels/cpu/math.hpp"
 
+#include "kernels/bf16_bits.hpp"
+
 #include <cblas.h>
 #include <omp.h>
 
@@ -579,18 +581,6 @@ template <typename T> void copy_scaled(const T* src, int64_t n, double s, T* dst
 }
 
 // ----- bf16 ---------------------------------------------------------------------------------
-
-namespace {
-
-// The bits of the bf16 nearest to float bits `b`, in the top half of a word (ties to even; a
-// NaN keeps its sign and top payload and is made quiet). Branch-free, so the loops vectorise.
-inline uint32_t bf16_bits(uint32_t b) {
-    uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
-    uint32_t nan = ((b & 0x7fffffffu) > 0x7f800000u) ? 0xffffffffu : 0u;
-    return (rounded & ~nan) | (((b | 0x00400000u) & 0xffff0000u) & nan);
-}
-
-} // namespace
 
 void round_bf16(float* x, int64_t n) {
     uint32_t* bits = reinterpret_cast<uint32_t*>(x);

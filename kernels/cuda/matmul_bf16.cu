@@ -10,6 +10,7 @@
 // product goes through cublasGemmEx with the same types instead.
 #include "kernels/cuda/ops.hpp"
 
+#include "kernels/bf16_bits.hpp"
 #include "kernels/cuda/common.cuh"
 
 #include <cublasLt.h>
@@ -143,7 +144,7 @@ std::string lt_gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64
 __global__ void to_bf16_kernel(const float* x, int64_t n, uint16_t* out) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
          i += int64_t(gridDim.x) * blockDim.x)
-        out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+        out[i] = static_cast<uint16_t>(bf16_bits(__float_as_uint(x[i])) >> 16);
 }
 
 __global__ void from_bf16_kernel(const uint16_t* x, int64_t n, float* out) {
@@ -155,7 +156,7 @@ __global__ void from_bf16_kernel(const uint16_t* x, int64_t n, float* out) {
 __global__ void round_bf16_kernel(float* x, int64_t n) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
          i += int64_t(gridDim.x) * blockDim.x)
-        x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+        x[i] = __uint_as_float(bf16_bits(__float_as_uint(x[i])));
 }
 
 __global__ void add_bias_kernel(float* out, const float* bias, int64_t N, int64_t OC) {

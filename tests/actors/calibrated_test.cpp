@@ -984,7 +984,9 @@ TEST(Calibrate, AGpuCalibrationIsAProfileOfDevicesThatPricesEachRankAlone) {
     for (const auto& [kernel, shapes] : grid) EXPECT_EQ(shapes.size(), 8u) << kernel;
     std::set<std::string> ops;
     for (const StreamRate& e : c.elementwise) ops.insert(e.op);
-    for (const char* op : {"layernorm", "gelu", "cross_entropy", "copy", "adamw", "embedding"})
+    // Every op the simulator prices, bf16's passes and the gradient norm's among them.
+    for (const char* op : {"layernorm", "gelu", "cross_entropy", "copy", "adamw", "embedding",
+                           "bf16_round", "bf16_keep", "sum_squares"})
         EXPECT_TRUE(ops.count(op)) << op;
     std::ifstream in(file);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -439,18 +439,29 @@ TEST_P(DevicePath, RanksOnStandInDevicesTrainAsOnTheCpu) {
 
 using tests::mesh_overrides;
 
+// A mesh with ZeRO stage `zero`.
+std::vector<std::string> with_zero(std::vector<std::string> mesh, int zero) {
+    mesh.push_back("mesh.zero=" + std::to_string(zero));
+    return mesh;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Meshes, DevicePath,
-    ::testing::Values(DeviceCase{"dp2_tp2_pp2", false, mesh_overrides(2, 2, 2, "1f1b", 2)},
-                      DeviceCase{"tp2", false, mesh_overrides(1, 2, 1, "1f1b", 1)},
-                      DeviceCase{"pp2_zbv", false, mesh_overrides(1, 1, 2, "zbv", 4, 2)},
-                      DeviceCase{"llama_dp2_tp2", true, mesh_overrides(2, 2, 1, "1f1b", 2)},
-                      // As the processes of a job: the two pipeline ranks in two processes
-                      // (activations over UCX, the tied embedding's group over Gloo), and the
-                      // data-parallel groups of a dp 2 x pp 2 mesh across two processes.
-                      DeviceCase{"two_processes_pp2", false, mesh_overrides(1, 1, 2, "1f1b", 4), 2},
-                      DeviceCase{"two_processes_dp2_pp2", false, mesh_overrides(2, 1, 2, "1f1b", 2),
-                                 2}),
+    ::testing::Values(
+        DeviceCase{"dp2_tp2_pp2", false, mesh_overrides(2, 2, 2, "1f1b", 2)},
+        DeviceCase{"tp2", false, mesh_overrides(1, 2, 1, "1f1b", 1)},
+        DeviceCase{"pp2_zbv", false, mesh_overrides(1, 1, 2, "zbv", 4, 2)},
+        DeviceCase{"llama_dp2_tp2", true, mesh_overrides(2, 2, 1, "1f1b", 2)},
+        // ZeRO's shards on the devices: the gradient norm's partial sums reduce
+        // over the data-parallel group, which reduces device memory.
+        DeviceCase{"dp2_zero1", false, with_zero(mesh_overrides(2, 1, 1, "1f1b", 2), 1)},
+        DeviceCase{"dp2_zero2", false, with_zero(mesh_overrides(2, 1, 1, "1f1b", 2), 2)},
+        DeviceCase{"dp2_pp2_zero3", false, with_zero(mesh_overrides(2, 1, 2, "1f1b", 2), 3)},
+        // As the processes of a job: the two pipeline ranks in two processes
+        // (activations over UCX, the tied embedding's group over Gloo), and the
+        // data-parallel groups of a dp 2 x pp 2 mesh across two processes.
+        DeviceCase{"two_processes_pp2", false, mesh_overrides(1, 1, 2, "1f1b", 4), 2},
+        DeviceCase{"two_processes_dp2_pp2", false, mesh_overrides(2, 1, 2, "1f1b", 2), 2}),
     [](const ::testing::TestParamInfo<DeviceCase>& i) { return i.param.name; });
 
 } // namespace

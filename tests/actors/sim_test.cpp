@@ -434,3 +434,17 @@ TEST(Simulate, TheDisagreementShowsTheCommunicationThreadsCollectives) {
         << text;
     EXPECT_NE(text.find("the largest gap: GATHER_F (comm) on rank 0"), std::string::npos) << text;
 }
+
+// A run's comparison says how to calibrate where its profile is a datasheet's: the cpu one
+// (a guess about any machine) and a GPU's (published kernels, not Dist's), and nothing for a
+// profile `dist calibrate` wrote.
+TEST(Simulate, CalibrationHintForDatasheetProfilesOnly) {
+    HardwareProfile gpu = checked("gpt2_124m_8xh200.dist").mesh.profile;
+    EXPECT_NE(sim::calibration_hint(gpu).find("`dist calibrate --device cuda"), std::string::npos);
+    HardwareProfile cpu = checked("gpt_tiny.dist").mesh.profile;
+    EXPECT_NE(sim::calibration_hint(cpu).find("`dist calibrate --device cpu"), std::string::npos);
+    for (HardwareProfile* p : {&gpu, &cpu}) {
+        p->calibration.cores = 16;
+        EXPECT_EQ(sim::calibration_hint(*p), "") << p->name;
+    }
+}
