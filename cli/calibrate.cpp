@@ -357,45 +357,58 @@ std::vector<StreamRate> measure_elementwise(const Plan& plan, Progress& progress
     return out;
 }
 
-// Workers on one thread each, all at once: each one's matmul rate against one alone.
+// Workers on one thread each, all at once: each one's matmul rate against one alone, for two
+// working sets: a 256 x 256 product of a matrix with itself (512 KiB, within a core's cache),
+// and a linear layer's (256, 512) x (2048, 512)^T (6.5 MiB, beyond it), whose workers taking
+// turns on a core refill its cache at every turn. Up to twice as many workers as cores, then
+// three and four times.
 std::vector<SharingPoint> measure_sharing(int32_t cores, const Plan& plan, Progress& progress) {
-    const int64_t S = 256;
-    auto rate_with = [&](int32_t workers) {
-        std::vector<std::vector<float>> a(static_cast<size_t>(workers), filled(S * S)),
-            c(static_cast<size_t>(workers), std::vector<float>(S * S));
-        std::atomic<int32_t> ready{0};
-        std::atomic<bool> go{false};
-        std::vector<double> rates(static_cast<size_t>(workers));
-        const double span = plan.min_s * 20;
-        std::vector<std::thread> threads;
-        for (int32_t i = 0; i < workers; ++i)
-            threads.emplace_back([&, i] {
-                omp_set_num_threads(1);
-                auto& ai = a[static_cast<size_t>(i)];
-                auto& ci = c[static_cast<size_t>(i)];
-                cpu::matmul_forward<float>(ai.data(), ai.data(), nullptr, S, S, S, ci.data());
-                ++ready;
-                while (!go) std::this_thread::yield();
-                auto t0 = Clock::now();
-                int calls = 0;
-                while (since(t0) < span) {
-                    cpu::matmul_forward<float>(ai.data(), ai.data(), nullptr, S, S, S, ci.data());
-                    ++calls;
-                }
-                rates[static_cast<size_t>(i)] = calls / since(t0);
-            });
-        while (ready < workers) std::this_thread::yield();
-        go = true;
-        for (auto& t : threads) t.join();
-        double sum = 0;
-        for (double r : rates) sum += r;
-        return sum / workers;
-    };
+    std::vector<int32_t> counts;
+    for (int32_t w = 2; w <= 2 * cores; ++w) counts.push_back(w);
+    for (int32_t w : {3 * cores, 4 * cores})
+        if (w > 2 * cores) counts.push_back(w);
     std::vector<SharingPoint> out;
-    double alone = rate_with(1);
-    for (int32_t w = 2; w <= 2 * cores; ++w) {
-        out.push_back({w, rate_with(w) / alone});
-        progress.tick("cores shared by ranks");
+    for (auto [M, K, N] : {std::array<int64_t, 3>{256, 256, 256}, {256, 512, 2048}}) {
+        const bool square = K == M && N == M; // the matrix times itself
+        const double bytes = 4.0 * static_cast<double>(square ? 2 * M * M : M * K + N * K + M * N);
+        auto rate_with = [&](int32_t workers) {
+            std::vector<std::vector<float>> a(static_cast<size_t>(workers), filled(M * K)),
+                w(static_cast<size_t>(workers), square ? std::vector<float>() : filled(N * K)),
+                c(static_cast<size_t>(workers), std::vector<float>(M * N));
+            std::atomic<int32_t> ready{0};
+            std::atomic<bool> go{false};
+            std::vector<double> rates(static_cast<size_t>(workers));
+            const double span = plan.min_s * 20;
+            std::vector<std::thread> threads;
+            for (int32_t i = 0; i < workers; ++i)
+                threads.emplace_back([&, i] {
+                    omp_set_num_threads(1);
+                    const float* in = a[static_cast<size_t>(i)].data();
+                    const float* weight = square ? in : w[static_cast<size_t>(i)].data();
+                    float* o = c[static_cast<size_t>(i)].data();
+                    cpu::matmul_forward<float>(in, weight, nullptr, M, K, N, o);
+                    ++ready;
+                    while (!go) std::this_thread::yield();
+                    auto t0 = Clock::now();
+                    int calls = 0;
+                    while (since(t0) < span) {
+                        cpu::matmul_forward<float>(in, weight, nullptr, M, K, N, o);
+                        ++calls;
+                    }
+                    rates[static_cast<size_t>(i)] = calls / since(t0);
+                });
+            while (ready < workers) std::this_thread::yield();
+            go = true;
+            for (auto& t : threads) t.join();
+            double sum = 0;
+            for (double r : rates) sum += r;
+            return sum / workers;
+        };
+        const double alone = rate_with(1);
+        for (int32_t n : counts) {
+            out.push_back({n, rate_with(n) / alone, bytes});
+            progress.tick("cores shared by ranks");
+        }
     }
     return out;
 }
@@ -988,10 +1001,12 @@ std::string profile_text(const std::string& name, const std::string& command, in
       << "# fixed time more per block, fitted by least squares:\n";
     write_fit(o, fit, fewer, skipped);
     write_kernels(o, "on `threads` OpenMP threads", mm, att, elt);
-    o << "# `threads` single-threaded matmul workers at once: each one's speed against one alone.\n"
+    o << "# `threads` single-threaded matmul workers at once, each over `bytes` of operands:\n"
+      << "# each one's speed against one alone.\n"
       << "sharing = [\n";
     for (const SharingPoint& s : sharing)
-        o << "  { threads = " << s.threads << ", speed = " << number(s.speed) << " },\n";
+        o << "  { threads = " << s.threads << ", bytes = " << static_cast<int64_t>(s.bytes)
+          << ", speed = " << number(s.speed) << " },\n";
     o << "]\n";
     if (slice > 0)
         o << "# How long a thread runs before another waiting for its core has a turn (seconds):\n"
@@ -1072,7 +1087,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     const int total = threads * (3 * sizes * sizes * sizes +
                                  static_cast<int>(plan.seqs.size() * plan.head_dims.size()) +
                                  13 * static_cast<int>(plan.elements.size())) +
-                      probe_runs + (2 * cores - 1) + 1 + 3 * messages +
+                      probe_runs + 2 * (2 * cores + 1) + 1 + 3 * messages +
                       4 * messages * (cores >= 4 ? 2 : 1) + 1;
     Progress progress(err, total);
     auto t0 = Clock::now();

@@ -162,7 +162,7 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
                                  t.number("forward"), t.number("backward")});
     });
     r.rows("calibration.sharing", [&](Reader& t) {
-        c.sharing.push_back({count(t, "threads"), t.number("speed")});
+        c.sharing.push_back({count(t, "threads"), t.number("speed"), t.number("bytes", false)});
     });
     r.rows("calibration.transfer", [&](Reader& t) {
         c.transfers.push_back({t.string("transport"), t.whole("bytes"), t.number("seconds")});

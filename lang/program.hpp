@@ -168,7 +168,13 @@ struct StreamRate {
 struct SharingPoint {
     int32_t threads = 1;
     double speed = 1;
+    /// The bytes each worker's matmul touches (its operands): threads that take turns on a
+    /// core refill its cache at every turn, which costs more the larger this is. 0: the
+    /// default workers' (sharing_default_bytes).
+    double bytes = 0;
 };
+/// A `sharing` row without `bytes`: workers of a 256 x 256 product of a matrix with itself.
+inline constexpr double sharing_default_bytes = 2.0 * 256 * 256 * 4;
 /// One message of `bytes` through a transport ("inprocess", "ucx-sm", "ucx-tcp").
 struct TransferSample {
     std::string transport;

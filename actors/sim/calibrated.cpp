@@ -159,16 +159,25 @@ double Rates::elementwise(const std::string& op, double elements, double threads
     });
 }
 
-double Rates::sharing(double threads) const {
+double Rates::sharing(double threads, double bytes) const {
     if (threads <= 1 || c_->sharing.empty()) return 1.0;
-    std::map<double, double> points{{1.0, 1.0}};
-    for (const SharingPoint& s : c_->sharing) points[s.threads] = s.speed;
-    auto last = std::prev(points.end());
-    // Beyond the measured counts the cores are divided further.
-    if (threads >= last->first) return last->second * last->first / threads;
-    auto hi = points.upper_bound(threads), lo = std::prev(hi);
-    double w = (threads - lo->first) / (hi->first - lo->first);
-    return (1 - w) * lo->second + w * hi->second;
+    std::map<double, std::map<double, double>> sets; // working set -> threads -> speed
+    for (const SharingPoint& s : c_->sharing)
+        sets[s.bytes > 0 ? s.bytes : sharing_default_bytes][s.threads] = s.speed;
+    auto speed = [threads](std::map<double, double> points) {
+        points[1.0] = 1.0;
+        auto last = std::prev(points.end());
+        // Beyond the measured counts the cores are divided further.
+        if (threads >= last->first) return last->second * last->first / threads;
+        auto hi = points.upper_bound(threads), lo = std::prev(hi);
+        double w = (threads - lo->first) / (hi->first - lo->first);
+        return (1 - w) * lo->second + w * hi->second;
+    };
+    if (bytes <= sets.begin()->first) return speed(sets.begin()->second);
+    if (bytes >= sets.rbegin()->first) return speed(sets.rbegin()->second);
+    auto hi = sets.upper_bound(bytes), lo = std::prev(hi);
+    double w = std::log(bytes / lo->first) / std::log(hi->first / lo->first);
+    return (1 - w) * speed(lo->second) + w * speed(hi->second);
 }
 
 namespace {

@@ -27,8 +27,10 @@ class Rates {
     /// Elements per second of an element-wise kernel over `elements` elements.
     double elementwise(const std::string& op, double elements, double threads, bool backward) const;
     /// Each busy thread's speed, relative to one thread alone, when `threads` are busy at once
-    /// on the host's cores.
-    double sharing(double threads) const;
+    /// on the host's cores, each working over `bytes` (the largest matmul's operands of the
+    /// host's ranks): between the working sets measured, interpolated in log bytes; beyond
+    /// them, the nearest. 0 bytes: the smallest measured.
+    double sharing(double threads, double bytes = 0) const;
     /// Seconds of one message of `bytes` through `transport`; negative when not measured.
     double transfer(const std::string& transport, double bytes) const;
     /// Seconds of a collective; negative when not measured for that backend and op.

@@ -552,6 +552,17 @@ TEST(Rates, InterpolateBetweenMeasuredShapesAndClampOutside) {
     EXPECT_DOUBLE_EQ(r.sharing(2), 0.9);
     EXPECT_NEAR(r.sharing(3), 0.675, 1e-12);
     EXPECT_NEAR(r.sharing(8), 0.45 * 4 / 8, 1e-12); // beyond the measured: the cores divided
+
+    // A second working set, 16 times the default's: a rank's between the two is priced
+    // between them, in log bytes; beyond either, as the nearest.
+    const double big = 16 * sharing_default_bytes;
+    c.sharing.push_back({2, 0.8, big});
+    c.sharing.push_back({4, 0.35, big});
+    EXPECT_DOUBLE_EQ(r.sharing(2), 0.9); // no working set: the smallest measured
+    EXPECT_DOUBLE_EQ(r.sharing(2, sharing_default_bytes / 2), 0.9);
+    EXPECT_DOUBLE_EQ(r.sharing(2, 2 * big), 0.8);
+    EXPECT_NEAR(r.sharing(4, 4 * sharing_default_bytes), 0.5 * 0.45 + 0.5 * 0.35, 1e-12);
+    EXPECT_NEAR(r.sharing(3, big), (0.8 + 0.35) / 2, 1e-12);
 }
 
 namespace {
@@ -764,7 +775,18 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     for (const char* op : {"layernorm", "gelu", "cross_entropy", "copy", "adamw", "embedding"})
         EXPECT_TRUE(ops.count(op)) << op;
     EXPECT_FALSE(c.attention.empty());
-    EXPECT_EQ(c.sharing.size(), static_cast<size_t>(2 * c.cores - 1));
+    // Two working sets, each from 2 workers to twice the cores, then three and four times.
+    ASSERT_EQ(c.sharing.size(), static_cast<size_t>(2 * (2 * c.cores + 1)));
+    std::map<double, std::vector<int32_t>> sets;
+    for (const SharingPoint& s : c.sharing) {
+        EXPECT_GT(s.speed, 0);
+        sets[s.bytes].push_back(s.threads);
+    }
+    ASSERT_EQ(sets.size(), 2u);
+    EXPECT_DOUBLE_EQ(sets.begin()->first, sharing_default_bytes);
+    EXPECT_GT(sets.rbegin()->first, 4 * sets.begin()->first);
+    EXPECT_EQ(sets.begin()->second, sets.rbegin()->second);
+    EXPECT_EQ(sets.begin()->second.back(), 4 * c.cores);
     // Two threads held to one core took turns: the scheduler's slice, milliseconds long.
     EXPECT_GT(c.slice_s, 0);
     EXPECT_LT(c.slice_s, 0.5);
