@@ -319,6 +319,18 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
     return c;
 }
 
+// The members of a tensor-parallel group meet at each of its all-reduces, and give up their
+// cores (or GPU) while they wait there. Context parallelism's ring waits inside its attention
+// are not cut into pieces: those ranks share each core evenly.
+std::function<int32_t(const PlanRank&, const PlanAction&)> tp_meetings(const Graph& g) {
+    return [&g](const PlanRank&, const PlanAction& a) -> int32_t {
+        if (a.kind != ActionKind::forward && a.kind != ActionKind::backward_input &&
+            a.kind != ActionKind::backward)
+            return 0;
+        return g.stages[static_cast<size_t>(a.stage)].tp_reductions;
+    };
+}
+
 // A calibrated CPU (actors/sim/calibrated.hpp): kernels priced by shape at the rates measured
 // for the threads each rank gets, ranks of a host sharing its cores, transfers and collectives
 // at their measured times (in-process within a process; between the `processes` processes of
@@ -326,7 +338,7 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
 // GPU: each rank has its device, its kernels at the device's rates, collectives within a host
 // at NCCL's measured times, the rest by the profile's links.
 plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile& pr,
-                                 int32_t processes) {
+                                 int32_t processes, int32_t shared_gpus) {
     plan::ExecCosts c = profile_costs(g, pr, axes_of(g));
     const Calibration& cal = p.mesh.profile.calibration;
     const bool gpu = cal.gpu();
@@ -489,6 +501,16 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         return own + collective(g.replica_group(r), op, bytes, fallback.reduction(r, a));
     };
     c.step_barrier = true;
+    if (gpu && shared_gpus > 0) {
+        // The host's GPUs taken in turn by the ranks that outnumber them, as cores are: a GPU
+        // runs one rank's kernels at a time at its full speed (one stream each, no slice).
+        c.threads = [](const PlanRank&) { return 1.0; };
+        c.speed = [](double) { return 1.0; };
+        c.cores = shared_gpus;
+        c.meets = tp_meetings(g);
+        c.slice = 0.0;
+        return c;
+    }
     if (gpu) return c; // a device per rank
     // Between the processes of a host each step of a Gloo collective wakes a member's thread,
     // which then waits for a core where the other threads fill them, and the thread's own
@@ -520,15 +542,7 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     c.threads = [threads](const PlanRank&) { return threads; };
     c.speed = [rates, working_set](double busy) { return rates->sharing(busy, working_set); };
     c.cores = cal.cores;
-    // The members of a tensor-parallel group meet at each of its all-reduces, and give up
-    // their cores while they wait there. Context parallelism's ring waits inside its attention
-    // are not cut into pieces: those ranks share each core evenly.
-    c.meets = [&g](const PlanRank&, const PlanAction& a) -> int32_t {
-        if (a.kind != ActionKind::forward && a.kind != ActionKind::backward_input &&
-            a.kind != ActionKind::backward)
-            return 0;
-        return g.stages[static_cast<size_t>(a.stage)].tp_reductions;
-    };
+    c.meets = tp_meetings(g);
     c.slice = g.cp == 1 ? cal.slice_s : 0.0;
     return c;
 }
@@ -663,16 +677,26 @@ int64_t shared_peak(const Timeline& t) {
     return fixed + most;
 }
 
-SimResult simulate(const Graph& g, const Program& p, const SimOptions& o) {
+SimResult simulate(const Graph& graph, const Program& p, const SimOptions& o) {
     SimResult res;
+    // Ranks sharing a host's GPUs are all on that host, whatever the profile's devices per host.
+    const bool shared = o.shared_gpus > 0 && p.mesh.profile.calibration.gpu() &&
+                        static_cast<size_t>(o.shared_gpus) < graph.ranks.size();
+    Graph on_one_host;
+    if (shared) {
+        on_one_host = graph;
+        for (PlanRank& r : on_one_host.ranks) r.host = 0;
+    }
+    const Graph& g = shared ? on_one_host : graph;
     if (!o.verified) res.errors = plan::verify(g);
     if (!res.errors.empty()) return res;
     Profile pr = profile_of(g, p, o);
     const std::vector<Profile> kinds = kinds_of(g, p, o);
     const bool calibrated = p.mesh.profile.calibration.cores > 0;
-    plan::ExecCosts costs = o.cost == CostModel::unit ? unit_costs()
-                            : calibrated              ? calibrated_costs(g, p, pr, o.processes)
-                                                      : profile_costs(g, pr, axes_of(g), kinds);
+    plan::ExecCosts costs =
+        o.cost == CostModel::unit ? unit_costs()
+        : calibrated ? calibrated_costs(g, p, pr, o.processes, shared ? o.shared_gpus : 0)
+                     : profile_costs(g, pr, axes_of(g), kinds);
     plan::ExecTimes times = plan::execute(g, costs);
     if (!times.complete) {
         res.errors.push_back({{}, "the simulation stopped before the end of the step", ""});

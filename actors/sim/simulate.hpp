@@ -33,6 +33,11 @@ struct SimOptions {
     /// two processes of one host goes as the runtime sends it: collectives through Gloo,
     /// activations through UCX over shared memory.
     int32_t processes = 1;
+    /// With a calibrated GPU profile: the run's ranks share this many GPUs of one host, in one
+    /// process (`dist run` on a machine with fewer GPUs than ranks, which gives them the GPUs
+    /// in turn). Ranks on one GPU run their kernels in turn, each at its share of the device.
+    /// 0: every rank has a device of its own, on the hosts the profile gives.
+    int32_t shared_gpus = 0;
 };
 
 /// One action as it ran.

@@ -1017,14 +1017,17 @@ TEST(Calibrate, AGpuCalibrationIsAProfileOfDevicesThatPricesEachRankAlone) {
     EXPECT_NEAR(p->overlap_slowdown, 0.19, 1e-12);
 
     // One rank per device: two data-parallel ranks, each with the microbatch one rank had
-    // alone, take as long for their forward as the one rank did.
-    auto forward = [&](int64_t dp) {
+    // alone, take as long for their forward as the one rank did. Sharing one GPU (`dist run`
+    // with one GPU for both), each forward runs at half the device and takes twice as long.
+    auto forward = [&](int64_t dp, int32_t shared_gpus = 0) {
         Program q = checked("gpt_tiny.dist",
                             {"mesh.dp=" + std::to_string(dp),
                              "train.batch=" + std::to_string(8 * dp), "schedule.microbatches=1"});
         q.mesh.profile = *p;
         Graph g = *lower(q).graph;
-        sim::SimResult res = sim::simulate(g, q);
+        sim::SimOptions so;
+        so.shared_gpus = shared_gpus;
+        sim::SimResult res = sim::simulate(g, q, so);
         EXPECT_TRUE(res.ok());
         if (!res.ok()) return -1.0;
         for (const sim::Span& sp : res.timeline->ranks[0].spans)
@@ -1034,6 +1037,9 @@ TEST(Calibrate, AGpuCalibrationIsAProfileOfDevicesThatPricesEachRankAlone) {
     const double one = forward(1), two = forward(2);
     EXPECT_GT(one, 0);
     EXPECT_NEAR(two, one, 1e-12 + 1e-9 * one);
+    EXPECT_NEAR(forward(2, 1), 2 * one, 1e-9 * one);
+    EXPECT_NEAR(forward(2, 2), one, 1e-9 * one); // as many GPUs as ranks: each its own
+    EXPECT_NEAR(forward(1, 1), one, 1e-9 * one);
 }
 
 TEST(Calibrate, RefusesAnOutputThatIsNotAProfile) {
