@@ -962,6 +962,28 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         EXPECT_GT(step(slower, 2), step(*p, 2) + 1e-3);
         EXPECT_DOUBLE_EQ(step(slower, 1), step(*p, 1));
     }
+
+    // Ranks that outnumber the cores share them at the speed measured for their working set:
+    // with the larger set's workers twice as slow, a width-512 model (its largest matmul's
+    // operands beyond the larger set) takes longer, and a width-32 one of 64-token microbatches
+    // (its head's 106 KB, within the smaller set) no longer.
+    {
+        auto step = [&](const HardwareProfile& hw, int64_t width, int64_t sequences) {
+            Program q = checked("gpt_tiny.dist",
+                                {"mesh.dp=" + std::to_string(c.cores), "mesh.pp=2",
+                                 "schedule.microbatches=2", "model.width=" + std::to_string(width),
+                                 "train.batch=" + std::to_string(2 * sequences * c.cores)});
+            q.mesh.profile = hw;
+            sim::SimResult res = sim::simulate(*lower(q).graph, q);
+            EXPECT_TRUE(res.ok());
+            return res.ok() ? res.timeline->makespan : 0.0;
+        };
+        HardwareProfile slower = *p;
+        for (SharingPoint& s : slower.calibration.sharing)
+            if (s.bytes > sharing_default_bytes) s.speed /= 2;
+        EXPECT_GT(step(slower, 512, 8), step(*p, 512, 8) * 1.05);
+        EXPECT_DOUBLE_EQ(step(slower, 32, 1), step(*p, 32, 1));
+    }
 }
 
 // `dist calibrate --device cuda` measures a GPU through its Backend; here the CPU's stands in
