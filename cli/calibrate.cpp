@@ -357,18 +357,27 @@ std::vector<StreamRate> measure_elementwise(const Plan& plan, Progress& progress
     return out;
 }
 
+// The worker counts the cores' sharing is measured at: from two up to twice the cores, then
+// three and four times; for two working sets.
+std::vector<int32_t> sharing_counts(int32_t cores) {
+    std::vector<int32_t> counts;
+    for (int32_t w = 2; w <= 2 * cores; ++w) counts.push_back(w);
+    for (int32_t w : {3 * cores, 4 * cores})
+        if (w > 2 * cores) counts.push_back(w);
+    return counts;
+}
+constexpr int sharing_sets = 2;
+
 // Workers on one thread each, all at once: each one's matmul rate against one alone, for two
 // working sets: a 256 x 256 product of a matrix with itself (512 KiB, within a core's cache),
 // and a linear layer's (256, 512) x (2048, 512)^T (6.5 MiB, beyond it), whose workers taking
 // turns on a core refill its cache at every turn. Up to twice as many workers as cores, then
 // three and four times.
 std::vector<SharingPoint> measure_sharing(int32_t cores, const Plan& plan, Progress& progress) {
-    std::vector<int32_t> counts;
-    for (int32_t w = 2; w <= 2 * cores; ++w) counts.push_back(w);
-    for (int32_t w : {3 * cores, 4 * cores})
-        if (w > 2 * cores) counts.push_back(w);
+    const std::vector<int32_t> counts = sharing_counts(cores);
     std::vector<SharingPoint> out;
-    for (auto [M, K, N] : {std::array<int64_t, 3>{256, 256, 256}, {256, 512, 2048}}) {
+    for (auto [M, K, N] :
+         std::array<std::array<int64_t, 3>, sharing_sets>{{{256, 256, 256}, {256, 512, 2048}}}) {
         const bool square = K == M && N == M; // the matrix times itself
         const double bytes = 4.0 * static_cast<double>(square ? 2 * M * M : M * K + N * K + M * N);
         auto rate_with = [&](int32_t workers) {
@@ -1087,8 +1096,8 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     const int total = threads * (3 * sizes * sizes * sizes +
                                  static_cast<int>(plan.seqs.size() * plan.head_dims.size()) +
                                  13 * static_cast<int>(plan.elements.size())) +
-                      probe_runs + 2 * (2 * cores + 1) + 1 + 3 * messages +
-                      4 * messages * (cores >= 4 ? 2 : 1) + 1;
+                      probe_runs + sharing_sets * static_cast<int>(sharing_counts(cores).size()) +
+                      1 + 3 * messages + 4 * messages * (cores >= 4 ? 2 : 1) + 1;
     Progress progress(err, total);
     auto t0 = Clock::now();
     std::vector<std::string> skipped;

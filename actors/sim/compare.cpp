@@ -65,12 +65,10 @@ std::string calibration_hint(const HardwareProfile& profile) {
         return "(the cpu profile is a datasheet guess, not this machine: `dist calibrate --device "
                "cpu --out DIR/hardware/here.toml` measures it, and `--set mesh.devices=here` with "
                "DIR on DIST_PATH predicts with it; docs/simulator.md)";
-    return "(the " + profile.name +
-           " profile prices the published kernels its efficiencies cite (cuBLAS, "
-           "FlashAttention-2), not Dist's own: `dist calibrate --device cuda --out "
-           "DIR/hardware/gpu.toml` measures them on this GPU, and `--set mesh.devices=gpu` with "
-           "DIR "
-           "on DIST_PATH predicts with it; docs/simulator.md)";
+    return "(the " + profile.name + " profile prices the published kernels its efficiencies " +
+           "cite (cuBLAS, FlashAttention-2), not Dist's own: `dist calibrate --device cuda " +
+           "--out DIR/hardware/gpu.toml` measures them on this GPU, and `--set " +
+           "mesh.devices=gpu` with DIR on DIST_PATH predicts with it; docs/simulator.md)";
 }
 
 std::string disagreement_text(const Timeline& measured, const Timeline& predicted) {

@@ -319,6 +319,17 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
     return c;
 }
 
+// The bytes the largest matmul of the plan touches (input, weight and output, in float): what
+// ranks taking turns on a core bring back into its cache at each turn.
+double largest_matmul_bytes(const Graph& g, const Program& p) {
+    double most = 0;
+    for (const PlanStage& s : g.stages)
+        for (const plan::KernelCall& k : plan::stage_kernels(p, s))
+            if (k.kind == plan::KernelCall::Kind::matmul)
+                most = std::max(most, 4.0 * static_cast<double>(k.m * k.k + k.n * k.k + k.m * k.n));
+    return most;
+}
+
 // The members of a tensor-parallel group meet at each of its all-reduces, and give up their
 // cores (or GPU) while they wait there. Context parallelism's ring waits inside its attention
 // are not cut into pieces: those ranks share each core evenly.
@@ -345,16 +356,7 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     auto rates = std::make_shared<Rates>(cal);
     const double threads = gpu ? 1.0 : rank_threads(g, cal.cores);
     auto seconds = std::make_shared<std::vector<StageSeconds>>();
-    // The bytes a rank's largest matmul touches (input, weight and output, in float): what
-    // ranks taking turns on a core bring back into its cache at each turn.
-    double working_set = 0;
-    for (const PlanStage& s : g.stages) {
-        seconds->push_back(stage_seconds(p, s, *rates, threads));
-        for (const plan::KernelCall& k : plan::stage_kernels(p, s))
-            if (k.kind == plan::KernelCall::Kind::matmul)
-                working_set = std::max(
-                    working_set, 4.0 * static_cast<double>(k.m * k.k + k.n * k.k + k.m * k.n));
-    }
+    for (const PlanStage& s : g.stages) seconds->push_back(stage_seconds(p, s, *rates, threads));
     const auto ranks = static_cast<int32_t>(g.ranks.size());
     auto process = [ranks, processes](int32_t rank) {
         return plan::process_of_rank(rank, ranks, std::max(1, processes));
@@ -540,7 +542,9 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         return hand_over > 0 ? s.tp_reductions * hand_over : 0.0;
     };
     c.threads = [threads](const PlanRank&) { return threads; };
-    c.speed = [rates, working_set](double busy) { return rates->sharing(busy, working_set); };
+    c.speed = [rates, bytes = largest_matmul_bytes(g, p)](double busy) {
+        return rates->sharing(busy, bytes);
+    };
     c.cores = cal.cores;
     c.meets = tp_meetings(g);
     c.slice = g.cp == 1 ? cal.slice_s : 0.0;
