@@ -116,6 +116,7 @@ struct Plan {
     std::vector<int64_t> head_dims; // attention
     std::vector<int64_t> elements;  // element-wise sizes
     std::vector<int64_t> message;   // transfer and collective sizes, bytes
+    int64_t arena_bytes = 64 << 20; // the matmuls' weights are taken from across this many
     double min_s = 0.01;
 };
 
@@ -130,6 +131,7 @@ Plan plan_for(int32_t cores, bool quick) {
         p.head_dims = {32};
         p.elements = {1 << 14, 1 << 18};
         p.message = {4096, 1 << 20};
+        p.arena_bytes = 4 << 20;
         p.min_s = 0.002;
     } else {
         p.grid = {32, 128, 512, 2048};
@@ -148,28 +150,44 @@ std::vector<MatmulRate> measure_matmuls(const Plan& plan, Progress& progress) {
     const int64_t big = plan.grid.back();
     std::vector<float> a = filled(big * big), b = filled(big * big),
                        c(static_cast<size_t>(big * big));
+    // In a training step a layer's weights (and its weight gradient) were last touched a whole
+    // pass of the other layers ago: they come from beyond the core's own caches, and the fewer
+    // the tokens the more that costs (at width 512 on one thread here, 26% at 64 tokens, 5% at
+    // 512). Each call takes its weight operand from the next slot of an arena larger than the
+    // caches a core keeps to itself; the activations stay where the previous call left them.
+    const int64_t arena_floats = std::max<int64_t>(plan.arena_bytes / 4, 2 * big * big);
+    std::vector<float> arena = filled(arena_floats);
     for (int32_t t : plan.threads) {
         omp_set_num_threads(t);
         for (const char* kernel : {"nt", "nn", "tn"}) {
             for (int64_t m : plan.grid)
                 for (int64_t n : plan.grid)
                     for (int64_t k : plan.grid) {
-                        std::function<void()> call;
                         std::string kn = kernel;
+                        // The weight (n, k) of nt and (k, n) of nn; the gradient (m, n) of tn.
+                        const int64_t size = kn == "tn" ? m * n : n * k;
+                        const int64_t slots = std::max<int64_t>(1, arena_floats / size);
+                        int64_t next = 0;
+                        auto weight = [&, size, slots] {
+                            float* w = arena.data() + (next % slots) * size;
+                            ++next;
+                            return w;
+                        };
+                        std::function<void()> call;
                         if (kn == "nt") // out (m, n) = in (m, k) weight (n, k)^T
                             call = [&, m, n, k] {
-                                cpu::matmul_forward<float>(a.data(), b.data(), nullptr, m, k, n,
+                                cpu::matmul_forward<float>(a.data(), weight(), nullptr, m, k, n,
                                                            c.data());
                             };
                         else if (kn == "nn") // dinp (m, n) += dout (m, k) weight (k, n)
                             call = [&, m, n, k] {
-                                cpu::matmul_backward_input<float>(a.data(), b.data(), m, n, k,
+                                cpu::matmul_backward_input<float>(a.data(), weight(), m, n, k,
                                                                   c.data());
                             };
                         else // dweight (m, n) += dout^T (m, k) in (k, n)
                             call = [&, m, n, k] {
                                 cpu::matmul_backward_weight<float>(a.data(), b.data(), k, n, m,
-                                                                   c.data(), nullptr);
+                                                                   weight(), nullptr);
                             };
                         double s = per_call(call, plan.min_s);
                         out.push_back({kn, m, n, k, t, 2.0 * static_cast<double>(m * n * k) / s});
@@ -1009,7 +1027,10 @@ std::string profile_text(const std::string& name, const std::string& command, in
       << "# kernels' prediction from the rates below: an action costs its kernels scaled and a\n"
       << "# fixed time more per block, fitted by least squares:\n";
     write_fit(o, fit, fewer, skipped);
-    write_kernels(o, "on `threads` OpenMP threads", mm, att, elt);
+    write_kernels(o,
+                  "on `threads` OpenMP threads;\n# each call's weight (tn: its weight gradient) "
+                  "from across an arena beyond a core's own\n# caches, as a step meets them",
+                  mm, att, elt);
     o << "# `threads` single-threaded matmul workers at once, each over `bytes` of operands:\n"
       << "# each one's speed against one alone.\n"
       << "sharing = [\n";

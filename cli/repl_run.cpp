@@ -4,8 +4,11 @@
 #include "cli/repl.hpp"
 #include "cli/repl_format.hpp"
 
+#include "actors/runtime/job.hpp"
 #include "actors/runtime/measured.hpp"
 #include "actors/runtime/session.hpp"
+#include "actors/sim/simulate.hpp"
+#include "kernels/devices.hpp"
 #include "models/trainer.hpp"
 
 #include <algorithm>
@@ -42,7 +45,7 @@ void ReplSession::cmd_run(const std::string& args) {
     // Copies: the job keeps references to them while it runs.
     const Program p = *program_;
     const plan::Graph graph = timeline->graph;
-    const sim::Timeline predicted = *timeline;
+    sim::Timeline predicted = *timeline;
     double need = train_bytes_per_parameter * static_cast<double>(p.model.parameters);
     double have = physical_memory_bytes();
     if (graph.ranks.size() > static_cast<size_t>(max_run_ranks) || (have > 0 && need > have / 2)) {
@@ -101,6 +104,15 @@ void ReplSession::cmd_run(const std::string& args) {
     const runtime::SessionStep& last = *done;
     if (last.timings.empty()) return;
     sim::Timeline measured = runtime::measured_timeline(graph, last.timings);
+    // Ranks that outnumber this machine's GPUs took turns on them: predicted so (as `dist run`).
+    if (!p.mesh.profile.cpu() && kernels::gpu_count() > 0) {
+        sim::SimOptions so_shared;
+        so_shared.shared_gpus = runtime::gpus_in_use(runtime::place_ranks(
+            p, graph, runtime::process_of_ranks(static_cast<int32_t>(graph.ranks.size()), 1), 0,
+            0));
+        sim::SimResult shared = sim::simulate(graph, p, so_shared);
+        if (shared.ok()) predicted = std::move(*shared.timeline);
+    }
     // The median step after the first (which warms up).
     std::vector<double> times(step_times.begin() + (step_times.size() > 1 ? 1 : 0),
                               step_times.end());

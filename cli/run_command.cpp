@@ -215,10 +215,7 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
         sim::SimOptions so;
         so.processes = session.processes();
         // Ranks on this machine's GPUs, in turn: those that outnumber the GPUs share them.
-        std::set<int> gpus;
-        for (const kernels::Device& d : placed)
-            if (d.kind == kernels::Device::Kind::cuda) gpus.insert(d.index);
-        so.shared_gpus = static_cast<int32_t>(gpus.size());
+        so.shared_gpus = runtime::gpus_in_use(placed);
         sim::SimResult predicted = sim::simulate(graph, p, so);
         // The median step after the first (which warms up), beside the prediction.
         std::vector<double> times(step_times.begin() + (step_times.size() > 1 ? 1 : 0),

@@ -214,14 +214,26 @@ std::string print(const Graph& g, int width) {
                       s.index, s.pp, what.c_str(), static_cast<double>(s.parameters) / 1e6,
                       s.flops_forward / 1e9);
         out += buf;
-        if (s.tp_reductions > 0) {
-            std::snprintf(
-                buf, sizeof buf,
-                g.sp ? "            tp: %d reduce-scatter + all-gather pair%s of %.2f MB "
-                       "inside each F, B and I (sequence parallel)\n"
-                     : "            tp: %d all-reduce%s of %.2f MB inside each F, B and I\n",
-                s.tp_reductions, s.tp_reductions == 1 ? "" : "s",
-                static_cast<double>(s.tp_reduction_bytes) / 1e6);
+        if (s.tp_reductions > 0 || s.tp_backward_reductions > 0) {
+            const int32_t f = s.tp_reductions, b = s.tp_backward_reductions;
+            const char* what = g.sp ? "reduce-scatter + all-gather pair" : "all-reduce";
+            const double mb = static_cast<double>(s.tp_reduction_bytes) / 1e6;
+            if (f == b)
+                std::snprintf(buf, sizeof buf,
+                              "            tp: %d %s%s of %.2f MB inside each F, B and I%s\n", f,
+                              what, f == 1 ? "" : "s", mb, g.sp ? " (sequence parallel)" : "");
+            else
+                std::snprintf(
+                    buf, sizeof buf,
+                    "            tp: %ss of %.2f MB, %d inside each F, %d inside each B and I%s\n",
+                    what, mb, f, b, g.sp ? " (sequence parallel)" : "");
+            out += buf;
+        }
+        if (s.tp_loss_reductions > 0) {
+            std::snprintf(buf, sizeof buf,
+                          "            tp: %d all-reduces of %.1f KB inside the loss's F (row "
+                          "maxima, then sums)\n",
+                          s.tp_loss_reductions, static_cast<double>(s.tp_loss_bytes) / 1e3);
             out += buf;
         }
         if (s.all_to_alls > 0) {

@@ -129,9 +129,14 @@ struct PlanStage {
     int64_t input_working_bytes = 0;
     int64_t weight_stash_bytes = 0;
     int64_t weight_working_bytes = 0;
-    int64_t boundary_bytes = 0;     // the activation (or its gradient) sent to a neighbour stage
-    int32_t tp_reductions = 0;      // tensor-parallel all-reduces in one forward (as many in B/I)
-    int64_t tp_reduction_bytes = 0; // size of each
+    int64_t boundary_bytes = 0; // the activation (or its gradient) sent to a neighbour stage
+    int32_t tp_reductions = 0;  // tensor-parallel all-reduces in one forward
+    int32_t tp_backward_reductions = 0; // the same in one backward (B, or I)
+    int64_t tp_reduction_bytes = 0;     // size of each
+    /// A vocabulary-split loss's small all-reduces in its forward (row maxima, then sums), and
+    /// the bytes of each.
+    int32_t tp_loss_reductions = 0;
+    int64_t tp_loss_bytes = 0;
     /// Context parallelism: bytes of key/value blocks this rank passes along the ring in one
     /// forward (the backward passes them and their gradients: twice as many), and the seconds-
     /// weighted share of the forward spent in attention, behind which the ring hides.

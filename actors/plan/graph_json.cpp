@@ -32,7 +32,10 @@ json to_json(const Graph& g) {
               {"W", s.weight_working_bytes}}},
             {"boundary_bytes", s.boundary_bytes},
             {"tp_reductions", s.tp_reductions},
+            {"tp_backward_reductions", s.tp_backward_reductions},
             {"tp_reduction_bytes", s.tp_reduction_bytes},
+            {"tp_loss_reductions", s.tp_loss_reductions},
+            {"tp_loss_bytes", s.tp_loss_bytes},
             {"buckets", s.buckets},
             {"cp_ring_bytes", s.cp_ring_bytes},
             {"attention_flops", s.attention_flops},
@@ -148,6 +151,9 @@ bool from_json(const json& j, Graph& out, std::string& error) {
             }
             st.boundary_bytes = s.at("boundary_bytes").get<int64_t>();
             st.tp_reductions = s.at("tp_reductions").get<int32_t>();
+            st.tp_backward_reductions = s.value("tp_backward_reductions", st.tp_reductions);
+            st.tp_loss_reductions = s.value("tp_loss_reductions", int32_t{0});
+            st.tp_loss_bytes = s.value("tp_loss_bytes", int64_t{0});
             st.tp_reduction_bytes = s.at("tp_reduction_bytes").get<int64_t>();
             st.buckets = s.at("buckets").get<std::vector<int64_t>>();
             st.cp_ring_bytes = s.value("cp_ring_bytes", int64_t{0});

@@ -39,6 +39,9 @@ void PartCost::add(const PartCost& o) {
     bytes_elementwise += o.bytes_elementwise;
     activation_bytes += o.activation_bytes;
     tp_reductions += o.tp_reductions;
+    tp_backward_reductions += o.tp_backward_reductions;
+    tp_loss_reductions += o.tp_loss_reductions;
+    tp_loss_bytes = std::max(tp_loss_bytes, o.tp_loss_bytes);
     cp_ring_bytes += o.cp_ring_bytes;
     attention_flops += o.attention_flops;
     flash_forward += o.flash_forward;
@@ -91,6 +94,8 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
     case LayerKind::embedding:
     case LayerKind::position_embedding:
         c.bytes_elementwise = N * C * elt;
+        // A vocabulary-split table's rows are summed over the group in the forward (under sp,
+        // reduce-scattered; the backward then all-gathers the gradient: counted as the pair).
         if (l.kind == LayerKind::embedding && l.shard == ShardDim::vocab && p.mesh.tp > 1)
             c.tp_reductions = 1;
         break;
@@ -145,7 +150,7 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
             saved += 2 * N * kv * hd + N * h * 4 / elt;
         }
         if (materialized && p.schedule.recompute == Recompute::none) saved += b * h * T * T / cp;
-        c.tp_reductions = p.mesh.tp > 1 ? 1 : 0;
+        c.tp_reductions = c.tp_backward_reductions = p.mesh.tp > 1 ? 1 : 0;
         break;
     }
     case LayerKind::mlp: {
@@ -159,7 +164,7 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
         // GELU also keeps its tanh for the backward.
         saved = N * C / sp + N * hidden * (mats == 3 ? 3 : 2);
         if (l.activation == Activation::gelu_tanh && elt == 4) saved += N * hidden;
-        c.tp_reductions = p.mesh.tp > 1 ? 1 : 0;
+        c.tp_reductions = c.tp_backward_reductions = p.mesh.tp > 1 ? 1 : 0;
         break;
     }
     case LayerKind::lm_head: {
@@ -168,6 +173,10 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
         c.flops_input_grad = c.flops_forward;
         c.flops_weight_grad = c.flops_forward;
         saved = N * C;
+        // Split by vocabulary, each rank's input gradient is a partial sum over its columns
+        // (models/units_vocab.cpp, HeadUnit::backward_input); under sp the reduce-scatter, and
+        // the forward's all-gather counted with it.
+        if (l.shard == ShardDim::vocab && p.mesh.tp > 1) c.tp_backward_reductions = 1;
         break;
     }
     case LayerKind::cross_entropy: {
@@ -175,6 +184,12 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
         c.bytes_elementwise = 3 * N * v * elt;
         // The logits and each row's log-sum-exp (f32).
         saved = N * v + 4 * N / elt;
+        // Over logits split by vocabulary, the row maxima (N floats) and then the sums of
+        // exponentials with the target logits (2 N) are all-reduced: latency, mostly.
+        if (l.shard != ShardDim::none && p.mesh.tp > 1) {
+            c.tp_loss_reductions = 2;
+            c.tp_loss_bytes = 6 * N;
+        }
         break;
     }
     case LayerKind::moe: {
@@ -201,7 +216,7 @@ PartCost cost_of_layer(const Program& p, const LayerSpec& l) {
         // The layer's input, the scores, each copy as its expert received it and as it came
         // back (the combine weights' gradient reads the outputs), the experts' activations.
         saved = N * C + N * E + 2 * copies * C + (copies * hidden + N * shared) * kept;
-        c.tp_reductions = p.mesh.tp > 1 ? 1 : 0;
+        c.tp_reductions = c.tp_backward_reductions = p.mesh.tp > 1 ? 1 : 0;
         c.expert_parameters = lang::sat_mul(l.experts / p.mesh.ep, lang::expert_parameters(l)) /
                               static_cast<int64_t>(shard);
         if (p.mesh.ep > 1) {
@@ -793,6 +808,9 @@ std::vector<PlanStage> build_stages(const Program& p, const std::vector<int64_t>
         st.flash_sequence = c.flash_forward > 0 ? p.model.context : 0;
         st.boundary_bytes = N * p.model.width * elt;
         st.tp_reductions = c.tp_reductions;
+        st.tp_backward_reductions = c.tp_backward_reductions;
+        st.tp_loss_reductions = c.tp_loss_reductions;
+        st.tp_loss_bytes = static_cast<int64_t>(c.tp_loss_bytes);
         // With sequence parallelism each all-reduce is a reduce-scatter and an all-gather of
         // the same total volume: priced as the all-reduce it replaces.
         st.tp_reduction_bytes =

@@ -18,7 +18,13 @@ struct PartCost {
     double flops_forward = 0, flops_input_grad = 0, flops_weight_grad = 0;
     double bytes_elementwise = 0;
     int64_t activation_bytes = 0;
-    int32_t tp_reductions = 0;
+    /// Tensor-parallel all-reduces of the stage's boundary activation in one forward and in one
+    /// backward (the vocabulary-split embedding's are in its forward, the head's in its
+    /// backward), and the vocabulary-split loss's small ones (row maxima, then sums) in its
+    /// forward, of `tp_loss_bytes` each.
+    int32_t tp_reductions = 0, tp_backward_reductions = 0;
+    int32_t tp_loss_reductions = 0;
+    double tp_loss_bytes = 0;
     int64_t cp_ring_bytes = 0;  // key/value bytes passed along the cp ring in one forward
     double attention_flops = 0; // the forward FLOPs the ring hides behind
     double flash_forward = 0, flash_input_grad = 0; // causal flash products (PlanStage)

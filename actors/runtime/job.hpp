@@ -112,6 +112,10 @@ std::vector<kernels::Device> place_ranks(const Program& program, const plan::Gra
                                          const std::vector<int32_t>& process_of, int32_t process,
                                          int32_t local_process);
 
+/// The distinct GPUs among `placed` (place_ranks): what a run's ranks share, when they outnumber
+/// them (sim::SimOptions::shared_gpus).
+int32_t gpus_in_use(const std::vector<kernels::Device>& placed);
+
 struct JobOptions {
     int64_t first_step = 0; // 0-based: the first step to run
     int64_t end_step = 0;   // exclusive

@@ -3,6 +3,7 @@
 
 #include "kernels/devices.hpp"
 
+#include <set>
 #include <stdexcept>
 
 namespace dist::runtime {
@@ -36,6 +37,13 @@ std::vector<kernels::Device> place_ranks(const Program& program, const plan::Gra
         if (process_of.at(r) == process)
             out[r] = {kernels::Device::Kind::cuda, static_cast<int>(next++ % gpus)};
     return out;
+}
+
+int32_t gpus_in_use(const std::vector<kernels::Device>& placed) {
+    std::set<int> gpus;
+    for (const kernels::Device& d : placed)
+        if (d.kind == kernels::Device::Kind::cuda) gpus.insert(d.index);
+    return static_cast<int32_t>(gpus.size());
 }
 
 } // namespace dist::runtime

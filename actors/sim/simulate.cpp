@@ -242,8 +242,15 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
             return step;
         }
         const PlanStage& s = stage(a);
-        double tp = s.tp_reductions *
-                    ring_allreduce(static_cast<double>(s.tp_reduction_bytes), ax.tp, tp_link(r));
+        const double each =
+            ring_allreduce(static_cast<double>(s.tp_reduction_bytes), ax.tp, tp_link(r));
+        const double tp_f =
+            s.tp_reductions * each +
+            (s.tp_loss_reductions > 0
+                 ? s.tp_loss_reductions *
+                       ring_allreduce(static_cast<double>(s.tp_loss_bytes), ax.tp, tp_link(r))
+                 : 0.0);
+        const double tp_b = s.tp_backward_reductions * each;
         // Context parallelism: the ring's transfers run behind the attention's blocks; only
         // what exceeds the attention's time shows. The backward passes twice the bytes
         // (key/value blocks and their gradients) behind twice the FLOPs.
@@ -259,14 +266,14 @@ plan::ExecCosts profile_costs(const Graph& g, const Profile& pr, const Axes& ax,
         switch (a.kind) {
         case ActionKind::forward:
             return pr.seconds(s.flops_forward, s.flash_forward, T) +
-                   s.bytes_elementwise / pr.mem_bw + tp + ring;
+                   s.bytes_elementwise / pr.mem_bw + tp_f + ring;
         case ActionKind::backward_input:
             return pr.seconds(s.flops_input_grad, s.flash_input_grad, T) +
-                   2 * s.bytes_elementwise / pr.mem_bw + tp + 2 * ring;
+                   2 * s.bytes_elementwise / pr.mem_bw + tp_b + 2 * ring;
         case ActionKind::backward_weight: return s.flops_weight_grad / rate;
         case ActionKind::backward:
             return pr.seconds(s.flops_input_grad + s.flops_weight_grad, s.flash_input_grad, T) +
-                   2 * s.bytes_elementwise / pr.mem_bw + tp + 2 * ring;
+                   2 * s.bytes_elementwise / pr.mem_bw + tp_b + 2 * ring;
         default: return 0.0;
         }
     };
@@ -330,15 +337,23 @@ double largest_matmul_bytes(const Graph& g, const Program& p) {
     return most;
 }
 
+// A stage's tensor-parallel all-reduces inside one action of `kind`: the forward's (the
+// split loss's among them), or the backward's.
+int32_t tp_reductions_in(const PlanStage& s, ActionKind kind) {
+    switch (kind) {
+    case ActionKind::forward: return s.tp_reductions + s.tp_loss_reductions;
+    case ActionKind::backward_input:
+    case ActionKind::backward: return s.tp_backward_reductions;
+    default: return 0;
+    }
+}
+
 // The members of a tensor-parallel group meet at each of its all-reduces, and give up their
 // cores (or GPU) while they wait there. Context parallelism's ring waits inside its attention
 // are not cut into pieces: those ranks share each core evenly.
 std::function<int32_t(const PlanRank&, const PlanAction&)> tp_meetings(const Graph& g) {
     return [&g](const PlanRank&, const PlanAction& a) -> int32_t {
-        if (a.kind != ActionKind::forward && a.kind != ActionKind::backward_input &&
-            a.kind != ActionKind::backward)
-            return 0;
-        return g.stages[static_cast<size_t>(a.stage)].tp_reductions;
+        return tp_reductions_in(g.stages[static_cast<size_t>(a.stage)], a.kind);
     };
 }
 
@@ -422,14 +437,19 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         }
         const PlanStage& s = g.stages[static_cast<size_t>(a.stage)];
         const StageSeconds& t = (*seconds)[static_cast<size_t>(a.stage)];
-        const double tp =
-            s.tp_reductions *
+        const double each =
             std::max(0.0, tp_all_reduce(r, static_cast<double>(s.tp_reduction_bytes)));
+        const double loss =
+            s.tp_loss_reductions > 0
+                ? s.tp_loss_reductions *
+                      std::max(0.0, tp_all_reduce(r, static_cast<double>(s.tp_loss_bytes)))
+                : 0.0;
+        const double tp_b = s.tp_backward_reductions * each;
         switch (a.kind) {
-        case ActionKind::forward: return t.forward + tp;
-        case ActionKind::backward_input: return t.input + tp;
+        case ActionKind::forward: return t.forward + s.tp_reductions * each + loss;
+        case ActionKind::backward_input: return t.input + tp_b;
         case ActionKind::backward_weight: return t.weight;
-        case ActionKind::backward: return t.input + t.weight + tp;
+        case ActionKind::backward: return t.input + t.weight + tp_b;
         default: return 0.0;
         }
     };
@@ -533,13 +553,11 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     // members waiting for each other, off their cores; the rest is the copies and sums.
     c.compute_wait = [&g, tp_all_reduce](const PlanRank& r, const PlanAction& a) {
         const PlanStage& s = g.stages[static_cast<size_t>(a.stage)];
-        if (s.tp_reductions == 0 ||
-            (a.kind != ActionKind::forward && a.kind != ActionKind::backward_input &&
-             a.kind != ActionKind::backward))
-            return 0.0;
+        const int32_t meetings = tp_reductions_in(s, a.kind);
+        if (meetings == 0) return 0.0;
         const double hand_over = std::min(
             tp_all_reduce(r, 1.0), tp_all_reduce(r, static_cast<double>(s.tp_reduction_bytes)));
-        return hand_over > 0 ? s.tp_reductions * hand_over : 0.0;
+        return hand_over > 0 ? meetings * hand_over : 0.0;
     };
     c.threads = [threads](const PlanRank&) { return threads; };
     c.speed = [rates, bytes = largest_matmul_bytes(g, p)](double busy) {
