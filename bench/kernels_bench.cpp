@@ -5,6 +5,8 @@
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
+#include <omp.h>
+
 #include <random>
 #include <vector>
 
@@ -136,6 +138,40 @@ void BM_round_bf16(benchmark::State& state) {
     state.SetItemsProcessed(state.iterations() * n);
 }
 
+// A width-512 block's four products (qkv, attention out, MLP up, MLP down), forward and both
+// gradients, on one thread, for `tokens` tokens: with one set of weights used again and again
+// (they stay in the core's caches), and with the weights and weight gradients of 4 blocks
+// (100 MB) taken in turn, as a training step meets them (each last touched a whole pass ago).
+// What `dist calibrate` measures is the second.
+void BM_block_matmuls(benchmark::State& state) {
+    const int64_t T = state.range(0), sets = state.range(1), C = 512;
+    const int64_t shape[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}; // (in, out)
+    std::vector<std::vector<float>> w, dw;
+    for (int64_t s = 0; s < sets; ++s)
+        for (const auto& io : shape) {
+            w.push_back(random_floats(static_cast<size_t>(io[0] * io[1])));
+            dw.emplace_back(static_cast<size_t>(io[0] * io[1]));
+        }
+    auto x = random_floats(T * 4 * C), dy = random_floats(T * 4 * C);
+    std::vector<float> y(T * 4 * C), dx(T * 4 * C);
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    int64_t next = 0, per_pass = 0;
+    for (const auto& io : shape) per_pass += 3 * 2 * T * io[0] * io[1];
+    for (auto _ : state) {
+        const size_t base = static_cast<size_t>(next++ % sets) * 4;
+        for (size_t i = 0; i < 4; ++i) {
+            const int64_t in = shape[i][0], out = shape[i][1];
+            ops::matmul_forward<float>(x.data(), w[base + i].data(), nullptr, T, in, out, y.data());
+            ops::matmul_backward_input<float>(dy.data(), w[base + i].data(), T, in, out, dx.data());
+            ops::matmul_backward_weight<float>(dy.data(), x.data(), T, in, out, dw[base + i].data(),
+                                               nullptr);
+        }
+    }
+    omp_set_num_threads(threads);
+    flops(state, static_cast<double>(per_pass));
+}
+
 void shapes(benchmark::internal::Benchmark* b) {
     b->Args({768, 2304})->Args({768, 768})->Args({768, 3072})->Args({3072, 768});
     b->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -146,6 +182,10 @@ void shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_blas_ceiling)->Apply(shapes);
 BENCHMARK(BM_matmul_forward)->Apply(shapes);
 BENCHMARK(BM_matmul_backward)->Apply(shapes);
+BENCHMARK(BM_block_matmuls)
+    ->ArgsProduct({{64, 128, 256, 512}, {1, 4}})
+    ->ArgNames({"tokens", "weight_sets"})
+    ->Unit(benchmark::kMillisecond);
 // Wall-clock rates: the kernels use every core.
 BENCHMARK(BM_attention_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_attention_backward)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -151,10 +151,12 @@ std::vector<MatmulRate> measure_matmuls(const Plan& plan, Progress& progress) {
     std::vector<float> a = filled(big * big), b = filled(big * big),
                        c(static_cast<size_t>(big * big));
     // In a training step a layer's weights (and its weight gradient) were last touched a whole
-    // pass of the other layers ago: they come from beyond the core's own caches, and the fewer
-    // the tokens the more that costs (at width 512 on one thread here, 26% at 64 tokens, 5% at
-    // 512). Each call takes its weight operand from the next slot of an arena larger than the
-    // caches a core keeps to itself; the activations stay where the previous call left them.
+    // pass of the other layers ago: unless all of a rank's weights fit in its cores' own caches,
+    // they come from beyond them, and the fewer the tokens the more that costs (at width 512 on
+    // one thread here, 26% at 64 tokens, 5% at 512). Each shape is timed both ways: each call
+    // taking its weight operand from the next slot of an arena larger than those caches
+    // (`flops`), and one weight used again and again (`warm`); the activations stay where the
+    // previous call left them.
     const int64_t arena_floats = std::max<int64_t>(plan.arena_bytes / 4, 2 * big * big);
     std::vector<float> arena = filled(arena_floats);
     for (int32_t t : plan.threads) {
@@ -168,8 +170,9 @@ std::vector<MatmulRate> measure_matmuls(const Plan& plan, Progress& progress) {
                         const int64_t size = kn == "tn" ? m * n : n * k;
                         const int64_t slots = std::max<int64_t>(1, arena_floats / size);
                         int64_t next = 0;
+                        bool cold = true;
                         auto weight = [&, size, slots] {
-                            float* w = arena.data() + (next % slots) * size;
+                            float* w = arena.data() + (cold ? next % slots : 0) * size;
                             ++next;
                             return w;
                         };
@@ -189,8 +192,11 @@ std::vector<MatmulRate> measure_matmuls(const Plan& plan, Progress& progress) {
                                 cpu::matmul_backward_weight<float>(a.data(), b.data(), k, n, m,
                                                                    weight(), nullptr);
                             };
-                        double s = per_call(call, plan.min_s);
-                        out.push_back({kn, m, n, k, t, 2.0 * static_cast<double>(m * n * k) / s});
+                        const double flop = 2.0 * static_cast<double>(m * n * k);
+                        const double s = per_call(call, plan.min_s);
+                        cold = false;
+                        const double s_warm = per_call(call, plan.min_s);
+                        out.push_back({kn, m, n, k, t, flop / s, flop / s_warm});
                         progress.tick("matmuls (" + kn + ", " + std::to_string(t) + " threads)");
                     }
         }
@@ -863,6 +869,12 @@ ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, 
 
 // ----- the profile --------------------------------------------------------------------------
 
+// The L2 of one core, as the C library reports it (0 where it does not).
+int64_t core_cache_bytes() {
+    const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 ? static_cast<int64_t>(l2) : 0;
+}
+
 std::string cpu_model() {
     return kernels::cpu_backend().describe().model;
 }
@@ -934,7 +946,7 @@ void write_kernels(std::ostream& o, const std::string& where, const std::vector<
     for (const MatmulRate& r : mm)
         o << "  { kernel = \"" << r.kernel << "\", m = " << r.m << ", n = " << r.n
           << ", k = " << r.k << ", threads = " << r.threads << ", flops = " << number(r.flops)
-          << " },\n";
+          << (r.warm > 0 ? ", warm = " + number(r.warm) : std::string()) << " },\n";
     o << "]\n"
       << "# FLOP/s of causal attention (4 seq^2 heads head_dim forward, twice that backward).\n"
       << "attention = [\n";
@@ -1022,14 +1034,20 @@ std::string profile_text(const std::string& name, const std::string& command, in
       << "command = \"" << escaped(command) << "\"\n"
       << "date = \"" << date << "\"\n"
       << "cores = " << cores << "\n"
+      << (core_cache_bytes() > 0 ? "# The cache each core keeps to itself (L2), bytes.\n"
+                                   "cache_bytes = " +
+                                       std::to_string(core_cache_bytes()) + "\n"
+                                 : std::string())
       << "seconds = " << number(took) << "\n"
       << "# Whole actions of small GPTs trained on one rank with all the cores, beside their\n"
       << "# kernels' prediction from the rates below: an action costs its kernels scaled and a\n"
       << "# fixed time more per block, fitted by least squares:\n";
     write_fit(o, fit, fewer, skipped);
     write_kernels(o,
-                  "on `threads` OpenMP threads;\n# each call's weight (tn: its weight gradient) "
-                  "from across an arena beyond a core's own\n# caches, as a step meets them",
+                  "on `threads` OpenMP threads;\n# `flops` with each call's weight (tn: its weight "
+                  "gradient) from across an arena beyond a\n# core's own caches, as a step meets "
+                  "a layer's weights; `warm` with one weight used again (a\n# rank whose weights "
+                  "fit in its cores' `cache_bytes`)",
                   mm, att, elt);
     o << "# `threads` single-threaded matmul workers at once, each over `bytes` of operands:\n"
       << "# each one's speed against one alone.\n"

@@ -138,6 +138,7 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
     }
     c.cores = count(r, "calibration.cores");
     c.slice_s = r.number("calibration.slice", false);
+    c.cache_bytes = static_cast<int64_t>(r.number("calibration.cache_bytes", false));
     c.collective_wait_s = r.number("calibration.collective_wait", false);
     r.numbers("calibration.scales", c.actions.scales, false, "four positive numbers");
     r.numbers("calibration.block_overhead", c.actions.block_overhead_s, true,
@@ -151,7 +152,7 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
     });
     r.rows("calibration.matmul", [&](Reader& t) {
         c.matmul.push_back({t.string("kernel"), t.whole("m"), t.whole("n"), t.whole("k"),
-                            count(t, "threads"), t.number("flops")});
+                            count(t, "threads"), t.number("flops"), t.number("warm", false)});
     });
     r.rows("calibration.attention", [&](Reader& t) {
         c.attention.push_back({t.whole("seq"), t.whole("head_dim"), count(t, "threads"),

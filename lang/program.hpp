@@ -150,7 +150,8 @@ struct MatmulRate {
     std::string kernel;
     int64_t m = 0, n = 0, k = 0; // C (m, n) = op(A) (m, k) op(B) (k, n)
     int32_t threads = 1;
-    double flops = 0; // FLOP/s
+    double flops = 0; // FLOP/s, the weight operand from beyond the core's own caches
+    double warm = 0;  // FLOP/s, the weight operand used again (in those caches); 0: not measured
 };
 struct AttentionRate {
     int64_t seq = 0, head_dim = 0;
@@ -203,6 +204,9 @@ struct Calibration {
     std::string device = "cpu";
     bool gpu() const { return device == "cuda"; }
     int32_t cores = 0; // the cores a process's ranks share (0: not calibrated)
+    /// The cache a core keeps to itself (its L2), bytes (0: not known): a rank whose weights fit
+    /// in its cores' caches runs its matmuls at their `warm` rates.
+    int64_t cache_bytes = 0;
     /// The OS scheduler's time slice: how long a thread runs before another that waits for its
     /// core has a turn (seconds; 0: not measured, threads on a core share it evenly).
     double slice_s = 0;

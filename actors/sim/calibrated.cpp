@@ -74,8 +74,9 @@ double along(const std::vector<const T*>& rows, double x, Key key, Value value) 
 
 } // namespace
 
-double Rates::matmul(const std::string& kernel, double m, double n, double k,
-                     double threads) const {
+double Rates::matmul(const std::string& kernel, double m, double n, double k, double threads,
+                     bool warm) const {
+    auto rate = [warm](const MatmulRate& r) { return warm && r.warm > 0 ? r.warm : r.flops; };
     std::vector<const MatmulRate*> rows;
     for (const MatmulRate& r : c_->matmul)
         if (r.kernel == kernel) rows.push_back(&r);
@@ -90,7 +91,7 @@ double Rates::matmul(const std::string& kernel, double m, double n, double k,
         std::map<std::tuple<double, double, double>, double> grid;
         for (const MatmulRate* r : these)
             grid[{static_cast<double>(r->m), static_cast<double>(r->n),
-                  static_cast<double>(r->k)}] = r->flops;
+                  static_cast<double>(r->k)}] = rate(*r);
         auto nearest = [&](double a, double b, double c) {
             double best = 0, dist = 1e300;
             for (const MatmulRate* r : these) {
@@ -99,7 +100,7 @@ double Rates::matmul(const std::string& kernel, double m, double n, double k,
                            std::pow(std::log(c / static_cast<double>(r->k)), 2);
                 if (d < dist) {
                     dist = d;
-                    best = r->flops;
+                    best = rate(*r);
                 }
             }
             return best;
@@ -229,6 +230,11 @@ StageSeconds kernel_seconds(const Program& p, const plan::PlanStage& s, const Ra
                             double rank_threads) {
     StageSeconds out;
     using K = plan::KernelCall::Kind;
+    // A stage whose weights (f32 on the CPU) fit in the caches of the cores its rank computes on
+    // finds them there at every pass; a larger one streams them in from beyond.
+    const int64_t cache = r.calibration().cache_bytes;
+    const bool warm = cache > 0 && 4.0 * static_cast<double>(s.parameters) <=
+                                       std::max(1.0, rank_threads) * static_cast<double>(cache);
     // bf16 with float arithmetic (models/unit_common.hpp's Bf16): passes over tensors that
     // f32 does not make. Rounding in place, a kept tensor's bf16 copy and its float copy back.
     const bool bf16 = p.train.precision == Precision::bf16;
@@ -272,9 +278,9 @@ StageSeconds kernel_seconds(const Program& p, const plan::PlanStage& s, const Ra
         switch (k.kind) {
         case K::matmul: {
             const double flops = 2 * m * n * kk;
-            out.forward += flops / r.matmul("nt", m, n, kk, threads);
-            out.input += flops / r.matmul("nn", m, kk, n, threads);
-            out.weight += flops / r.matmul("tn", n, kk, m, threads);
+            out.forward += flops / r.matmul("nt", m, n, kk, threads, warm);
+            out.input += flops / r.matmul("nn", m, kk, n, threads, warm);
+            out.weight += flops / r.matmul("tn", n, kk, m, threads, warm);
             // The input gradient is accumulated into a zeroed buffer; a bias is one more pass
             // over the output forward and a column sum of its gradient backward.
             out.input += m * kk / r.elementwise("zero", m * kk, threads, false);

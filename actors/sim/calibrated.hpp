@@ -19,8 +19,11 @@ class Rates {
   public:
     explicit Rates(const Calibration& c) : c_(&c) {}
 
-    /// FLOP/s of one matmul kernel ("nt", "nn", "tn") of shape (m, n, k) on `threads` threads.
-    double matmul(const std::string& kernel, double m, double n, double k, double threads) const;
+    /// FLOP/s of one matmul kernel ("nt", "nn", "tn") of shape (m, n, k) on `threads` threads;
+    /// `warm`: its weight operand still in the cores' caches (the rates measured so, where they
+    /// were), else from beyond them, as a step meets a layer's weights.
+    double matmul(const std::string& kernel, double m, double n, double k, double threads,
+                  bool warm = false) const;
     /// FLOP/s of causal attention over sequences of `seq` tokens (4 seq^2 heads head_dim FLOPs
     /// per sequence forward, twice that backward: the plan's count).
     double attention(double seq, double head_dim, double threads, bool backward) const;

@@ -679,6 +679,43 @@ TEST(Rates, Bf16PricesItsConversionPassesAtTheirOwnRates) {
     EXPECT_GT(as_copies.forward - a.forward, b.forward - a.forward);
 }
 
+// A rank whose weights (f32) fit in the caches of the cores it computes on runs its matmuls at
+// the rates measured with the weight used again; a larger one at those measured with weights
+// streamed in. Without `cache_bytes` every rank streams; a row without `warm` has one rate.
+TEST(Rates, ARankWhoseWeightsFitItsCachesRunsItsMatmulsWarm) {
+    Calibration c;
+    c.cores = 2;
+    for (int32_t t : {1, 2})
+        for (const char* k : {"nt", "nn", "tn"}) c.matmul.push_back({k, 64, 64, 64, t, 1e10, 4e10});
+    c.attention.push_back({64, 64, 1, 1e10, 1e10});
+    c.elementwise.push_back({"copy", 1024, 1, 1e9, 1e9});
+    Program p = checked("gpt_tiny.dist");
+    const PlanStage s = lower(p).graph->stages[0];
+    const int64_t weights = 4 * s.parameters;
+    auto priced = [&](int64_t cache, double threads) {
+        c.cache_bytes = cache;
+        sim::Rates rates(c);
+        return sim::stage_seconds(p, s, rates, threads, false);
+    };
+    const sim::StageSeconds cold = priced(0, 1);
+    const sim::StageSeconds fits = priced(weights, 1);
+    const sim::StageSeconds beyond = priced(weights - 1, 1);
+    EXPECT_LT(fits.forward, cold.forward);
+    EXPECT_LT(fits.input, cold.input);
+    EXPECT_LT(fits.weight, cold.weight);
+    EXPECT_DOUBLE_EQ(beyond.forward, cold.forward);
+    EXPECT_DOUBLE_EQ(beyond.weight, cold.weight);
+    // The caches of two cores hold twice as much.
+    EXPECT_LT(priced(weights / 2, 2).forward, priced(0, 2).forward);
+    // Four times the rate, a quarter of the matmuls' time (which halves at twice the rate).
+    for (MatmulRate& m : c.matmul) m.flops = 2e10;
+    const double matmuls = 2 * (cold.weight - priced(0, 1).weight);
+    EXPECT_NEAR(fits.weight, cold.weight - 0.75 * matmuls, 1e-9 * cold.weight);
+    for (MatmulRate& m : c.matmul) m.flops = 1e10;
+    for (MatmulRate& m : c.matmul) m.warm = 0;
+    EXPECT_DOUBLE_EQ(priced(weights, 1).forward, cold.forward);
+}
+
 // Whole actions are fitted for a rank on all the cores and for ranks of fewer threads; a rank
 // gets the fit of its thread count, between two measured counts the mean weighted by log threads
 // (a rank of 2 threads on 4 cores lies halfway between 1 and 4), outside them the nearest.
@@ -767,7 +804,10 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     EXPECT_FALSE(c.date.empty());
     // Every kernel at every point of the grid for every thread count.
     std::map<std::pair<std::string, int32_t>, std::set<std::array<int64_t, 3>>> grid;
-    for (const MatmulRate& m : c.matmul) grid[{m.kernel, m.threads}].insert({m.m, m.n, m.k});
+    for (const MatmulRate& m : c.matmul) {
+        grid[{m.kernel, m.threads}].insert({m.m, m.n, m.k});
+        EXPECT_GT(m.warm, 0) << m.kernel << " " << m.m << " " << m.n << " " << m.k; // both ways
+    }
     ASSERT_EQ(grid.size() % 3, 0u);
     for (const auto& [key, shapes] : grid) EXPECT_EQ(shapes.size(), 8u) << key.first;
     std::set<std::string> ops;
