@@ -138,13 +138,13 @@ void BM_round_bf16(benchmark::State& state) {
     state.SetItemsProcessed(state.iterations() * n);
 }
 
-// A width-512 block's four products (qkv, attention out, MLP up, MLP down), forward and both
-// gradients, on one thread, for `tokens` tokens: with one set of weights used again and again
-// (they stay in the core's caches), and with the weights and weight gradients of 4 blocks
-// (100 MB) taken in turn, as a training step meets them (each last touched a whole pass ago).
-// What `dist calibrate` measures is the second.
+// A width-512 block's four products (qkv, attention out, MLP up, MLP down), each kernel
+// (forward, input gradient, weight gradient) four times in a row on one thread, for `tokens`
+// tokens: on the same weight each time (from the second call on, what fits of it is in the
+// core's caches), or on the weights of four blocks in turn (100 MB), each last touched long
+// before, as a training step meets them. `dist calibrate` times its shapes both ways.
 void BM_block_matmuls(benchmark::State& state) {
-    const int64_t T = state.range(0), sets = state.range(1), C = 512;
+    const int64_t T = state.range(0), sets = state.range(1), C = 512, reps = 4;
     const int64_t shape[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}; // (in, out)
     std::vector<std::vector<float>> w, dw;
     for (int64_t s = 0; s < sets; ++s)
@@ -156,18 +156,25 @@ void BM_block_matmuls(benchmark::State& state) {
     std::vector<float> y(T * 4 * C), dx(T * 4 * C);
     const int threads = omp_get_max_threads();
     omp_set_num_threads(1);
-    int64_t next = 0, per_pass = 0;
-    for (const auto& io : shape) per_pass += 3 * 2 * T * io[0] * io[1];
-    for (auto _ : state) {
-        const size_t base = static_cast<size_t>(next++ % sets) * 4;
+    int64_t per_pass = 0;
+    for (const auto& io : shape) per_pass += reps * 3 * 2 * T * io[0] * io[1];
+    for (auto _ : state)
         for (size_t i = 0; i < 4; ++i) {
             const int64_t in = shape[i][0], out = shape[i][1];
-            ops::matmul_forward<float>(x.data(), w[base + i].data(), nullptr, T, in, out, y.data());
-            ops::matmul_backward_input<float>(dy.data(), w[base + i].data(), T, in, out, dx.data());
-            ops::matmul_backward_weight<float>(dy.data(), x.data(), T, in, out, dw[base + i].data(),
-                                               nullptr);
+            for (int kind = 0; kind < 3; ++kind)
+                for (int64_t r = 0; r < reps; ++r) {
+                    const size_t at = static_cast<size_t>(r % sets) * 4 + i;
+                    if (kind == 0)
+                        ops::matmul_forward<float>(x.data(), w[at].data(), nullptr, T, in, out,
+                                                   y.data());
+                    else if (kind == 1)
+                        ops::matmul_backward_input<float>(dy.data(), w[at].data(), T, in, out,
+                                                          dx.data());
+                    else
+                        ops::matmul_backward_weight<float>(dy.data(), x.data(), T, in, out,
+                                                           dw[at].data(), nullptr);
+                }
         }
-    }
     omp_set_num_threads(threads);
     flops(state, static_cast<double>(per_pass));
 }
