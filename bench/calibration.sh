@@ -12,7 +12,8 @@
 # median of the rounds to show what the machine's other load adds. CALIBRATE=each calibrates
 # again before every round and sets each round beside its own prediction (a shared machine's
 # speed drifts over minutes: a calibration in a fast spell and rounds in a slow one move every
-# prediction alike); the default, once, calibrates first only. Prints a markdown table and,
+# prediction alike); the default, once, calibrates first only. KEEP_PROFILE=DIR keeps every
+# calibration it makes there. Prints a markdown table and,
 # last, how many are within 10% and the worst ratios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,13 @@ calibrate() {
         cp "$PROFILE" "$tmp/hardware/here.toml"
     else
         "$dist" calibrate --device cpu --out "$tmp/hardware/here.toml" >&2
+    fi
+    # KEEP_PROFILE=DIR keeps each calibration (here-1.toml, here-2.toml ...) for a second look.
+    if [[ -n "${KEEP_PROFILE:-}" ]]; then
+        mkdir -p "$KEEP_PROFILE"
+        local n=1
+        while [[ -e "$KEEP_PROFILE/here-$n.toml" ]]; do n=$((n + 1)); done
+        cp "$tmp/hardware/here.toml" "$KEEP_PROFILE/here-$n.toml"
     fi
 }
 calibrate
