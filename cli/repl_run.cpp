@@ -104,12 +104,11 @@ void ReplSession::cmd_run(const std::string& args) {
     const runtime::SessionStep& last = *done;
     if (last.timings.empty()) return;
     sim::Timeline measured = runtime::measured_timeline(graph, last.timings);
-    // Ranks that outnumber this machine's GPUs took turns on them: predicted so (as `dist run`).
-    if (!p.mesh.profile.cpu() && kernels::gpu_count() > 0) {
+    // Ranks that outnumber this machine's GPUs took turns on them: a GPU's calibration predicts
+    // them so (as `dist run` does).
+    if (p.mesh.profile.calibration.gpu() && kernels::gpu_count() > 0) {
         sim::SimOptions so_shared;
-        so_shared.shared_gpus = runtime::gpus_in_use(runtime::place_ranks(
-            p, graph, runtime::process_of_ranks(static_cast<int32_t>(graph.ranks.size()), 1), 0,
-            0));
+        so_shared.shared_gpus = runtime::gpus_in_use(runtime::place_in_one_process(p, graph));
         sim::SimResult shared = sim::simulate(graph, p, so_shared);
         if (shared.ok()) predicted = std::move(*shared.timeline);
     }

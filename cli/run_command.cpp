@@ -24,7 +24,6 @@
 #include <map>
 #include <optional>
 #include <ostream>
-#include <set>
 #include <unistd.h>
 
 namespace dist::cli {
@@ -196,8 +195,7 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
     // Ranks on GPUs (one process): each GPU's allocator, likewise from here.
     std::vector<kernels::Device> placed;
     if (!p.mesh.profile.cpu() && session.processes() == 1 && kernels::gpu_count() > 0) {
-        placed = runtime::place_ranks(
-            p, graph, runtime::process_of_ranks(static_cast<int32_t>(graph.ranks.size()), 1), 0, 0);
+        placed = runtime::place_in_one_process(p, graph);
         for (const kernels::Device& d : placed) kernels::backend_for(d).allocator().reset_peak();
     }
     e = session.run();

@@ -138,7 +138,7 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
     }
     c.cores = count(r, "calibration.cores");
     c.slice_s = r.number("calibration.slice", false);
-    c.cache_bytes = static_cast<int64_t>(r.number("calibration.cache_bytes", false));
+    c.cache_bytes = r.whole("calibration.cache_bytes", false);
     c.collective_wait_s = r.number("calibration.collective_wait", false);
     r.numbers("calibration.scales", c.actions.scales, false, "four positive numbers");
     r.numbers("calibration.block_overhead", c.actions.block_overhead_s, true,

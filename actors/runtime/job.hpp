@@ -112,6 +112,8 @@ std::vector<kernels::Device> place_ranks(const Program& program, const plan::Gra
                                          const std::vector<int32_t>& process_of, int32_t process,
                                          int32_t local_process);
 
+/// place_ranks for a job of one process: every rank of `graph` on this host's devices.
+std::vector<kernels::Device> place_in_one_process(const Program& program, const plan::Graph& graph);
 /// The distinct GPUs among `placed` (place_ranks): what a run's ranks share, when they outnumber
 /// them (sim::SimOptions::shared_gpus).
 int32_t gpus_in_use(const std::vector<kernels::Device>& placed);

@@ -39,6 +39,12 @@ std::vector<kernels::Device> place_ranks(const Program& program, const plan::Gra
     return out;
 }
 
+std::vector<kernels::Device> place_in_one_process(const Program& program,
+                                                  const plan::Graph& graph) {
+    return place_ranks(program, graph,
+                       process_of_ranks(static_cast<int32_t>(graph.ranks.size()), 1), 0, 0);
+}
+
 int32_t gpus_in_use(const std::vector<kernels::Device>& placed) {
     std::set<int> gpus;
     for (const kernels::Device& d : placed)

@@ -781,6 +781,15 @@ TEST(Rates, AProfileWithAFractionalCountIsRefusedWhereItIs) {
     EXPECT_NE(report.find("half.toml:5:19:"), std::string::npos) << report;
     EXPECT_NE(report.find("`compute.attention_block` must be a whole number"), std::string::npos)
         << report;
+    // A calibration's core cache is a size in bytes too.
+    fs::path cache = dir.path / "cache.toml";
+    std::ofstream(cache) << calibrated_head("cache") << "cache_bytes = 2097152.5\n"
+                         << "matmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, "
+                            "flops = 1e10, warm = 2e10 } ]\n"
+                            "sharing = [ { threads = 2, speed = 0.9 } ]\n";
+    report = refusal(cache);
+    EXPECT_NE(report.find("`calibration.cache_bytes` must be a whole number"), std::string::npos)
+        << report;
 }
 
 // `dist calibrate --quick` measures this machine, writes a profile that loads with every number
