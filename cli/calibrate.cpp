@@ -44,6 +44,7 @@
 #include <functional>
 #include <future>
 #include <limits>
+#include <map>
 #include <optional>
 #include <random>
 #include <regex>
@@ -725,14 +726,16 @@ std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& pla
 // has left the caches since it was written, the units' bookkeeping. Small GPTs train a few steps
 // on one rank (with all the cores, and again with one thread), and each forward and backward is
 // set beside the kernels' prediction from the rates just measured. Probes of one block and of
-// four tell a fixed cost per block from the kernels' scale: measured = scale x kernels +
-// overhead x blocks, fitted by least squares, for forwards and backwards apart.
-// Trains the probes; run first, on a quiet process (before the transports' threads exist).
-// The whole-action probes (width, layers, rows) and how many passes run them.
+// more tell a fixed cost per block from the kernels' scale: measured = scale x kernels +
+// overhead x blocks, fitted by least squares, for forwards and backwards apart; and each
+// width's pair alone, a scale (small widths cost more beyond their kernels than one line over
+// all widths gives them).
+// The whole-action probes (width, rows, layers), each width twice with more blocks the second
+// time, and how many passes run them.
 std::vector<Probe> probe_shapes(bool quick) {
-    if (quick) return {{64, 1, 1, {}, {}}};
-    return {{128, 8, 1, {}, {}}, {128, 8, 4, {}, {}}, {256, 2, 1, {}, {}},
-            {256, 2, 4, {}, {}}, {512, 1, 2, {}, {}}, {512, 8, 1, {}, {}}};
+    if (quick) return {{64, 1, 1, {}, {}}, {64, 1, 2, {}, {}}};
+    return {{128, 8, 1, {}, {}}, {128, 8, 4, {}, {}}, {256, 4, 1, {}, {}},
+            {256, 4, 4, {}, {}}, {512, 4, 1, {}, {}}, {512, 4, 2, {}, {}}};
 }
 int probe_passes(bool quick) {
     return quick ? 1 : 3;
@@ -867,6 +870,32 @@ ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, 
     return fit;
 }
 
+std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Calibration& cal,
+                                     int32_t threads) {
+    // A scale alone: within one width a probe's kernels grow with its blocks, and a cost per
+    // block is not told from a scale.
+    std::map<int, std::vector<Probe>> widths;
+    for (const Probe& pr : probes) widths[pr.width].push_back(pr);
+    sim::Rates rates(cal);
+    std::vector<ActionFit> out;
+    for (const auto& [width, these] : widths) {
+        if (these.size() < 2) continue;
+        double forward = 0, backward = 0;
+        for (const Probe& pr : these) {
+            const plan::PlanStage& stage = pr.graph->stages[0];
+            sim::StageSeconds k = sim::stage_seconds(*pr.program, stage, rates, threads, false);
+            forward += pr.forward / k.forward / static_cast<double>(these.size());
+            backward += pr.backward / (k.input + k.weight) / static_cast<double>(these.size());
+        }
+        ActionFit f;
+        f.threads = threads;
+        f.width = width;
+        f.scale = {forward, forward, backward, backward};
+        out.push_back(f);
+    }
+    return out;
+}
+
 // ----- the profile --------------------------------------------------------------------------
 
 // The L2 of one core, as the C library reports it (0 where it does not).
@@ -911,7 +940,7 @@ LinkSpec link_of(const std::vector<TransferSample>& samples, const std::string& 
 }
 
 void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<ActionFit>& fewer,
-               const std::vector<std::string>& skipped) {
+               const std::vector<ActionFit>& by_width, const std::vector<std::string>& skipped) {
     auto scales = [](const ActionFit& f) {
         return "[" + number(f.scale[0]) + ", " + number(f.scale[1]) + ", " + number(f.scale[2]) +
                ", " + number(f.scale[3]) + "]";
@@ -933,6 +962,15 @@ void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<ActionFi
         for (const ActionFit& f : fewer)
             o << "  { threads = " << f.threads << ", scales = " << scales(f)
               << ", block_overhead = " << overhead(f) << " },\n";
+        o << "]\n";
+    }
+    if (!by_width.empty()) {
+        o << "# Each width's probes alone, the mean of their ratios to their kernels (a stage is\n"
+          << "# priced between the nearest two widths of its matmuls, by log width):\n"
+          << "by_width = [\n";
+        for (const ActionFit& f : by_width)
+            o << "  { threads = " << f.threads << ", width = " << f.width
+              << ", scales = " << scales(f) << " },\n";
         o << "]\n";
     }
     for (const std::string& s : skipped) o << "# not measured: " << s << "\n";
@@ -983,8 +1021,8 @@ void write_rows(std::ostream& o, const std::string& transfer_note,
 
 std::string profile_text(const std::string& name, const std::string& command, int32_t cores,
                          double took, const ActionFit& fit, const std::vector<ActionFit>& fewer,
-                         const std::vector<MatmulRate>& mm, const std::vector<AttentionRate>& att,
-                         const std::vector<StreamRate>& elt,
+                         const std::vector<ActionFit>& by_width, const std::vector<MatmulRate>& mm,
+                         const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt,
                          const std::vector<SharingPoint>& sharing, double slice,
                          double collective_wait, const std::vector<TransferSample>& transfers,
                          const std::vector<CollectiveSample>& collectives,
@@ -1042,7 +1080,7 @@ std::string profile_text(const std::string& name, const std::string& command, in
       << "# Whole actions of small GPTs trained on one rank with all the cores, beside their\n"
       << "# kernels' prediction from the rates below: an action costs its kernels scaled and a\n"
       << "# fixed time more per block, fitted by least squares:\n";
-    write_fit(o, fit, fewer, skipped);
+    write_fit(o, fit, fewer, by_width, skipped);
     write_kernels(o,
                   "on `threads` OpenMP threads;\n# `flops` with each call's weight (tn: its weight "
                   "gradient) from across an arena beyond a\n# core's own caches, as a step meets "
@@ -1167,13 +1205,15 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     ActionFit fit = fit_actions(probes, measured, cores);
     std::vector<ActionFit> fewer;
     if (!probes_one.empty()) fewer.push_back(fit_actions(probes_one, measured, 1));
+    std::vector<ActionFit> by_width = fits_by_width(probes, measured, cores);
+    for (ActionFit& f : fits_by_width(probes_one, measured, 1)) by_width.push_back(f);
     progress.end();
     std::string command = "dist calibrate --out " + c.out + (c.quick ? " --quick" : "") +
                           (c.device == "cpu" ? " --device cpu" : "") +
                           (c.cores > 0 ? " --cores " + std::to_string(c.cores) : "");
     std::string text =
-        profile_text(name, command, cores, since(t0), fit, fewer, mm, att, elt, sharing, slice,
-                     collective_wait, transfers, collectives, skipped);
+        profile_text(name, command, cores, since(t0), fit, fewer, by_width, mm, att, elt, sharing,
+                     slice, collective_wait, transfers, collectives, skipped);
     std::string e = models::write_file_atomically(c.out, {text});
     if (!e.empty()) {
         err << "error: " << e << "\n";

@@ -452,7 +452,7 @@ int run_calibrate_gpu(const CalibrateOptions& c, const std::string& name, int gp
       << "seconds = " << number(since(t0)) << "\n"
       << "# Whole actions of small GPTs trained on the first GPU, beside their kernels'\n"
       << "# prediction from the rates below, fitted as for a CPU:\n";
-    write_fit(o, fit, {}, skipped);
+    write_fit(o, fit, {}, {}, skipped);
     write_kernels(o, "on the device", mm, att, elt);
     write_rows(o,
                "One-way seconds of a message between two threads of the host (UCX: its loopback).",

@@ -55,6 +55,7 @@ LinkSpec link_of(const std::vector<TransferSample>& samples, const std::string& 
 /// Whole actions against their kernels (see fit_actions).
 struct ActionFit {
     int32_t threads = 0;                     // the probes' compute threads
+    int width = 0;                           // the probes' width; 0: every width's
     std::array<double, 4> scale{1, 1, 1, 1}; // forward blocks, forward ends, backward ...
     std::array<double, 2> overhead{0, 0};    // seconds per block: forward, backward
     std::vector<std::string> probes; // "width 128, 64 tokens: F 1.2 ms (kernels 1.1 ms) ..."
@@ -76,12 +77,16 @@ std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
                               std::vector<std::string>& skipped);
 /// The probes' actions against their kernels' prediction from `cal` on `threads` threads.
 ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, int32_t threads);
+/// For the probes of each width alone (widths probed at least twice), the mean of their ratios
+/// to their kernels.
+std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Calibration& cal,
+                                     int32_t threads);
 
 /// The profile's rows: the probes' fit on all the cores, the fits of ranks of fewer threads and
 /// what was not measured; the kernels (`where`: on what they ran); the transfers and the
 /// collectives, each list after its one comment.
 void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<ActionFit>& fewer,
-               const std::vector<std::string>& skipped);
+               const std::vector<ActionFit>& by_width, const std::vector<std::string>& skipped);
 void write_kernels(std::ostream& o, const std::string& where, const std::vector<MatmulRate>& mm,
                    const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt);
 void write_rows(std::ostream& o, const std::string& transfer_note,

@@ -7,6 +7,7 @@
 #include <climits>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 namespace dist::lang {
@@ -149,6 +150,14 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
         t.numbers("scales", a.scales, false, "four positive numbers");
         t.numbers("block_overhead", a.block_overhead_s, true, "two numbers of seconds, at least 0");
         c.fewer_threads.push_back(a);
+    });
+    r.rows("calibration.by_width", [&](Reader& t) {
+        WholeActions a;
+        a.threads = count(t, "threads");
+        a.width = count(t, "width");
+        t.numbers("scales", a.scales, false, "four positive numbers");
+        t.numbers("block_overhead", a.block_overhead_s, true, "two numbers of seconds, at least 0");
+        c.by_width.push_back(a);
     });
     r.rows("calibration.matmul", [&](Reader& t) {
         c.matmul.push_back({t.string("kernel"), t.whole("m"), t.whole("n"), t.whole("k"),
@@ -293,29 +302,55 @@ std::vector<std::filesystem::path> profile_files(const std::vector<std::filesyst
 
 namespace dist {
 
-WholeActions Calibration::whole_actions(double threads) const {
+namespace {
+
+// The fit at `x` between fits `a` at xa and `b` at xb, weighted by log x.
+WholeActions between(const WholeActions& a, double xa, const WholeActions& b, double xb, double x) {
+    const double f = std::log(x / xa) / std::log(xb / xa);
+    WholeActions out = a;
+    for (size_t k = 0; k < 4; ++k) out.scales[k] = a.scales[k] + f * (b.scales[k] - a.scales[k]);
+    for (size_t k = 0; k < 2; ++k)
+        out.block_overhead_s[k] =
+            a.block_overhead_s[k] + f * (b.block_overhead_s[k] - a.block_overhead_s[k]);
+    return out;
+}
+
+// The fit at `x` of the fits `by` (key: their x), sorted by it: between the nearest two, or the
+// nearest outside them.
+template <typename Key> WholeActions along(std::vector<WholeActions> by, const Key& key, double x) {
+    std::sort(by.begin(), by.end(),
+              [&](const WholeActions& a, const WholeActions& b) { return key(a) < key(b); });
+    if (x <= key(by.front())) return by.front();
+    for (size_t i = 1; i < by.size(); ++i)
+        if (x <= key(by[i])) return between(by[i - 1], key(by[i - 1]), by[i], key(by[i]), x);
+    return by.back();
+}
+
+} // namespace
+
+WholeActions Calibration::whole_actions(double threads, double width) const {
+    auto threads_of = [](const WholeActions& a) { return static_cast<double>(a.threads); };
+    if (!by_width.empty() && width > 0) {
+        // Each thread count's fits across the widths at `width`, then across the counts.
+        std::map<int32_t, std::vector<WholeActions>> counts;
+        for (const WholeActions& a : by_width) counts[a.threads].push_back(a);
+        std::vector<WholeActions> at_width;
+        for (const auto& [count, fits] : counts)
+            at_width.push_back(along(
+                fits, [](const WholeActions& a) { return 1.0 * a.width; }, width));
+        WholeActions out = along(at_width, threads_of, threads);
+        out.threads = static_cast<int32_t>(std::lround(threads));
+        out.width = static_cast<int32_t>(std::lround(width));
+        return out;
+    }
     std::vector<WholeActions> by = fewer_threads;
     WholeActions all = actions;
     all.threads = std::max(1, cores);
     std::erase_if(by, [&](const WholeActions& a) { return a.threads >= all.threads; });
     by.push_back(all);
-    std::sort(by.begin(), by.end(),
-              [](const WholeActions& a, const WholeActions& b) { return a.threads < b.threads; });
-    if (threads <= by.front().threads) return by.front();
-    for (size_t i = 1; i < by.size(); ++i) {
-        if (threads > by[i].threads) continue;
-        const WholeActions &a = by[i - 1], &b = by[i];
-        const double f = std::log(threads / a.threads) / std::log(1.0 * b.threads / a.threads);
-        WholeActions out;
-        out.threads = static_cast<int32_t>(std::lround(threads));
-        for (size_t k = 0; k < 4; ++k)
-            out.scales[k] = a.scales[k] + f * (b.scales[k] - a.scales[k]);
-        for (size_t k = 0; k < 2; ++k)
-            out.block_overhead_s[k] =
-                a.block_overhead_s[k] + f * (b.block_overhead_s[k] - a.block_overhead_s[k]);
-        return out;
-    }
-    return by.back();
+    WholeActions out = along(by, threads_of, threads);
+    out.threads = static_cast<int32_t>(std::lround(threads));
+    return out;
 }
 
 } // namespace dist

@@ -197,6 +197,7 @@ struct WholeActions {
     int32_t threads = 0; // 0: the calibration's cores
     std::array<double, 4> scales{1, 1, 1, 1};
     std::array<double, 2> block_overhead_s{0, 0};
+    int32_t width = 0; // the probes' model width; 0: fitted over every width
 };
 struct Calibration {
     std::string command, date;
@@ -218,9 +219,14 @@ struct Calibration {
     WholeActions actions;
     /// The same for ranks of fewer threads (`calibration.fewer_threads`), by thread count.
     std::vector<WholeActions> fewer_threads;
+    /// The fits of the probes of one width (`calibration.by_width`), each for one thread
+    /// count: small widths cost more beyond their kernels than one line over all widths says.
+    std::vector<WholeActions> by_width;
     /// The fit for a rank of `threads` threads: the measured one of that count, else
-    /// interpolated in log threads between the nearest two (the nearest outside them).
-    WholeActions whole_actions(double threads) const;
+    /// interpolated in log threads between the nearest two (the nearest outside them). With
+    /// `by_width` fits and a `width` (a stage's matmuls' width), those of each thread count
+    /// interpolated in log width between the nearest two widths (the nearest outside them).
+    WholeActions whole_actions(double threads, double width = 0) const;
     std::vector<MatmulRate> matmul;
     std::vector<AttentionRate> attention;
     std::vector<StreamRate> elementwise;

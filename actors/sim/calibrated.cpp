@@ -317,7 +317,11 @@ StageSeconds stage_seconds(const Program& p, const plan::PlanStage& s, const Rat
     ends.blocks = 0;
     StageSeconds kb = kernel_seconds(p, blocks, r, threads);
     StageSeconds ke = kernel_seconds(p, ends, r, threads);
-    const WholeActions fit = r.calibration().whole_actions(threads);
+    // The probes' fits by width where the calibration has them, at the width of the stage's
+    // matmuls (a tensor-parallel shard's: model width / tp).
+    const double width =
+        static_cast<double>(p.model.width) / static_cast<double>(std::max<int64_t>(1, p.mesh.tp));
+    const WholeActions fit = r.calibration().whole_actions(threads, width);
     const std::array<double, 4>& c = fit.scales;
     const std::array<double, 2>& o = fit.block_overhead_s;
     const double blocks_n = s.blocks;

@@ -756,6 +756,68 @@ TEST(Rates, WholeActionsFollowTheRanksThreads) {
         << report;
 }
 
+// Small widths cost more beyond their kernels than one line over all widths gives them: with
+// fits for the probes of each width, a rank gets those of its thread count at the width of its
+// matmuls (a tensor-parallel shard's: model width / tp), between two probed widths the mean
+// weighted by log width, outside them the nearest; then between thread counts as before.
+TEST(Rates, WholeActionsFollowTheWidthOfTheMatmuls) {
+    Calibration c;
+    c.cores = 2;
+    c.actions.scales = {5, 5, 5, 5};
+    c.actions.block_overhead_s = {0.001, 0.002};
+    c.by_width = {{2, {1, 1, 1, 1}, {0, 0}, 128},
+                  {2, {2, 2, 4, 4}, {0, 0}, 512},
+                  {1, {3, 3, 3, 3}, {0, 0}, 128}};
+    auto scale = [&](double threads, double width, size_t k = 0) {
+        return c.whole_actions(threads, width).scales[k];
+    };
+    EXPECT_DOUBLE_EQ(scale(2, 128), 1);
+    EXPECT_DOUBLE_EQ(scale(2, 64), 1);
+    EXPECT_NEAR(scale(2, 256), 1.5, 1e-12);
+    EXPECT_NEAR(scale(2, 256, 2), 2.5, 1e-12);
+    EXPECT_DOUBLE_EQ(scale(2, 1024), 2);
+    EXPECT_DOUBLE_EQ(scale(1, 512), 3); // one width probed on one thread: the nearest
+    EXPECT_NEAR(scale(std::sqrt(2.0), 128), 2, 1e-12);
+    EXPECT_EQ(c.whole_actions(2, 128).block_overhead_s, (std::array<double, 2>{0, 0}));
+    // Without a width (or without the rows) the one line over all widths.
+    EXPECT_DOUBLE_EQ(scale(2, 0), 5);
+    EXPECT_EQ(c.whole_actions(2, 0).block_overhead_s, c.actions.block_overhead_s);
+
+    // A stage is priced at its matmuls' width: width 256 on tp 2 as the 128 fit, on tp 1
+    // halfway to the 512 one.
+    for (int32_t t : {1, 2})
+        for (const char* k : {"nt", "nn", "tn"}) c.matmul.push_back({k, 64, 64, 64, t, 1e10});
+    c.attention.push_back({64, 64, 1, 1e10, 1e10});
+    c.elementwise.push_back({"copy", 1024, 1, 1e9, 1e9});
+    sim::Rates rates(c);
+    for (int32_t tp : {1, 2}) {
+        Program p = checked("gpt_tiny.dist", {"model.width=256", "mesh.tp=" + std::to_string(tp)});
+        PlanStage s = lower(p).graph->stages[0];
+        s.embedding = s.head = false; // the blocks alone
+        const sim::StageSeconds kernels = sim::stage_seconds(p, s, rates, 2, false);
+        const sim::StageSeconds whole = sim::stage_seconds(p, s, rates, 2, true);
+        const double forward = tp == 2 ? 1.0 : 1.5, backward = tp == 2 ? 1.0 : 2.5;
+        EXPECT_NEAR(whole.forward, forward * kernels.forward, 1e-12 * kernels.forward) << tp;
+        EXPECT_NEAR(whole.input, backward * kernels.input, 1e-12 * kernels.input) << tp;
+        EXPECT_NEAR(whole.weight, backward * kernels.weight, 1e-12 * kernels.weight) << tp;
+    }
+
+    // A row of them that is not a fit is refused where it is written.
+    TempDir dir("by_width");
+    fs::path file = dir.path / "by_width.toml";
+    std::ofstream(file) << calibrated_head("by_width")
+                        << "matmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, "
+                           "flops = 1e10 } ]\n"
+                           "sharing = [ { threads = 2, speed = 0.9 } ]\n"
+                           "by_width = [\n"
+                           "  { threads = 1, width = 128.5, scales = [1.0, 1.0, 1.0, 1.0] },\n"
+                           "]\n";
+    std::string report = refusal(file);
+    EXPECT_NE(report.find("by_width.toml:21:26: error: `width` must be a whole number"),
+              std::string::npos)
+        << report;
+}
+
 // A count or a size that is not whole is refused where it is written, not truncated: a
 // 64.5-row attention block would otherwise price as 64; 8e10 bytes is whole and loads.
 TEST(Rates, AProfileWithAFractionalCountIsRefusedWhereItIs) {
@@ -885,6 +947,15 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         for (double s : a.scales) EXPECT_GT(s, 0);
         for (double o : a.block_overhead_s) EXPECT_GE(o, 0);
     }
+    // The probes' one width probed twice: its fit alone, on each thread count, which prices a
+    // rank of that count at that width.
+    ASSERT_EQ(c.by_width.size(), c.cores > 1 ? 2u : 1u);
+    for (const WholeActions& a : c.by_width) {
+        EXPECT_EQ(a.width, 64);
+        EXPECT_TRUE(a.threads == c.cores || a.threads == 1) << a.threads;
+        for (double s : a.scales) EXPECT_GT(s, 0);
+        EXPECT_EQ(c.whole_actions(a.threads, 64).scales, a.scales);
+    }
 
     // Found by name through DIST_PATH; a deeper model takes longer, on the same rates.
     std::string sim = "DIST_PATH=" + dir.path.string() + " " + DIST_BINARY + " sim " +
@@ -996,8 +1067,8 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         << " s, Gloo's " << gloo << " s, passes " << passes << " s";
 
     // Two pipeline stages on two cores are ranks of one thread: they are priced with the
-    // one-thread fit (a larger fixed cost per block there lengthens their step), one rank on
-    // both cores with the other (its step does not move).
+    // one-thread fits (larger scales there lengthen their step), one rank on both cores with
+    // the others (its step does not move).
     if (c.cores == 2) {
         auto step = [&](const HardwareProfile& hw, int32_t pp) {
             Program q = checked("gpt_tiny.dist", {"mesh.pp=" + std::to_string(pp)});
@@ -1007,8 +1078,10 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
             return res.ok() ? res.timeline->makespan : 0.0;
         };
         HardwareProfile slower = *p;
-        for (double& o : slower.calibration.fewer_threads[0].block_overhead_s) o += 1e-3;
-        EXPECT_GT(step(slower, 2), step(*p, 2) + 1e-3);
+        for (WholeActions& a : slower.calibration.by_width)
+            if (a.threads == 1)
+                for (double& scale : a.scales) scale *= 1.5;
+        EXPECT_GT(step(slower, 2), step(*p, 2) * 1.2);
         EXPECT_DOUBLE_EQ(step(slower, 1), step(*p, 1));
     }
 
