@@ -585,6 +585,21 @@ std::string refusal(const fs::path& file) {
     return diags.render(sources);
 }
 
+// A calibration of one matmul and one sharing row, then `array` of the one `row` (line 21),
+// written as `name`.toml: refused, the report holding `expected`.
+void expect_row_refused(const std::string& name, const std::string& array, const std::string& row,
+                        const std::string& expected) {
+    TempDir dir(name);
+    fs::path file = dir.path / (name + ".toml");
+    std::ofstream(file) << calibrated_head(name)
+                        << "matmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, "
+                           "flops = 1e10 } ]\n"
+                           "sharing = [ { threads = 2, speed = 0.9 } ]\n"
+                        << array << " = [\n  " << row << ",\n]\n";
+    std::string report = refusal(file);
+    EXPECT_NE(report.find(expected), std::string::npos) << report;
+}
+
 } // namespace
 
 TEST(Rates, AProfileWithABadCalibrationRowIsRefusedWhereItIs) {
@@ -741,19 +756,9 @@ TEST(Rates, WholeActionsFollowTheRanksThreads) {
     EXPECT_EQ(at(1).scales, c.actions.scales);
 
     // A row of the profile that is not a fit is refused where it is written.
-    TempDir dir("fewer");
-    fs::path file = dir.path / "fewer.toml";
-    std::ofstream(file) << calibrated_head("fewer")
-                        << "matmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, "
-                           "flops = 1e10 } ]\n"
-                           "sharing = [ { threads = 2, speed = 0.9 } ]\n"
-                           "fewer_threads = [\n"
-                           "  { threads = 1, scales = [1.0, 1.0, 1.0], block_overhead = [0, 0] },\n"
-                           "]\n";
-    std::string report = refusal(file);
-    EXPECT_NE(report.find("fewer.toml:21:27: error: `scales` must be four positive numbers"),
-              std::string::npos)
-        << report;
+    expect_row_refused("fewer", "fewer_threads",
+                       "{ threads = 1, scales = [1.0, 1.0, 1.0], block_overhead = [0, 0] }",
+                       "fewer.toml:21:27: error: `scales` must be four positive numbers");
 }
 
 // Small widths cost more beyond their kernels than one line over all widths gives them: with
@@ -803,19 +808,9 @@ TEST(Rates, WholeActionsFollowTheWidthOfTheMatmuls) {
     }
 
     // A row of them that is not a fit is refused where it is written.
-    TempDir dir("by_width");
-    fs::path file = dir.path / "by_width.toml";
-    std::ofstream(file) << calibrated_head("by_width")
-                        << "matmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, "
-                           "flops = 1e10 } ]\n"
-                           "sharing = [ { threads = 2, speed = 0.9 } ]\n"
-                           "by_width = [\n"
-                           "  { threads = 1, width = 128.5, scales = [1.0, 1.0, 1.0, 1.0] },\n"
-                           "]\n";
-    std::string report = refusal(file);
-    EXPECT_NE(report.find("by_width.toml:21:26: error: `width` must be a whole number"),
-              std::string::npos)
-        << report;
+    expect_row_refused("by_width", "by_width",
+                       "{ threads = 1, width = 128.5, scales = [1.0, 1.0, 1.0, 1.0] }",
+                       "by_width.toml:21:26: error: `width` must be a whole number");
 }
 
 // A count or a size that is not whole is refused where it is written, not truncated: a
