@@ -965,8 +965,10 @@ void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<ActionFi
         o << "]\n";
     }
     if (!by_width.empty()) {
-        o << "# Each width's probes alone, the mean of their ratios to their kernels (a stage is\n"
-          << "# priced between the nearest two widths of its matmuls, by log width):\n"
+        o << "# Each width's probes alone, the mean of their ratios to their kernels: what the\n"
+          << "# simulator uses in place of the lines above, a stage priced between the nearest "
+             "two\n"
+          << "# widths of its matmuls (model width / tp) by log width:\n"
           << "by_width = [\n";
         for (const ActionFit& f : by_width)
             o << "  { threads = " << f.threads << ", width = " << f.width
