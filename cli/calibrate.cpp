@@ -874,18 +874,18 @@ std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Cal
                                      int32_t threads) {
     // A scale alone: within one width a probe's kernels grow with its blocks, and a cost per
     // block is not told from a scale.
-    std::map<int, std::vector<Probe>> widths;
-    for (const Probe& pr : probes) widths[pr.width].push_back(pr);
+    std::map<int, std::vector<const Probe*>> widths;
+    for (const Probe& pr : probes) widths[pr.width].push_back(&pr);
     sim::Rates rates(cal);
     std::vector<ActionFit> out;
     for (const auto& [width, these] : widths) {
         if (these.size() < 2) continue;
         double forward = 0, backward = 0;
-        for (const Probe& pr : these) {
-            const plan::PlanStage& stage = pr.graph->stages[0];
-            sim::StageSeconds k = sim::stage_seconds(*pr.program, stage, rates, threads, false);
-            forward += pr.forward / k.forward / static_cast<double>(these.size());
-            backward += pr.backward / (k.input + k.weight) / static_cast<double>(these.size());
+        for (const Probe* pr : these) {
+            const plan::PlanStage& stage = pr->graph->stages[0];
+            sim::StageSeconds k = sim::stage_seconds(*pr->program, stage, rates, threads, false);
+            forward += pr->forward / k.forward / static_cast<double>(these.size());
+            backward += pr->backward / (k.input + k.weight) / static_cast<double>(these.size());
         }
         ActionFit f;
         f.threads = threads;
@@ -1043,6 +1043,7 @@ std::string profile_text(const std::string& name, const std::string& command, in
     const int64_t memory = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) *
                            static_cast<int64_t>(::sysconf(_SC_PAGE_SIZE));
     LinkSpec intra = link_of(transfers, "inprocess"), inter = link_of(transfers, "ucx-tcp");
+    const int64_t cache = core_cache_bytes();
     std::ostringstream o;
     o << "# " << name << ".toml: this machine as `dist calibrate` measured it.\n"
       << "# Every number below was measured by `" << command << "` on " << date << ",\n"
@@ -1074,10 +1075,9 @@ std::string profile_text(const std::string& name, const std::string& command, in
       << "command = \"" << escaped(command) << "\"\n"
       << "date = \"" << date << "\"\n"
       << "cores = " << cores << "\n"
-      << (core_cache_bytes() > 0 ? "# The cache each core keeps to itself (L2), bytes.\n"
-                                   "cache_bytes = " +
-                                       std::to_string(core_cache_bytes()) + "\n"
-                                 : std::string())
+      << (cache > 0 ? "# The cache each core keeps to itself (L2), bytes.\ncache_bytes = " +
+                          std::to_string(cache) + "\n"
+                    : std::string())
       << "seconds = " << number(took) << "\n"
       << "# Whole actions of small GPTs trained on one rank with all the cores, beside their\n"
       << "# kernels' prediction from the rates below: an action costs its kernels scaled and a\n"

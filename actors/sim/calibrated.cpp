@@ -317,11 +317,8 @@ StageSeconds stage_seconds(const Program& p, const plan::PlanStage& s, const Rat
     ends.blocks = 0;
     StageSeconds kb = kernel_seconds(p, blocks, r, threads);
     StageSeconds ke = kernel_seconds(p, ends, r, threads);
-    // The probes' fits by width where the calibration has them, at the width of the stage's
-    // matmuls (a tensor-parallel shard's: model width / tp).
-    const double width =
-        static_cast<double>(p.model.width) / static_cast<double>(std::max<int64_t>(1, p.mesh.tp));
-    const WholeActions fit = r.calibration().whole_actions(threads, width);
+    // The probes' fits by width where the calibration has them, at the stage's matmuls' width.
+    const WholeActions fit = r.calibration().whole_actions(threads, shard_width(p));
     const std::array<double, 4>& c = fit.scales;
     const std::array<double, 2>& o = fit.block_overhead_s;
     const double blocks_n = s.blocks;
@@ -334,6 +331,11 @@ StageSeconds stage_seconds(const Program& p, const plan::PlanStage& s, const Rat
                  (kb_back > 0 ? o[1] * blocks_n * kb.weight / kb_back : 0.0);
     if (p.schedule.recompute == Recompute::full) out.input += out.forward;
     return out;
+}
+
+double shard_width(const Program& p) {
+    return static_cast<double>(p.model.width) /
+           static_cast<double>(std::max<int64_t>(1, p.mesh.tp));
 }
 
 double step_seconds(double parameters, const Rates& r, double threads) {

@@ -57,6 +57,10 @@ StageSeconds stage_seconds(const Program& p, const plan::PlanStage& s, const Rat
                            double threads, bool whole = true);
 double step_seconds(double parameters, const Rates& r, double threads);
 
+/// The width of a stage's matmuls on one rank: a tensor-parallel shard's (model width / tp),
+/// the key of a profile's `matmul_efficiency_by_width` and of its whole actions by width.
+double shard_width(const Program& p);
+
 /// The threads each rank of `g` computes on: the host's cores divided between its ranks, at
 /// least one (the runtime's rule, actors/runtime/job.cpp).
 int32_t rank_threads(const plan::Graph& g, int32_t cores);

@@ -68,8 +68,7 @@ Profile profile_of(const Graph& g, const Program& p, const SimOptions& o,
         // Keyed by the width of a tensor-parallel shard (the matmuls' size on one device: a
         // block's are (tokens x width/tp) by (width/tp x width) and the like), linear in
         // log(width) between the profile's points, constant beyond them.
-        const double w = static_cast<double>(p.model.width) /
-                         static_cast<double>(std::max<int64_t>(1, p.mesh.tp));
+        const double w = shard_width(p);
         pr.efficiency = w <= curve.front().first ? curve.front().second : curve.back().second;
         for (size_t i = 1; i < curve.size(); ++i)
             if (w > curve[i - 1].first && w <= curve[i].first) {
