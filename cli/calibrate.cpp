@@ -14,6 +14,7 @@
 #include "actors/plan/lower.hpp"
 #include "actors/runtime/session.hpp"
 #include "actors/sim/calibrated.hpp"
+#include "actors/sim/simulate.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/devices.hpp"
 #include "kernels/tensor.hpp"
@@ -29,6 +30,7 @@
 #include <omp.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -728,14 +730,16 @@ std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& pla
 // set beside the kernels' prediction from the rates just measured. Probes of one block and of
 // more tell a fixed cost per block from the kernels' scale: measured = scale x kernels +
 // overhead x blocks, fitted by least squares, for forwards and backwards apart; and each
-// width's pair alone, a scale (small widths cost more beyond their kernels than one line over
-// all widths gives them).
-// The whole-action probes (width, rows, layers), each width twice with more blocks the second
-// time, and how many passes run them.
+// width's pair at each token count alone, a scale (small widths cost more beyond their kernels
+// than one line over all widths gives them, and small microbatches less than large ones: their
+// activations stay nearer the cores).
+// The whole-action probes (width, rows of 64 tokens, layers), each width twice with more blocks
+// the second time, at two token counts, and how many passes run them.
 std::vector<Probe> probe_shapes(bool quick) {
     if (quick) return {{64, 1, 1, {}, {}}, {64, 1, 2, {}, {}}};
-    return {{128, 8, 1, {}, {}}, {128, 8, 4, {}, {}}, {256, 4, 1, {}, {}},
-            {256, 4, 4, {}, {}}, {512, 4, 1, {}, {}}, {512, 4, 2, {}, {}}};
+    return {{128, 8, 1, {}, {}}, {128, 8, 4, {}, {}}, {128, 2, 1, {}, {}}, {128, 2, 4, {}, {}},
+            {256, 4, 1, {}, {}}, {256, 4, 4, {}, {}}, {256, 2, 1, {}, {}}, {256, 2, 4, {}, {}},
+            {512, 4, 1, {}, {}}, {512, 4, 2, {}, {}}, {512, 2, 1, {}, {}}, {512, 2, 2, {}, {}}};
 }
 int probe_passes(bool quick) {
     return quick ? 1 : 3;
@@ -874,11 +878,11 @@ std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Cal
                                      int32_t threads) {
     // A scale alone: within one width a probe's kernels grow with its blocks, and a cost per
     // block is not told from a scale.
-    std::map<int, std::vector<const Probe*>> widths;
-    for (const Probe& pr : probes) widths[pr.width].push_back(&pr);
+    std::map<std::pair<int, int>, std::vector<const Probe*>> widths; // (width, rows)
+    for (const Probe& pr : probes) widths[{pr.width, pr.rows}].push_back(&pr);
     sim::Rates rates(cal);
     std::vector<ActionFit> out;
-    for (const auto& [width, these] : widths) {
+    for (const auto& [shape, these] : widths) {
         if (these.size() < 2) continue;
         double forward = 0, backward = 0;
         for (const Probe* pr : these) {
@@ -889,10 +893,92 @@ std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Cal
         }
         ActionFit f;
         f.threads = threads;
-        f.width = width;
+        f.width = shape.first;
+        f.tokens = static_cast<int64_t>(shape.second) * 64;
         f.scale = {forward, forward, backward, backward};
         out.push_back(f);
     }
+    return out;
+}
+
+// ----- ranks beyond the cores ---------------------------------------------------------------
+
+// Single-threaded ranks that outnumber the cores take turns on them, and a turn comes at every
+// action: each finds another rank's data in its core's caches, so its actions cost more than
+// the probes alone say. A pipeline of twice as many ranks as cores, two blocks a stage, trains
+// a few steps at each width, and the simulator prices the same plan with the profile measured
+// so far: the factor on the actions' work that makes the two agree (twice: factor x measured /
+// simulated, the step being nearly all the cores' work) is the profile's `oversubscribed` row.
+std::vector<Oversubscribed> measure_oversubscribed(const std::string& profile, int32_t cores,
+                                                   bool quick, Progress& progress,
+                                                   std::vector<std::string>& skipped) {
+    std::vector<Oversubscribed> out;
+    std::string dir = (std::filesystem::temp_directory_path() / "dist-calibrate.XXXXXX").string();
+    if (::mkdtemp(dir.data()) == nullptr) {
+        skipped.push_back("ranks beyond the cores: no temporary folder");
+        return out;
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(dir) / "hardware", ec);
+    {
+        std::ofstream f(std::filesystem::path(dir) / "hardware" / "calibrating.toml");
+        f << profile;
+    }
+    const int pp = 2 * cores;
+    for (int width : quick ? std::vector<int>{64} : std::vector<int>{128, 512}) {
+        const std::string text =
+            "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: " +
+            std::to_string(2 * pp) + ", heads: 4, width: " + std::to_string(width) +
+            ")\nmesh {\n    devices: calibrating\n    pp: " + std::to_string(pp) +
+            "\n}\nschedule {\n    kind: 1f1b\n    microbatches: " + std::to_string(2 * pp) +
+            "\n}\ntrain {\n    data: synthetic()\n    batch: " + std::to_string(4 * pp) +
+            "\n    steps: " + std::to_string(quick ? 4 : 10) + "\n    seed: 1\n}\n";
+        lang::FrontendOptions fo;
+        fo.search_roots = lang::default_search_roots();
+        fo.search_roots.insert(fo.search_roots.begin(), dir);
+        lang::CheckResult checked = lang::check_text("<calibration probe>", text, fo);
+        if (!checked.ok()) {
+            skipped.push_back("ranks beyond the cores: " + checked.report());
+            break;
+        }
+        Program p = *checked.program;
+        plan::PlanResult planned = plan::lower(p);
+        if (!planned.ok()) break;
+        const plan::Graph& g = *planned.graph;
+        std::vector<double> steps;
+        runtime::SessionOptions so;
+        so.join_launch = false;
+        so.threads = 1;
+        so.on_step = [&](const runtime::SessionStep& step) {
+            if (step.metrics.step > 2) steps.push_back(step.metrics.step_time_s);
+            return true;
+        };
+        try {
+            runtime::Session session(p, g, so);
+            runtime::SessionError e = session.open();
+            if (e.message.empty()) e = session.run();
+            if (!e.message.empty()) {
+                skipped.push_back("ranks beyond the cores: " + e.message);
+                break;
+            }
+        } catch (const std::exception& e) {
+            skipped.push_back(std::string("ranks beyond the cores: ") + e.what());
+            break;
+        }
+        progress.tick("ranks beyond the cores");
+        if (steps.empty()) continue;
+        std::sort(steps.begin(), steps.end());
+        Oversubscribed o{width, 1.0, steps[steps.size() / 2], 0.0};
+        auto simulated = [&] {
+            p.mesh.profile.calibration.oversubscribed = {{width, o.work}};
+            sim::SimResult r = sim::simulate(g, p);
+            return r.ok() ? r.timeline->step_time_s : 0.0;
+        };
+        for (int round = 0; round < 2 && (o.simulated = simulated()) > 0; ++round)
+            o.work = std::clamp(o.work * o.measured / o.simulated, 0.5, 4.0);
+        if (o.simulated > 0 && (o.simulated = simulated()) > 0) out.push_back(o);
+    }
+    std::filesystem::remove_all(dir, ec);
     return out;
 }
 
@@ -965,14 +1051,14 @@ void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<ActionFi
         o << "]\n";
     }
     if (!by_width.empty()) {
-        o << "# Each width's probes alone, the mean of their ratios to their kernels: what the\n"
-          << "# simulator uses in place of the lines above, a stage priced between the nearest "
-             "two\n"
-          << "# widths of its matmuls (model width / tp) by log width:\n"
+        o << "# Each width's probes of one token count alone, the mean of their ratios to their\n"
+          << "# kernels: what the simulator uses in place of the lines above, a stage priced\n"
+          << "# between the nearest two token counts of a microbatch by log tokens, then between\n"
+          << "# the nearest two widths of its matmuls (model width / tp) by log width:\n"
           << "by_width = [\n";
         for (const ActionFit& f : by_width)
             o << "  { threads = " << f.threads << ", width = " << f.width
-              << ", scales = " << scales(f) << " },\n";
+              << ", tokens = " << f.tokens << ", scales = " << scales(f) << " },\n";
         o << "]\n";
     }
     for (const std::string& s : skipped) o << "# not measured: " << s << "\n";
@@ -1025,7 +1111,8 @@ std::string profile_text(const std::string& name, const std::string& command, in
                          double took, const ActionFit& fit, const std::vector<ActionFit>& fewer,
                          const std::vector<ActionFit>& by_width, const std::vector<MatmulRate>& mm,
                          const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt,
-                         const std::vector<SharingPoint>& sharing, double slice,
+                         const std::vector<SharingPoint>& sharing,
+                         const std::vector<Oversubscribed>& over, double slice,
                          double collective_wait, const std::vector<TransferSample>& transfers,
                          const std::vector<CollectiveSample>& collectives,
                          const std::vector<std::string>& skipped) {
@@ -1096,6 +1183,18 @@ std::string profile_text(const std::string& name, const std::string& command, in
         o << "  { threads = " << s.threads << ", bytes = " << static_cast<int64_t>(s.bytes)
           << ", speed = " << number(s.speed) << " },\n";
     o << "]\n";
+    if (!over.empty()) {
+        o << "# Single-threaded ranks beyond the cores: their actions' work against alone, at the\n"
+          << "# width of their matmuls (a pipeline of " << 2 * cores
+          << " such ranks, two blocks a stage, 128 tokens a\n"
+          << "# microbatch, its measured median step against the simulated one):\n"
+          << "oversubscribed = [\n";
+        for (const Oversubscribed& v : over)
+            o << "  { width = " << v.width << ", work = " << number(v.work) << " }, # step "
+              << number(1e3 * v.measured) << " ms measured, " << number(1e3 * v.simulated)
+              << " ms simulated\n";
+        o << "]\n";
+    }
     if (slice > 0)
         o << "# How long a thread runs before another waiting for its core has a turn (seconds):\n"
           << "# the OS scheduler's time slice, seen by two threads held to one core.\n"
@@ -1176,7 +1275,8 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
                                  static_cast<int>(plan.seqs.size() * plan.head_dims.size()) +
                                  13 * static_cast<int>(plan.elements.size())) +
                       probe_runs + sharing_sets * static_cast<int>(sharing_counts(cores).size()) +
-                      1 + 3 * messages + 4 * messages * (cores >= 4 ? 2 : 1) + 1;
+                      (cores > 1 ? (c.quick ? 1 : 2) : 0) + 1 + 3 * messages +
+                      4 * messages * (cores >= 4 ? 2 : 1) + 1;
     Progress progress(err, total);
     auto t0 = Clock::now();
     std::vector<std::string> skipped;
@@ -1209,13 +1309,18 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     if (!probes_one.empty()) fewer.push_back(fit_actions(probes_one, measured, 1));
     std::vector<ActionFit> by_width = fits_by_width(probes, measured, cores);
     for (ActionFit& f : fits_by_width(probes_one, measured, 1)) by_width.push_back(f);
-    progress.end();
     std::string command = "dist calibrate --out " + c.out + (c.quick ? " --quick" : "") +
                           (c.device == "cpu" ? " --device cpu" : "") +
                           (c.cores > 0 ? " --cores " + std::to_string(c.cores) : "");
-    std::string text =
-        profile_text(name, command, cores, since(t0), fit, fewer, by_width, mm, att, elt, sharing,
-                     slice, collective_wait, transfers, collectives, skipped);
+    auto text_with = [&](const std::vector<Oversubscribed>& over) {
+        return profile_text(name, command, cores, since(t0), fit, fewer, by_width, mm, att, elt,
+                            sharing, over, slice, collective_wait, transfers, collectives, skipped);
+    };
+    // Ranks beyond the cores, priced by the profile measured so far (one core: none beyond).
+    std::vector<Oversubscribed> over;
+    if (cores > 1) over = measure_oversubscribed(text_with({}), cores, c.quick, progress, skipped);
+    progress.end();
+    std::string text = text_with(over);
     std::string e = models::write_file_atomically(c.out, {text});
     if (!e.empty()) {
         err << "error: " << e << "\n";

@@ -56,9 +56,17 @@ LinkSpec link_of(const std::vector<TransferSample>& samples, const std::string& 
 struct ActionFit {
     int32_t threads = 0;                     // the probes' compute threads
     int width = 0;                           // the probes' width; 0: every width's
+    int64_t tokens = 0;                      // the probes' tokens per microbatch (by width)
     std::array<double, 4> scale{1, 1, 1, 1}; // forward blocks, forward ends, backward ...
     std::array<double, 2> overhead{0, 0};    // seconds per block: forward, backward
     std::vector<std::string> probes; // "width 128, 64 tokens: F 1.2 ms (kernels 1.1 ms) ..."
+};
+
+/// Single-threaded ranks beyond the cores: a pipeline's measured median step at one width,
+/// the simulated one, and the factor on the actions' work that makes them agree.
+struct Oversubscribed {
+    int width = 0;
+    double work = 1, measured = 0, simulated = 0;
 };
 
 struct Probe {

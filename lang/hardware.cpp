@@ -155,6 +155,7 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
         WholeActions a;
         a.threads = count(t, "threads");
         a.width = count(t, "width");
+        a.tokens = t.whole("tokens", false);
         t.numbers("scales", a.scales, false, "four positive numbers");
         t.numbers("block_overhead", a.block_overhead_s, true, "two numbers of seconds, at least 0");
         c.by_width.push_back(a);
@@ -171,6 +172,10 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
         c.elementwise.push_back({t.string("op"), t.whole("elements"), count(t, "threads"),
                                  t.number("forward"), t.number("backward")});
     });
+    r.rows("calibration.oversubscribed", [&](Reader& t) {
+        c.oversubscribed.push_back({count(t, "width"), t.number("work")});
+    });
+    std::sort(c.oversubscribed.begin(), c.oversubscribed.end());
     r.rows("calibration.sharing", [&](Reader& t) {
         c.sharing.push_back({count(t, "threads"), t.number("speed"), t.number("bytes", false)});
     });
@@ -328,19 +333,40 @@ template <typename Key> WholeActions along(std::vector<WholeActions> by, const K
 
 } // namespace
 
-WholeActions Calibration::whole_actions(double threads, double width) const {
+double Calibration::oversubscribed_work(double width) const {
+    if (oversubscribed.empty()) return 1.0;
+    if (width <= oversubscribed.front().first) return oversubscribed.front().second;
+    for (size_t i = 1; i < oversubscribed.size(); ++i) {
+        const auto [w0, f0] = oversubscribed[i - 1];
+        const auto [w1, f1] = oversubscribed[i];
+        if (width <= w1) return f0 + std::log(width / w0) / std::log(1.0 * w1 / w0) * (f1 - f0);
+    }
+    return oversubscribed.back().second;
+}
+
+WholeActions Calibration::whole_actions(double threads, double width, double tokens) const {
     auto threads_of = [](const WholeActions& a) { return static_cast<double>(a.threads); };
     if (!by_width.empty() && width > 0) {
-        // Each thread count's fits across the widths at `width`, then across the counts.
-        std::map<int32_t, std::vector<WholeActions>> counts;
-        for (const WholeActions& a : by_width) counts[a.threads].push_back(a);
+        // Each thread count's and width's fits across the token counts at `tokens`, then each
+        // count's across the widths at `width`, then across the counts.
+        std::map<int32_t, std::map<int32_t, std::vector<WholeActions>>> counts;
+        for (const WholeActions& a : by_width) counts[a.threads][a.width].push_back(a);
+        auto tokens_of = [](const WholeActions& a) { return std::max(1.0, 1.0 * a.tokens); };
         std::vector<WholeActions> at_width;
-        for (const auto& [count, fits] : counts)
+        for (const auto& [count, widths] : counts) {
+            std::vector<WholeActions> at_tokens;
+            for (const auto& [w, fits] : widths) {
+                double most = 0;
+                for (const WholeActions& a : fits) most = std::max(most, tokens_of(a));
+                at_tokens.push_back(along(fits, tokens_of, tokens > 0 ? tokens : most));
+            }
             at_width.push_back(along(
-                fits, [](const WholeActions& a) { return 1.0 * a.width; }, width));
+                at_tokens, [](const WholeActions& a) { return 1.0 * a.width; }, width));
+        }
         WholeActions out = along(at_width, threads_of, threads);
         out.threads = static_cast<int32_t>(std::lround(threads));
         out.width = static_cast<int32_t>(std::lround(width));
+        out.tokens = std::llround(tokens);
         return out;
     }
     std::vector<WholeActions> by = fewer_threads;

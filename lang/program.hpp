@@ -197,7 +197,8 @@ struct WholeActions {
     int32_t threads = 0; // 0: the calibration's cores
     std::array<double, 4> scales{1, 1, 1, 1};
     std::array<double, 2> block_overhead_s{0, 0};
-    int32_t width = 0; // the probes' model width; 0: fitted over every width
+    int32_t width = 0;  // the probes' model width; 0: fitted over every width
+    int64_t tokens = 0; // the probes' tokens per microbatch (by_width); 0: not said
 };
 struct Calibration {
     std::string command, date;
@@ -220,13 +221,22 @@ struct Calibration {
     /// The same for ranks of fewer threads (`calibration.fewer_threads`), by thread count.
     std::vector<WholeActions> fewer_threads;
     /// The fits of the probes of one width (`calibration.by_width`), each for one thread
-    /// count: small widths cost more beyond their kernels than one line over all widths says.
+    /// count and token count: small widths cost more beyond their kernels than one line over
+    /// all widths says, and small microbatches less than large ones.
     std::vector<WholeActions> by_width;
     /// The fit for a rank of `threads` threads: the measured one of that count, else
     /// interpolated in log threads between the nearest two (the nearest outside them). With
-    /// `by_width` fits and a `width` (a stage's matmuls' width), those of each thread count
-    /// interpolated in log width between the nearest two widths (the nearest outside them).
-    WholeActions whole_actions(double threads, double width = 0) const;
+    /// `by_width` fits and a `width` (a stage's matmuls' width), those of each thread count and
+    /// width interpolated in log tokens at `tokens` (a microbatch's; 0: the most probed), then
+    /// in log width, each between the nearest two (the nearest outside them).
+    WholeActions whole_actions(double threads, double width = 0, double tokens = 0) const;
+    /// Single-threaded ranks beyond the cores (`calibration.oversubscribed`): how much more
+    /// their actions cost than alone, by the width of their matmuls. Each turn on a core finds
+    /// another rank's data in its caches, and the turns come at every action.
+    std::vector<std::pair<int32_t, double>> oversubscribed; // (width, work), by width
+    /// The factor at `width`: between the nearest two widths by log width, outside them the
+    /// nearest; 1 without the rows.
+    double oversubscribed_work(double width) const;
     std::vector<MatmulRate> matmul;
     std::vector<AttentionRate> attention;
     std::vector<StreamRate> elementwise;

@@ -556,124 +556,123 @@ ExecTimes execute_devices(const Graph& g, const ExecCosts& costs) {
 }
 
 // Single-threaded ranks that outnumber a host's cores, run as the OS scheduler runs their
-// threads: each busy thread queued on one core, the threads of a core taking turns of one time
-// slice each (ExecCosts::slice; none: sharing the core equally). A thread that starts goes back
-// to the core it last ran on if that one is idle, else to an idle core, else to the end of its
-// last core's queue; a core that falls idle takes the last waiting thread of the fullest. An
-// action shorter than a slice thus runs whole once it has a core, after a wait in the queue
-// that is idle time, not part of its span; a long one takes turns with the ones around it.
+// threads: a host's busy threads in one queue, the first ones on a core each, taking turns of
+// one time slice (ExecCosts::slice; none: every busy thread has an equal share of the cores).
+// When a running thread's slice is over and another waits, the one that has held its core the
+// longest goes to the back of the queue and the first waiting takes the core; a thread that
+// stops being busy hands its core to the first waiting at once. An action shorter than a slice
+// thus runs whole once it has a core, after a wait in the queue that is idle time, not part of
+// its span; long ones take turns, each at cores / threads of a core on average, as Linux spreads
+// them by moving threads between its cores' queues.
 class CoreQueues {
   public:
     CoreQueues(const Graph& g, const ExecCosts& costs)
-        : g_(g), cores_(static_cast<int32_t>(costs.cores)), slice_(costs.slice),
-          core_(g.ranks.size(), -1), busy_(g.ranks.size(), false), covered_(g.ranks.size(), false) {
-        std::map<int32_t, int32_t> seen;
+        : cores_(static_cast<size_t>(costs.cores)), slice_(costs.slice), host_(g.ranks.size()),
+          busy_(g.ranks.size(), false), on_core_(g.ranks.size(), false),
+          covered_(g.ranks.size(), false) {
+        std::map<int32_t, size_t> ranks;
         std::map<int32_t, bool> single;
         for (const PlanRank& r : g.ranks) {
-            core_[static_cast<size_t>(r.rank)] = seen[r.host]++ % cores_;
+            ++ranks[r.host];
             auto it = single.emplace(r.host, true).first;
             it->second = it->second && costs.threads(r) == 1.0;
         }
-        for (const auto& [host, ranks] : seen)
-            if (ranks > cores_ && single[host])
-                hosts_[host].assign(static_cast<size_t>(cores_), Core{});
-        for (size_t r = 0; r < covered_.size(); ++r)
-            covered_[r] = hosts_.count(g.ranks[r].host) > 0;
+        for (const auto& [host, count] : ranks)
+            if (count > cores_ && single[host]) hosts_[host] = {};
+        for (size_t r = 0; r < covered_.size(); ++r) {
+            host_[r] = g.ranks[r].host;
+            covered_[r] = hosts_.count(host_[r]) > 0;
+        }
     }
 
     bool covers(size_t r) const { return covered_[r]; }
 
-    /// Queues the ranks busy at `now`, rotates the slices that are over. Returns the ranks
-    /// that got a core for the first time since they became busy.
+    /// Queues the ranks busy at `now`, hands over the cores whose slices are over. Returns the
+    /// ranks that got a core for the first time since they became busy.
     std::vector<size_t> place(const std::vector<bool>& busy, double now) {
         std::vector<size_t> first;
-        for (auto& [host, cores] : hosts_) {
-            for (Core& c : cores) {
-                const bool ran = !c.queue.empty();
-                std::erase_if(c.queue, [&](size_t r) { return !busy[r]; });
-                if (ran && (c.queue.empty() || c.queue.front() != c.running)) turn(c, now, first);
-            }
+        std::map<int32_t, bool> waited; // hosts with a thread waiting before now
+        for (auto& [host, h] : hosts_) {
+            std::erase_if(h.waiting, [&](size_t r) { return !busy[r]; });
+            std::erase_if(h.running, [&](const Held& x) { return !busy[x.rank]; });
+            waited[host] = !h.waiting.empty();
         }
         for (size_t r = 0; r < busy.size(); ++r) {
             if (!covers(r) || busy_[r] == busy[r]) continue;
             busy_[r] = busy[r];
-            if (!busy[r]) {
+            on_core_[r] = false;
+            if (busy[r])
+                hosts_[host_[r]].waiting.push_back(r);
+            else
                 started_.erase(r); // its next action waits for a core anew
-                continue;
-            }
-            auto& cores = hosts_[g_.ranks[r].host];
-            auto at = static_cast<size_t>(core_[r]);
-            if (!cores[at].queue.empty())
-                for (size_t k = 0; k < cores.size(); ++k)
-                    if (cores[k].queue.empty()) {
-                        at = k;
-                        break;
-                    }
-            core_[r] = static_cast<int32_t>(at);
-            Core& c = cores[at];
-            c.queue.push_back(r);
-            if (c.queue.size() == 1)
-                turn(c, now, first);
-            else if (slice_ <= 0)
-                begin(r, first); // it shares the core from now on
-            else if (c.queue.size() == 2)
-                // The one running alone has had slice after slice; it finishes this one.
-                c.since += std::floor((now - c.since) / slice_) * slice_;
         }
-        for (auto& [host, cores] : hosts_) {
-            while (true) {
-                auto idle = std::find_if(cores.begin(), cores.end(),
-                                         [](const Core& c) { return c.queue.empty(); });
-                auto full =
-                    std::max_element(cores.begin(), cores.end(), [](const Core& a, const Core& b) {
-                        return a.queue.size() < b.queue.size();
-                    });
-                if (idle == cores.end() || full->queue.size() < 2) break;
-                size_t r = full->queue.back();
-                full->queue.pop_back();
-                core_[r] = static_cast<int32_t>(idle - cores.begin());
-                idle->queue.push_back(r);
-                turn(*idle, now, first);
+        for (auto& [host, h] : hosts_) {
+            // Idle cores (every busy thread, sharing them evenly, without a slice).
+            while (!h.waiting.empty() && (slice_ <= 0 || h.running.size() < cores_)) {
+                give(h, h.waiting.front(), now, first);
+                h.waiting.pop_front();
             }
-            for (Core& c : cores)
-                if (slice_ > 0 && c.queue.size() > 1 && now >= c.since + slice_ * (1 - 1e-9)) {
-                    c.queue.push_back(c.queue.front());
-                    c.queue.pop_front();
-                    turn(c, now, first);
+            if (slice_ <= 0 || h.waiting.empty()) continue;
+            // The ones that ran alone have had slice after slice; each finishes its current one.
+            if (!waited[host])
+                for (Held& x : h.running) x.since += std::floor((now - x.since) / slice_) * slice_;
+            std::vector<Held*> over;
+            for (Held& x : h.running)
+                if (now >= x.since + slice_ * (1 - 1e-9)) over.push_back(&x);
+            std::stable_sort(over.begin(), over.end(),
+                             [](const Held* a, const Held* b) { return a->held < b->held; });
+            const size_t waiting = h.waiting.size(); // those that wait for one of these
+            std::vector<Held> after;
+            for (size_t k = 0; k < over.size(); ++k) {
+                if (k >= waiting) {
+                    over[k]->since = now; // no one else waits: another slice
+                    continue;
                 }
+                const size_t r = over[k]->rank;
+                on_core_[r] = false;
+                h.waiting.push_back(r);
+                *over[k] = Held{h.waiting.front(), now, now};
+                h.waiting.pop_front();
+                on_core_[over[k]->rank] = true;
+                begin(over[k]->rank, first);
+            }
         }
         return first;
     }
 
     /// Rank r's share of a core now (it is covered and busy).
     double share(size_t r) const {
-        const Core& c = hosts_.at(g_.ranks[r].host)[static_cast<size_t>(core_[r])];
-        if (slice_ <= 0) return 1.0 / static_cast<double>(c.queue.size());
-        return c.running == r ? 1.0 : 0.0;
+        if (slice_ > 0) return on_core_[r] ? 1.0 : 0.0;
+        const size_t busy = hosts_.at(host_[r]).running.size();
+        return std::min(1.0, static_cast<double>(cores_) / static_cast<double>(busy));
     }
 
-    /// When the next slice ends on a core that others wait for (infinity: none).
+    /// When the next slice ends on a host where a thread waits (infinity: none).
     double next_turn() const {
         double t = std::numeric_limits<double>::infinity();
         if (slice_ <= 0) return t;
-        for (const auto& [host, cores] : hosts_)
-            for (const Core& c : cores)
-                if (c.queue.size() > 1) t = std::min(t, c.since + slice_);
+        for (const auto& [host, h] : hosts_)
+            if (!h.waiting.empty())
+                for (const Held& x : h.running) t = std::min(t, x.since + slice_);
         return t;
     }
 
   private:
-    struct Core {
-        std::deque<size_t> queue; // the front one runs
-        size_t running = SIZE_MAX;
-        double since = 0; // when the front one's slice began
+    struct Held {
+        size_t rank = SIZE_MAX;
+        double held = 0;  // since when it has had its core
+        double since = 0; // when its current slice began
+    };
+    struct Host {
+        std::vector<Held> running; // a core each (without a slice: all that are busy)
+        std::deque<size_t> waiting;
     };
 
-    // The front of c's queue begins a slice.
-    void turn(Core& c, double now, std::vector<size_t>& first) {
-        c.since = now;
-        c.running = c.queue.empty() ? SIZE_MAX : c.queue.front();
-        if (c.running != SIZE_MAX) begin(c.running, first);
+    // Busy rank r takes a core now.
+    void give(Host& h, size_t r, double now, std::vector<size_t>& first) {
+        h.running.push_back(Held{r, now, now});
+        on_core_[r] = true;
+        begin(r, first);
     }
 
     // Busy rank r runs for the first time since it became busy.
@@ -681,13 +680,13 @@ class CoreQueues {
         if (started_.insert(r).second) first.push_back(r);
     }
 
-    const Graph& g_;
-    int32_t cores_;
+    size_t cores_;
     double slice_;
-    std::vector<int32_t> core_; // the core each rank last ran on
+    std::vector<int32_t> host_;
     std::vector<bool> busy_;    // at the last placement
+    std::vector<bool> on_core_; // has a core now (with a slice)
     std::vector<bool> covered_; // on a host in hosts_
-    std::map<int32_t, std::vector<Core>> hosts_;
+    std::map<int32_t, Host> hosts_;
     std::set<size_t> started_; // busy ranks that have had a core
 };
 
@@ -880,8 +879,15 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
         auto speed_of = [&](size_t r) {
             double alone = costs.speed(run[r].threads);
             const double on = busy[g.ranks[r].host], talking = comm[g.ranks[r].host];
-            if (queues && queues->covers(r))
-                return queues->share(r) * costs.speed(std::min(on, costs.cores) + talking) / alone;
+            if (queues && queues->covers(r)) {
+                // On a core it runs as fast as the cores all busy allow, less what taking turns
+                // costs (caches refilled after each): the measured sharing beyond the cores.
+                double full = costs.speed(std::min(on, costs.cores) + talking);
+                if (on > costs.cores)
+                    full *= std::min(1.0, costs.speed(on) * on /
+                                              (costs.speed(costs.cores) * costs.cores));
+                return queues->share(r) * full / alone;
+            }
             return costs.speed(std::max(on, run[r].threads) + talking) / alone;
         };
         double next = std::numeric_limits<double>::infinity();

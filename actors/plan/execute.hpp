@@ -42,9 +42,9 @@ struct ExecCosts {
     std::function<double(const PlanRank& rank)> threads;
     std::function<double(double threads)> speed;
     /// The host's cores and the OS scheduler's time slice. When single-threaded ranks outnumber
-    /// a host's cores, each busy one is queued on a core and the threads of a core take turns
-    /// of `slice` seconds (0: share it equally); see CoreQueues in execute.cpp. 0 cores: every
-    /// busy thread slowed alike, by `speed`.
+    /// a host's cores, the busy ones queue for them and take turns of `slice` seconds (0: share
+    /// them equally); see CoreQueues in execute.cpp. 0 cores: every busy thread slowed alike,
+    /// by `speed`.
     double cores = 0;
     double slice = 0;
     /// STEP computes the global gradient norm first, as the runtime does: an all-reduce over

@@ -317,8 +317,10 @@ StageSeconds stage_seconds(const Program& p, const plan::PlanStage& s, const Rat
     ends.blocks = 0;
     StageSeconds kb = kernel_seconds(p, blocks, r, threads);
     StageSeconds ke = kernel_seconds(p, ends, r, threads);
-    // The probes' fits by width where the calibration has them, at the stage's matmuls' width.
-    const WholeActions fit = r.calibration().whole_actions(threads, shard_width(p));
+    // The probes' fits by width where the calibration has them, at the stage's matmuls' width
+    // and its microbatch's tokens.
+    const WholeActions fit =
+        r.calibration().whole_actions(threads, shard_width(p), microbatch_tokens(p));
     const std::array<double, 4>& c = fit.scales;
     const std::array<double, 2>& o = fit.block_overhead_s;
     const double blocks_n = s.blocks;
@@ -336,6 +338,11 @@ StageSeconds stage_seconds(const Program& p, const plan::PlanStage& s, const Rat
 double shard_width(const Program& p) {
     return static_cast<double>(p.model.width) /
            static_cast<double>(std::max<int64_t>(1, p.mesh.tp));
+}
+
+double microbatch_tokens(const Program& p) {
+    return static_cast<double>(p.train.microbatch_size * p.model.context) /
+           static_cast<double>(std::max<int64_t>(1, p.mesh.cp));
 }
 
 double step_seconds(double parameters, const Rates& r, double threads) {

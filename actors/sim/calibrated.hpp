@@ -60,6 +60,9 @@ double step_seconds(double parameters, const Rates& r, double threads);
 /// The width of a stage's matmuls on one rank: a tensor-parallel shard's (model width / tp),
 /// the key of a profile's `matmul_efficiency_by_width` and of its whole actions by width.
 double shard_width(const Program& p);
+/// The tokens of one microbatch on one rank (a context-parallel rank's share of its
+/// sequences): the key of the whole actions' fits by token count.
+double microbatch_tokens(const Program& p);
 
 /// The threads each rank of `g` computes on: the host's cores divided between its ranks, at
 /// least one (the runtime's rule, actors/runtime/job.cpp).

@@ -369,8 +369,22 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     const bool gpu = cal.gpu();
     auto rates = std::make_shared<Rates>(cal);
     const double threads = gpu ? 1.0 : rank_threads(g, cal.cores);
+    // Single-threaded ranks beyond a host's cores take turns on them, each turn finding another
+    // rank's data in the caches: their actions cost what the calibration measured them to.
+    std::map<int32_t, int32_t> per_host;
+    for (const PlanRank& r : g.ranks) ++per_host[r.host];
+    bool beyond = false;
+    for (const auto& [host, n] : per_host) beyond = beyond || n > cal.cores;
+    const double turns =
+        !gpu && threads == 1 && beyond ? cal.oversubscribed_work(shard_width(p)) : 1.0;
     auto seconds = std::make_shared<std::vector<StageSeconds>>();
-    for (const PlanStage& s : g.stages) seconds->push_back(stage_seconds(p, s, *rates, threads));
+    for (const PlanStage& s : g.stages) {
+        StageSeconds t = stage_seconds(p, s, *rates, threads);
+        t.forward *= turns;
+        t.input *= turns;
+        t.weight *= turns;
+        seconds->push_back(t);
+    }
     const auto ranks = static_cast<int32_t>(g.ranks.size());
     auto process = [ranks, processes](int32_t rank) {
         return plan::process_of_rank(rank, ranks, std::max(1, processes));

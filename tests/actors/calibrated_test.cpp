@@ -331,14 +331,16 @@ TEST(SharedCores, OnlyOverlappingWorkIsStretched) {
     EXPECT_GE(end, 12.0 - 1e-9);
 }
 
-// Three single-threaded ranks on two cores, as the OS runs them: ranks 0 and 2 start on core 0
-// and take turns of one slice (0.25), rank 1 has core 1 to itself. Worked by hand, F 1 and
-// B 2 each: rank 1's F ends at 1 and its B at 3. Rank 0's F has had four turns at 1.75; its
-// thread goes on to its B without waiting, but its slice is over, so rank 2 finishes its F at
-// 2 and goes on to its B in turn. At 3 each B has had two turns (0.5); core 1 falls idle and
-// takes the one waiting on core 0 (rank 0), so both finish the 1.5 they have left at 4.5. A span
-// begins when its thread first has a core: rank 2's F at 0.25, not at 0.
-TEST(SharedCores, RanksBeyondTheCoresQueueOnACoreAndTakeTurnsOfASlice) {
+// Three single-threaded ranks on two cores, as the OS runs them: one queue, two on a core at a
+// time, turns of one slice (0.25), the one that has held its core longest giving it up. Worked by
+// hand, F 1 and B 2 each (twelve slices of work): ranks 0 and 1 run the first slice; at 0.25
+// rank 0 gives its core to rank 2 and rank 1, with no one else waiting, keeps its own; from then
+// on the pairs run {1, 2}, {2, 0}, {0, 1}, ... one slice each, every rank two slices in three.
+// Rank 1 has its fourth slice at 1.25, ranks 0 and 2 theirs at 1.5: their F's end there, and
+// each thread goes on to its B without waiting. Rank 1 has its twelfth at 4.25; rank 0 takes
+// its core then, and ranks 0 and 2 end at 4.5. A span begins when its thread first has a core:
+// rank 2's F at 0.25, not at 0.
+TEST(SharedCores, RanksBeyondTheCoresQueueForThemAndTakeTurnsOfASlice) {
     Graph g = planned(
         checked("gpt_tiny.dist", {"mesh.dp=3", "train.batch=18", "schedule.microbatches=1"}));
     ExecCosts c = distinct_costs();
@@ -360,7 +362,7 @@ TEST(SharedCores, RanksBeyondTheCoresQueueOnACoreAndTakeTurnsOfASlice) {
         return std::pair{-1.0, -1.0};
     };
     const std::vector<std::array<double, 4>> expect = {
-        {0.0, 1.75, 1.75, 4.5}, {0.0, 1.0, 1.0, 3.0}, {0.25, 2.0, 2.0, 4.5}};
+        {0.0, 1.5, 1.5, 4.5}, {0.0, 1.25, 1.25, 4.25}, {0.25, 1.5, 1.5, 4.5}};
     for (size_t r = 0; r < 3; ++r) {
         auto [fs, fe] = span(r, ActionKind::forward);
         auto [bs, be] = span(r, ActionKind::backward);
@@ -377,15 +379,27 @@ TEST(SharedCores, RanksBeyondTheCoresQueueOnACoreAndTakeTurnsOfASlice) {
     }
     for (size_t i = 0; i < g.ranks[0].actions.size(); ++i)
         EXPECT_EQ(t.core_wait[0][i], 0.0) << to_string(g.ranks[0].actions[i]);
-    // Without a slice the threads of a core share it evenly: ranks 0 and 2 at half speed, so
-    // their F's end together at 2; rank 1's, alone on core 1, at 1.
+    // Without a slice the three share the two cores evenly, each at two thirds of one: every
+    // F ends at 1.5 and every B at 4.5.
     c.slice = 0;
     ExecTimes even = execute(g, c);
     ASSERT_TRUE(even.complete);
     t = even;
-    EXPECT_NEAR(span(0, ActionKind::forward).second, 2.0, 1e-9);
-    EXPECT_NEAR(span(2, ActionKind::forward).second, 2.0, 1e-9);
-    EXPECT_NEAR(span(1, ActionKind::forward).second, 1.0, 1e-9);
+    for (size_t r = 0; r < 3; ++r) {
+        EXPECT_NEAR(span(r, ActionKind::forward).second, 1.5, 1e-9) << "rank " << r;
+        EXPECT_NEAR(span(r, ActionKind::backward).second, 4.5, 1e-9) << "rank " << r;
+    }
+    // Taking turns costs what the threads' measured sharing says: three single-threaded
+    // workers on the two cores each at 0.6 of one alone (together 0.9 of the two cores, where
+    // two workers have all of them), so every F runs at 2/3 x 0.9 of a core and ends at 1 / 0.6.
+    ExecCosts turns = c;
+    turns.speed = [](double n) { return n <= 2 ? 1.0 : 0.9 * 2 / n; };
+    ExecTimes costly = execute(g, turns);
+    ASSERT_TRUE(costly.complete);
+    t = costly;
+    for (size_t r = 0; r < 3; ++r)
+        EXPECT_NEAR(span(r, ActionKind::forward).second, 1 / 0.6, 1e-9) << "rank " << r;
+    t = even;
     // Sharing evenly, rank 2's F runs from the start beside rank 0's: its span begins at 0 and
     // it waits for no core.
     EXPECT_NEAR(span(2, ActionKind::forward).first, 0.0, 1e-9);
@@ -811,6 +825,62 @@ TEST(Rates, WholeActionsFollowTheWidthOfTheMatmuls) {
     expect_row_refused("by_width", "by_width",
                        "{ threads = 1, width = 128.5, scales = [1.0, 1.0, 1.0, 1.0] }",
                        "by_width.toml:21:26: error: `width` must be a whole number");
+    expect_row_refused("by_width", "by_width",
+                       "{ threads = 1, width = 128, tokens = 0.5, scales = [1.0, 1.0, 1.0, 1.0] }",
+                       "by_width.toml:21:40: error: `tokens` must be a whole number");
+}
+
+// Ranks beyond the cores cost their actions a factor more, by the width of their matmuls:
+// between two measured widths by log width, outside them the nearest; 1 without rows. A row
+// that is not one is refused where it is written.
+TEST(Rates, OversubscribedWorkFollowsTheWidth) {
+    Calibration c;
+    EXPECT_EQ(c.oversubscribed_work(128), 1.0);
+    c.oversubscribed = {{128, 1.4}, {512, 1.1}};
+    EXPECT_DOUBLE_EQ(c.oversubscribed_work(64), 1.4);
+    EXPECT_DOUBLE_EQ(c.oversubscribed_work(128), 1.4);
+    EXPECT_NEAR(c.oversubscribed_work(256), 1.25, 1e-12);
+    EXPECT_DOUBLE_EQ(c.oversubscribed_work(1024), 1.1);
+    expect_row_refused("over", "oversubscribed", "{ width = 128, work = 0 }",
+                       "over.toml:21:25: error: `work` must be a positive number");
+}
+
+// Small microbatches cost less beyond their kernels than large ones (their activations stay
+// nearer the cores): a width probed at two token counts is priced at a microbatch's tokens
+// between them by log tokens, outside them at the nearest; without tokens, at the most probed.
+// The width comes after: each width at the tokens, then between the widths.
+TEST(Rates, WholeActionsFollowTheTokensOfAMicrobatch) {
+    Calibration c;
+    c.cores = 2;
+    c.by_width = {{2, {1, 1, 1, 1}, {0, 0}, 128, 512},
+                  {2, {2, 2, 2, 2}, {0, 0}, 128, 128},
+                  {2, {4, 4, 4, 4}, {0, 0}, 512, 256}};
+    auto scale = [&](double width, double tokens) {
+        return c.whole_actions(2, width, tokens).scales[0];
+    };
+    EXPECT_DOUBLE_EQ(scale(128, 512), 1);
+    EXPECT_DOUBLE_EQ(scale(128, 128), 2);
+    EXPECT_NEAR(scale(128, 256), 1.5, 1e-12);
+    EXPECT_DOUBLE_EQ(scale(128, 4096), 1);
+    EXPECT_DOUBLE_EQ(scale(128, 64), 2);
+    EXPECT_DOUBLE_EQ(scale(128, 0), 1);
+    // Width 256 at 256 tokens: 1.5 at width 128, 4 at 512 (one token count), halfway.
+    EXPECT_NEAR(scale(256, 256), 2.75, 1e-12);
+    // A stage's microbatch: gpt_tiny's 64-token sequences, 16 of them in 4 microbatches on 2
+    // data-parallel ranks, so 2 sequences (128 tokens) each.
+    c.by_width.pop_back();
+    for (int32_t t : {1, 2})
+        for (const char* k : {"nt", "nn", "tn"}) c.matmul.push_back({k, 64, 64, 64, t, 1e10});
+    c.attention.push_back({64, 64, 1, 1e10, 1e10});
+    c.elementwise.push_back({"copy", 1024, 1, 1e9, 1e9});
+    sim::Rates rates(c);
+    Program p =
+        checked("gpt_tiny.dist", {"mesh.dp=2", "train.batch=16", "schedule.microbatches=4"});
+    EXPECT_DOUBLE_EQ(sim::microbatch_tokens(p), 128);
+    PlanStage s = lower(p).graph->stages[0];
+    const sim::StageSeconds kernels = sim::stage_seconds(p, s, rates, 2, false);
+    const sim::StageSeconds whole = sim::stage_seconds(p, s, rates, 2, true);
+    EXPECT_NEAR(whole.forward, 2 * kernels.forward, 1e-12 * kernels.forward);
 }
 
 // A count or a size that is not whole is refused where it is written, not truncated: a
@@ -962,6 +1032,30 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     double t8 = nlohmann::json::parse(eight.out)["step_time_s"].get<double>();
     EXPECT_GT(t4, 0);
     EXPECT_GT(t8, 1.5 * t4);
+
+    // Ranks beyond the cores: a row at the probes' width where there are several cores. A plan
+    // whose single-threaded ranks outnumber the cores costs its actions that factor more than
+    // with the row taken out; one with a rank per core is priced alike either way.
+    ASSERT_EQ(c.oversubscribed.size(), c.cores > 1 ? 1u : 0u);
+    for (const auto& [width, work] : c.oversubscribed) {
+        EXPECT_EQ(width, 64);
+        EXPECT_GT(work, 0);
+        auto step = [&](int32_t pp, bool with) {
+            Program q = checked("gpt_tiny.dist", {"model.layers=" + std::to_string(2 * c.cores),
+                                                  "model.width=64", "mesh.pp=" + std::to_string(pp),
+                                                  "schedule.microbatches=" + std::to_string(2 * pp),
+                                                  "train.batch=" + std::to_string(4 * pp)});
+            q.mesh.profile = *p;
+            if (!with) q.mesh.profile.calibration.oversubscribed.clear();
+            sim::SimResult r = sim::simulate(*lower(q).graph, q);
+            return r.ok() ? r.timeline->step_time_s : -1.0;
+        };
+        const double beyond = step(2 * c.cores, true), alone = step(2 * c.cores, false);
+        ASSERT_GT(alone, 0);
+        if (work > 1.01) EXPECT_GT(beyond, alone);
+        if (work < 0.99) EXPECT_LT(beyond, alone);
+        EXPECT_EQ(step(c.cores, true), step(c.cores, false));
+    }
 
     // On two data-parallel ranks the gradient buckets are reduced after the last backward, on
     // the reducer's one thread: each costs its collective and the reducer's two passes over it
