@@ -4,10 +4,12 @@
 // grid of shapes for each thread count a rank may get, several single-threaded workers at once
 // (how the cores are shared), the in-process and UCX transfers of activations, and the
 // in-process and Gloo collectives (a mixture of experts' all-to-all among them). Each rate is the
-// fastest of three timed batches after a warm-up call, each whole action the fastest of three
-// passes' medians: a shared machine's other work only slows a measurement. The profile (TOML, the
-// schema of stdlib/hardware/) carries the command and the date; the simulator prices kernels by
-// shape from it (actors/sim/calibrated.hpp).
+// fastest of three timed batches after a warm-up call (a shared machine's other work only slows
+// a measurement), each whole action the median of three passes' medians and the ranks beyond
+// the cores a run's median step: the kernels' rates set shapes beside each other, the whole
+// actions the level, that of a run's median step. The profile (TOML, the schema of
+// stdlib/hardware/) carries the command and the date; the simulator prices kernels by shape
+// from it (actors/sim/calibrated.hpp).
 #include "cli/calibrate_parts.hpp"
 #include "cli/commands.hpp"
 
@@ -748,8 +750,11 @@ int probe_passes(bool quick) {
 std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
                               const std::string& devices, int32_t threads, Progress& progress,
                               std::vector<std::string>& skipped) {
-    // Every probe once per pass, the passes one after another; each keeps its fastest pass's
-    // medians: a burst of other work slows the probes of one pass, not the others.
+    // Every probe once per pass, the passes one after another; each keeps its median pass's
+    // medians (the pass of the median forward and backward): a burst of other work slows the
+    // probes of one pass, not the others, and a run's step is its steps' median, not its
+    // fastest step.
+    std::vector<std::vector<std::pair<double, double>>> timed(probes.size());
     for (int pass = 0; pass < passes; ++pass) {
         for (Probe& pr : probes) {
             const std::string text =
@@ -803,15 +808,19 @@ std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
                 std::sort(v.begin(), v.end());
                 return v.empty() ? 0.0 : v[v.size() / 2];
             };
-            const double f = median(f_times), b = median(b_times);
-            if (pass == 0 || f + b < pr.forward + pr.backward) {
-                pr.forward = f;
-                pr.backward = b;
-            }
+            timed[static_cast<size_t>(&pr - probes.data())].push_back(
+                {median(f_times), median(b_times)});
             pr.program = p;
             pr.graph = g;
             progress.tick("whole actions");
         }
+    }
+    for (size_t i = 0; i < probes.size(); ++i) {
+        std::vector<std::pair<double, double>>& t = timed[i];
+        std::sort(t.begin(), t.end(), [](const auto& a, const auto& b) {
+            return a.first + a.second < b.first + b.second;
+        });
+        std::tie(probes[i].forward, probes[i].backward) = t[t.size() / 2];
     }
     return probes;
 }
