@@ -7,14 +7,14 @@
 # the end; the first ones warm up) against `dist sim`'s step time, and the last step's measured
 # bubble against the predicted one. Meshes: pp 1, 2 and 4 with 1F1B; dp 2; dp 2 x tp 2 x pp 2; every
 # pipeline schedule at pp 2. ROUNDS (default 3) rounds of every mesh, one after another, each
-# round's measured step shown. `dist calibrate` keeps the fastest of its measurements (the
-# machine undisturbed), so the prediction is set beside the fastest round, and beside the
-# median of the rounds to show what the machine's other load adds. CALIBRATE=each calibrates
-# again before every round and sets each round beside its own prediction (a shared machine's
-# speed drifts over minutes: a calibration in a fast spell and rounds in a slow one move every
-# prediction alike); the default, once, calibrates first only. KEEP_PROFILE=DIR keeps every
-# calibration it makes there. Prints a markdown table and,
-# last, how many are within 10% and the worst ratios.
+# round's measured step shown. The prediction is set beside the median of the rounds' ratios
+# (`dist calibrate` prices whole actions at the median of its probes' passes, as a run's step is
+# its steps' median) and beside the fastest round, to show what the machine's other load adds.
+# CALIBRATE=each calibrates again before every round and sets each round beside its own
+# prediction (a shared machine's speed drifts over minutes: a calibration in a fast spell and
+# rounds in a slow one move every prediction alike); the default, once, calibrates first only.
+# KEEP_PROFILE=DIR keeps every calibration it makes there. Prints a markdown table and, last,
+# how many are within 10% and the worst ratios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dist=$(realpath "${1:-build/bin/dist}")
