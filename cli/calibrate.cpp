@@ -747,6 +747,18 @@ int probe_passes(bool quick) {
     return quick ? 1 : 3;
 }
 
+// Trains a probe's plan in this process; what went wrong, or "".
+std::string train_probe(const Program& p, const plan::Graph& g, const runtime::SessionOptions& so) {
+    try {
+        runtime::Session session(p, g, so);
+        runtime::SessionError e = session.open();
+        if (e.message.empty()) e = session.run();
+        return e.message;
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+}
+
 std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
                               const std::string& devices, int32_t threads, Progress& progress,
                               std::vector<std::string>& skipped) {
@@ -792,16 +804,8 @@ std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
                 b_times.push_back(b / g.microbatches);
                 return true;
             };
-            try {
-                runtime::Session session(p, g, so);
-                runtime::SessionError e = session.open();
-                if (e.message.empty()) e = session.run();
-                if (!e.message.empty()) {
-                    skipped.push_back("whole actions: " + e.message);
-                    return {};
-                }
-            } catch (const std::exception& e) {
-                skipped.push_back(std::string("whole actions: ") + e.what());
+            if (std::string e = train_probe(p, g, so); !e.empty()) {
+                skipped.push_back("whole actions: " + e);
                 return {};
             }
             auto median = [](std::vector<double> v) {
@@ -962,16 +966,8 @@ std::vector<Oversubscribed> measure_oversubscribed(const std::string& profile, i
             if (step.metrics.step > 2) steps.push_back(step.metrics.step_time_s);
             return true;
         };
-        try {
-            runtime::Session session(p, g, so);
-            runtime::SessionError e = session.open();
-            if (e.message.empty()) e = session.run();
-            if (!e.message.empty()) {
-                skipped.push_back("ranks beyond the cores: " + e.message);
-                break;
-            }
-        } catch (const std::exception& e) {
-            skipped.push_back(std::string("ranks beyond the cores: ") + e.what());
+        if (std::string e = train_probe(p, g, so); !e.empty()) {
+            skipped.push_back("ranks beyond the cores: " + e);
             break;
         }
         progress.tick("ranks beyond the cores");
