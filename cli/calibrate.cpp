@@ -919,9 +919,10 @@ std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Cal
 // Single-threaded ranks that outnumber the cores take turns on them, and a turn comes at every
 // action: each finds another rank's data in its core's caches, so its actions cost more than
 // the probes alone say. A pipeline of twice as many ranks as cores, two blocks a stage, trains
-// a few steps at each width, and the simulator prices the same plan with the profile measured
-// so far: the factor on the actions' work that makes the two agree (twice: factor x measured /
-// simulated, the step being nearly all the cores' work) is the profile's `oversubscribed` row.
+// a few steps at each width in each of three passes, and the simulator prices the same plan
+// with the profile measured so far: the factor on the actions' work that makes it agree with
+// the median pass's median step (four rounds of factor x measured / simulated, the step being
+// nearly all the cores' work) is the profile's `oversubscribed` row.
 std::vector<Oversubscribed> measure_oversubscribed(const std::string& profile, int32_t cores,
                                                    bool quick, Progress& progress,
                                                    std::vector<std::string>& skipped) {
@@ -938,6 +939,13 @@ std::vector<Oversubscribed> measure_oversubscribed(const std::string& profile, i
         f << profile;
     }
     const int pp = 2 * cores;
+    struct Pipeline {
+        int width;
+        Program program;
+        plan::Graph graph;
+        std::vector<double> passes; // each pass's median step
+    };
+    std::vector<Pipeline> pipelines;
     for (int width : quick ? std::vector<int>{64} : std::vector<int>{128, 512}) {
         const std::string text =
             "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: " +
@@ -952,34 +960,47 @@ std::vector<Oversubscribed> measure_oversubscribed(const std::string& profile, i
         lang::CheckResult checked = lang::check_text("<calibration probe>", text, fo);
         if (!checked.ok()) {
             skipped.push_back("ranks beyond the cores: " + checked.report());
+            pipelines.clear();
             break;
         }
-        Program p = *checked.program;
-        plan::PlanResult planned = plan::lower(p);
-        if (!planned.ok()) break;
-        const plan::Graph& g = *planned.graph;
-        std::vector<double> steps;
-        runtime::SessionOptions so;
-        so.join_launch = false;
-        so.threads = 1;
-        so.on_step = [&](const runtime::SessionStep& step) {
-            if (step.metrics.step > 2) steps.push_back(step.metrics.step_time_s);
-            return true;
-        };
-        if (std::string e = train_probe(p, g, so); !e.empty()) {
-            skipped.push_back("ranks beyond the cores: " + e);
+        plan::PlanResult planned = plan::lower(*checked.program);
+        if (!planned.ok()) {
+            pipelines.clear();
             break;
         }
-        progress.tick("ranks beyond the cores");
-        if (steps.empty()) continue;
-        std::sort(steps.begin(), steps.end());
-        Oversubscribed o{width, 1.0, steps[steps.size() / 2], 0.0};
+        pipelines.push_back({width, *checked.program, *planned.graph, {}});
+    }
+    // Every pipeline once per pass, as the whole-action probes: each keeps its median pass.
+    for (int pass = 0; pass < probe_passes(quick) && !pipelines.empty(); ++pass) {
+        for (Pipeline& pl : pipelines) {
+            std::vector<double> steps;
+            runtime::SessionOptions so;
+            so.join_launch = false;
+            so.threads = 1;
+            so.on_step = [&](const runtime::SessionStep& step) {
+                if (step.metrics.step > 2) steps.push_back(step.metrics.step_time_s);
+                return true;
+            };
+            if (std::string e = train_probe(pl.program, pl.graph, so); !e.empty()) {
+                skipped.push_back("ranks beyond the cores: " + e);
+                pipelines.clear();
+                break;
+            }
+            progress.tick("ranks beyond the cores");
+            std::sort(steps.begin(), steps.end());
+            if (!steps.empty()) pl.passes.push_back(steps[steps.size() / 2]);
+        }
+    }
+    for (Pipeline& pl : pipelines) {
+        if (pl.passes.empty()) continue;
+        std::sort(pl.passes.begin(), pl.passes.end());
+        Oversubscribed o{pl.width, 1.0, pl.passes[pl.passes.size() / 2], 0.0};
         auto simulated = [&] {
-            p.mesh.profile.calibration.oversubscribed = {{width, o.work}};
-            sim::SimResult r = sim::simulate(g, p);
+            pl.program.mesh.profile.calibration.oversubscribed = {{pl.width, o.work}};
+            sim::SimResult r = sim::simulate(pl.graph, pl.program);
             return r.ok() ? r.timeline->step_time_s : 0.0;
         };
-        for (int round = 0; round < 2 && (o.simulated = simulated()) > 0; ++round)
+        for (int round = 0; round < 4 && (o.simulated = simulated()) > 0; ++round)
             o.work = std::clamp(o.work * o.measured / o.simulated, 0.5, 4.0);
         if (o.simulated > 0 && (o.simulated = simulated()) > 0) out.push_back(o);
     }
@@ -1192,7 +1213,7 @@ std::string profile_text(const std::string& name, const std::string& command, in
         o << "# Single-threaded ranks beyond the cores: their actions' work against alone, at the\n"
           << "# width of their matmuls (a pipeline of " << 2 * cores
           << " such ranks, two blocks a stage, 128 tokens a\n"
-          << "# microbatch, its measured median step against the simulated one):\n"
+          << "# microbatch, the median of its passes' median steps against the simulated one):\n"
           << "oversubscribed = [\n";
         for (const Oversubscribed& v : over)
             o << "  { width = " << v.width << ", work = " << number(v.work) << " }, # step "
@@ -1280,8 +1301,8 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
                                  static_cast<int>(plan.seqs.size() * plan.head_dims.size()) +
                                  13 * static_cast<int>(plan.elements.size())) +
                       probe_runs + sharing_sets * static_cast<int>(sharing_counts(cores).size()) +
-                      (cores > 1 ? (c.quick ? 1 : 2) : 0) + 1 + 3 * messages +
-                      4 * messages * (cores >= 4 ? 2 : 1) + 1;
+                      (cores > 1 ? (c.quick ? 1 : 2) * probe_passes(c.quick) : 0) + 1 +
+                      3 * messages + 4 * messages * (cores >= 4 ? 2 : 1) + 1;
     Progress progress(err, total);
     auto t0 = Clock::now();
     std::vector<std::string> skipped;
