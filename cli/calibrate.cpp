@@ -451,6 +451,12 @@ std::vector<SharingPoint> measure_sharing(int32_t cores, const Plan& plan, Progr
     return out;
 }
 
+// The middle of `v` (its upper middle for an even count); 0 when empty.
+double median_of(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
 // The OS scheduler's time slice: two threads that never block, held to one core, each timing
 // how long it runs before the other has its turn (a gap in its clock). The median turn.
 double measure_slice(Progress& progress) {
@@ -490,8 +496,7 @@ double measure_slice(Progress& progress) {
     std::vector<double> all(turns[0]);
     all.insert(all.end(), turns[1].begin(), turns[1].end());
     if (all.size() < 4) return 0.0; // the two never took turns: no slice seen
-    std::sort(all.begin(), all.end());
-    return all[all.size() / 2];
+    return median_of(all);
 }
 
 // ----- communication ------------------------------------------------------------------------
@@ -808,12 +813,8 @@ std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
                 skipped.push_back("whole actions: " + e);
                 return {};
             }
-            auto median = [](std::vector<double> v) {
-                std::sort(v.begin(), v.end());
-                return v.empty() ? 0.0 : v[v.size() / 2];
-            };
             timed[static_cast<size_t>(&pr - probes.data())].push_back(
-                {median(f_times), median(b_times)});
+                {median_of(f_times), median_of(b_times)});
             pr.program = p;
             pr.graph = g;
             progress.tick("whole actions");
@@ -987,16 +988,14 @@ std::vector<Oversubscribed> measure_oversubscribed(const std::string& profile, i
                 break;
             }
             progress.tick("ranks beyond the cores");
-            std::sort(steps.begin(), steps.end());
-            if (!steps.empty()) pl.passes.push_back(steps[steps.size() / 2]);
+            if (!steps.empty()) pl.passes.push_back(median_of(steps));
         }
     }
     for (Pipeline& pl : pipelines) {
         if (pl.passes.empty()) continue;
-        std::sort(pl.passes.begin(), pl.passes.end());
-        Oversubscribed o{pl.width, 1.0, pl.passes[pl.passes.size() / 2], 0.0};
+        Oversubscribed o{pl.width, 1.0, median_of(pl.passes), 0.0};
         auto simulated = [&] {
-            pl.program.mesh.profile.calibration.oversubscribed = {{pl.width, o.work}};
+            pl.program.mesh.profile.calibration.oversubscribed = {{1.0 * pl.width, o.work}};
             sim::SimResult r = sim::simulate(pl.graph, pl.program);
             return r.ok() ? r.timeline->step_time_s : 0.0;
         };

@@ -173,7 +173,7 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
                                  t.number("forward"), t.number("backward")});
     });
     r.rows("calibration.oversubscribed", [&](Reader& t) {
-        c.oversubscribed.push_back({count(t, "width"), t.number("work")});
+        c.oversubscribed.push_back({static_cast<double>(count(t, "width")), t.number("work")});
     });
     std::sort(c.oversubscribed.begin(), c.oversubscribed.end());
     r.rows("calibration.sharing", [&](Reader& t) {
@@ -333,15 +333,19 @@ template <typename Key> WholeActions along(std::vector<WholeActions> by, const K
 
 } // namespace
 
-double Calibration::oversubscribed_work(double width) const {
-    if (oversubscribed.empty()) return 1.0;
-    if (width <= oversubscribed.front().first) return oversubscribed.front().second;
-    for (size_t i = 1; i < oversubscribed.size(); ++i) {
-        const auto [w0, f0] = oversubscribed[i - 1];
-        const auto [w1, f1] = oversubscribed[i];
-        if (width <= w1) return f0 + std::log(width / w0) / std::log(1.0 * w1 / w0) * (f1 - f0);
+double log_between(const std::vector<std::pair<double, double>>& points, double x) {
+    if (points.empty()) return 0.0;
+    if (x <= points.front().first) return points.front().second;
+    for (size_t i = 1; i < points.size(); ++i) {
+        const auto [x0, y0] = points[i - 1];
+        const auto [x1, y1] = points[i];
+        if (x <= x1) return y0 + std::log(x / x0) / std::log(x1 / x0) * (y1 - y0);
     }
-    return oversubscribed.back().second;
+    return points.back().second;
+}
+
+double Calibration::oversubscribed_work(double width) const {
+    return oversubscribed.empty() ? 1.0 : log_between(oversubscribed, width);
 }
 
 WholeActions Calibration::whole_actions(double threads, double width, double tokens) const {

@@ -193,6 +193,10 @@ struct CollectiveSample {
 /// compute threads: what a forward's blocks, its ends (embeddings, head, loss), a backward's
 /// blocks and ends cost per second of their kernels, and a fixed cost per block of a forward
 /// and of a backward (seconds) beyond the scales.
+/// The value at `x` of `points` (x, value), sorted by x: linear in log x between the nearest
+/// two, the nearest one's outside them. None: 0.
+double log_between(const std::vector<std::pair<double, double>>& points, double x);
+
 struct WholeActions {
     int32_t threads = 0; // 0: the calibration's cores
     std::array<double, 4> scales{1, 1, 1, 1};
@@ -233,7 +237,7 @@ struct Calibration {
     /// Single-threaded ranks beyond the cores (`calibration.oversubscribed`): how much more
     /// their actions cost than alone, by the width of their matmuls. Each turn on a core finds
     /// another rank's data in its caches, and the turns come at every action.
-    std::vector<std::pair<int32_t, double>> oversubscribed; // (width, work), by width
+    std::vector<std::pair<double, double>> oversubscribed; // (width, work), by width
     /// The factor at `width`: between the nearest two widths by log width, outside them the
     /// nearest; 1 without the rows.
     double oversubscribed_work(double width) const;

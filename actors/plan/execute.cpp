@@ -622,7 +622,6 @@ class CoreQueues {
             std::stable_sort(over.begin(), over.end(),
                              [](const Held* a, const Held* b) { return a->held < b->held; });
             const size_t waiting = h.waiting.size(); // those that wait for one of these
-            std::vector<Held> after;
             for (size_t k = 0; k < over.size(); ++k) {
                 if (k >= waiting) {
                     over[k]->since = now; // no one else waits: another slice

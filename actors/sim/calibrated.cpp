@@ -349,12 +349,16 @@ double step_seconds(double parameters, const Rates& r, double threads) {
     return parameters / r.elementwise("adamw", parameters, threads, false);
 }
 
-int32_t rank_threads(const plan::Graph& g, int32_t cores) {
+int32_t most_ranks_on_a_host(const plan::Graph& g) {
     std::map<int32_t, int32_t> per_host;
     for (const plan::PlanRank& r : g.ranks) ++per_host[r.host];
     int32_t most = 1;
     for (const auto& [host, count] : per_host) most = std::max(most, count);
-    return std::max(1, cores / most);
+    return most;
+}
+
+int32_t rank_threads(const plan::Graph& g, int32_t cores) {
+    return std::max(1, cores / most_ranks_on_a_host(g));
 }
 
 } // namespace dist::sim

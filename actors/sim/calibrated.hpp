@@ -64,6 +64,8 @@ double shard_width(const Program& p);
 /// sequences): the key of the whole actions' fits by token count.
 double microbatch_tokens(const Program& p);
 
+/// The most ranks of `g` on one host.
+int32_t most_ranks_on_a_host(const plan::Graph& g);
 /// The threads each rank of `g` computes on: the host's cores divided between its ranks, at
 /// least one (the runtime's rule, actors/runtime/job.cpp).
 int32_t rank_threads(const plan::Graph& g, int32_t cores);

@@ -68,14 +68,7 @@ Profile profile_of(const Graph& g, const Program& p, const SimOptions& o,
         // Keyed by the width of a tensor-parallel shard (the matmuls' size on one device: a
         // block's are (tokens x width/tp) by (width/tp x width) and the like), linear in
         // log(width) between the profile's points, constant beyond them.
-        const double w = shard_width(p);
-        pr.efficiency = w <= curve.front().first ? curve.front().second : curve.back().second;
-        for (size_t i = 1; i < curve.size(); ++i)
-            if (w > curve[i - 1].first && w <= curve[i].first) {
-                double t = std::log(w / curve[i - 1].first) /
-                           std::log(curve[i].first / curve[i - 1].first);
-                pr.efficiency = (1 - t) * curve[i - 1].second + t * curve[i].second;
-            }
+        pr.efficiency = log_between(curve, shard_width(p));
     }
     return pr;
 }
@@ -371,10 +364,7 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     const double threads = gpu ? 1.0 : rank_threads(g, cal.cores);
     // Single-threaded ranks beyond a host's cores take turns on them, each turn finding another
     // rank's data in the caches: their actions cost what the calibration measured them to.
-    std::map<int32_t, int32_t> per_host;
-    for (const PlanRank& r : g.ranks) ++per_host[r.host];
-    bool beyond = false;
-    for (const auto& [host, n] : per_host) beyond = beyond || n > cal.cores;
+    const bool beyond = most_ranks_on_a_host(g) > cal.cores;
     const double turns =
         !gpu && threads == 1 && beyond ? cal.oversubscribed_work(shard_width(p)) : 1.0;
     auto seconds = std::make_shared<std::vector<StageSeconds>>();
