@@ -766,7 +766,8 @@ std::string train_probe(const Program& p, const plan::Graph& g, const runtime::S
 
 std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
                               const std::string& devices, int32_t threads, Progress& progress,
-                              std::vector<std::string>& skipped) {
+                              std::vector<std::string>& skipped,
+                              const std::function<void()>& after_pass) {
     // Every probe once per pass, the passes one after another; each keeps its median pass's
     // medians (the pass of the median forward and backward): a burst of other work slows the
     // probes of one pass, not the others, and a run's step is its steps' median, not its
@@ -819,15 +820,32 @@ std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
             pr.graph = g;
             progress.tick("whole actions");
         }
+        if (after_pass) after_pass();
     }
     for (size_t i = 0; i < probes.size(); ++i) {
         std::vector<std::pair<double, double>>& t = timed[i];
+        for (const auto& [f, b] : t) probes[i].passes.push_back(f + b);
         std::sort(t.begin(), t.end(), [](const auto& a, const auto& b) {
             return a.first + a.second < b.first + b.second;
         });
         std::tie(probes[i].forward, probes[i].backward) = t[t.size() / 2];
     }
     return probes;
+}
+
+std::vector<double> pass_pace(const std::vector<Probe>& probes) {
+    std::vector<double> pace;
+    for (size_t pass = 0; !probes.empty() && pass < probes[0].passes.size(); ++pass) {
+        double logs = 0;
+        int n = 0;
+        for (const Probe& pr : probes)
+            if (pass < pr.passes.size() && pr.forward + pr.backward > 0 && pr.passes[pass] > 0) {
+                logs += std::log(pr.passes[pass] / (pr.forward + pr.backward));
+                ++n;
+            }
+        pace.push_back(n ? std::exp(logs / n) : 1.0);
+    }
+    return pace;
 }
 
 ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, int32_t threads) {
@@ -920,17 +938,81 @@ std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Cal
 // Single-threaded ranks that outnumber the cores take turns on them, and a turn comes at every
 // action: each finds another rank's data in its core's caches, so its actions cost more than
 // the probes alone say. A pipeline of twice as many ranks as cores, two blocks a stage, trains
-// a few steps at each width in each of three passes, and the simulator prices the same plan
-// with the profile measured so far: the factor on the actions' work that makes it agree with
-// the median pass's median step (four rounds of factor x measured / simulated, the step being
-// nearly all the cores' work) is the profile's `oversubscribed` row.
-std::vector<Oversubscribed> measure_oversubscribed(const std::string& profile, int32_t cores,
-                                                   bool quick, Progress& progress,
+// a few steps at each width after each pass of the one-thread probes, and the simulator prices
+// the same plan with the profile: the factor on the actions' work that makes it agree with the
+// pipeline's median step (four rounds of factor x measured / simulated, the step being nearly
+// all the cores' work) is the profile's `oversubscribed` row. Each pass's step is set at the
+// pace the probes kept (over that pass's pace): a shared machine's speed drifts over a
+// calibration, and the factor is a ratio of two measurements that should see the same speed.
+struct OversubscribedRun {
+    int width;
+    Program program; // trained on `cpu`: a profile does not change how a run runs
+    plan::Graph graph;
+    std::vector<double> passes; // each pass's median step
+};
+
+std::string oversubscribed_script(int width, int pp, bool quick, const std::string& devices) {
+    return "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: " +
+           std::to_string(2 * pp) + ", heads: 4, width: " + std::to_string(width) +
+           ")\nmesh {\n    devices: " + devices + "\n    pp: " + std::to_string(pp) +
+           "\n}\nschedule {\n    kind: 1f1b\n    microbatches: " + std::to_string(2 * pp) +
+           "\n}\ntrain {\n    data: synthetic()\n    batch: " + std::to_string(4 * pp) +
+           "\n    steps: " +
+           std::to_string(quick         ? 4
+                          : width < 256 ? 20
+                                        : 10) +
+           "\n    seed: 1\n}\n";
+}
+
+std::vector<OversubscribedRun> oversubscribed_runs(int32_t cores, bool quick,
                                                    std::vector<std::string>& skipped) {
+    std::vector<OversubscribedRun> runs;
+    for (int width : quick ? std::vector<int>{64} : std::vector<int>{128, 512}) {
+        lang::FrontendOptions fo;
+        fo.search_roots = lang::default_search_roots();
+        lang::CheckResult checked = lang::check_text(
+            "<calibration probe>", oversubscribed_script(width, 2 * cores, quick, "cpu"), fo);
+        if (!checked.ok()) {
+            skipped.push_back("ranks beyond the cores: " + checked.report());
+            return {};
+        }
+        plan::PlanResult planned = plan::lower(*checked.program);
+        if (!planned.ok()) return {};
+        runs.push_back({width, *checked.program, *planned.graph, {}});
+    }
+    return runs;
+}
+
+// One pass: every pipeline once.
+void time_oversubscribed(std::vector<OversubscribedRun>& runs, Progress& progress,
+                         std::vector<std::string>& skipped) {
+    for (OversubscribedRun& run : runs) {
+        std::vector<double> steps;
+        runtime::SessionOptions so;
+        so.join_launch = false;
+        so.threads = 1;
+        so.on_step = [&](const runtime::SessionStep& step) {
+            if (step.metrics.step > 2) steps.push_back(step.metrics.step_time_s);
+            return true;
+        };
+        if (std::string e = train_probe(run.program, run.graph, so); !e.empty()) {
+            skipped.push_back("ranks beyond the cores: " + e);
+            runs.clear();
+            return;
+        }
+        progress.tick("ranks beyond the cores");
+        if (!steps.empty()) run.passes.push_back(median_of(steps));
+    }
+}
+
+std::vector<Oversubscribed> fit_oversubscribed(std::vector<OversubscribedRun>& runs,
+                                               const std::string& profile, int32_t cores,
+                                               bool quick, const std::vector<double>& pace,
+                                               std::vector<std::string>& skipped) {
     std::vector<Oversubscribed> out;
     std::string dir = (std::filesystem::temp_directory_path() / "dist-calibrate.XXXXXX").string();
-    if (::mkdtemp(dir.data()) == nullptr) {
-        skipped.push_back("ranks beyond the cores: no temporary folder");
+    if (runs.empty() || ::mkdtemp(dir.data()) == nullptr) {
+        if (!runs.empty()) skipped.push_back("ranks beyond the cores: no temporary folder");
         return out;
     }
     std::error_code ec;
@@ -939,64 +1021,28 @@ std::vector<Oversubscribed> measure_oversubscribed(const std::string& profile, i
         std::ofstream f(std::filesystem::path(dir) / "hardware" / "calibrating.toml");
         f << profile;
     }
-    const int pp = 2 * cores;
-    struct Pipeline {
-        int width;
-        Program program;
-        plan::Graph graph;
-        std::vector<double> passes; // each pass's median step
-    };
-    std::vector<Pipeline> pipelines;
-    for (int width : quick ? std::vector<int>{64} : std::vector<int>{128, 512}) {
-        const std::string text =
-            "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: " +
-            std::to_string(2 * pp) + ", heads: 4, width: " + std::to_string(width) +
-            ")\nmesh {\n    devices: calibrating\n    pp: " + std::to_string(pp) +
-            "\n}\nschedule {\n    kind: 1f1b\n    microbatches: " + std::to_string(2 * pp) +
-            "\n}\ntrain {\n    data: synthetic()\n    batch: " + std::to_string(4 * pp) +
-            "\n    steps: " + std::to_string(quick ? 4 : 10) + "\n    seed: 1\n}\n";
+    for (OversubscribedRun& run : runs) {
+        if (run.passes.empty()) continue;
         lang::FrontendOptions fo;
         fo.search_roots = lang::default_search_roots();
         fo.search_roots.insert(fo.search_roots.begin(), dir);
-        lang::CheckResult checked = lang::check_text("<calibration probe>", text, fo);
+        lang::CheckResult checked =
+            lang::check_text("<calibration probe>",
+                             oversubscribed_script(run.width, 2 * cores, quick, "calibrating"), fo);
         if (!checked.ok()) {
             skipped.push_back("ranks beyond the cores: " + checked.report());
-            pipelines.clear();
             break;
         }
-        plan::PlanResult planned = plan::lower(*checked.program);
-        if (!planned.ok()) {
-            pipelines.clear();
-            break;
-        }
-        pipelines.push_back({width, *checked.program, *planned.graph, {}});
-    }
-    // Every pipeline once per pass, as the whole-action probes: each keeps its median pass.
-    for (int pass = 0; pass < probe_passes(quick) && !pipelines.empty(); ++pass) {
-        for (Pipeline& pl : pipelines) {
-            std::vector<double> steps;
-            runtime::SessionOptions so;
-            so.join_launch = false;
-            so.threads = 1;
-            so.on_step = [&](const runtime::SessionStep& step) {
-                if (step.metrics.step > 2) steps.push_back(step.metrics.step_time_s);
-                return true;
-            };
-            if (std::string e = train_probe(pl.program, pl.graph, so); !e.empty()) {
-                skipped.push_back("ranks beyond the cores: " + e);
-                pipelines.clear();
-                break;
-            }
-            progress.tick("ranks beyond the cores");
-            if (!steps.empty()) pl.passes.push_back(median_of(steps));
-        }
-    }
-    for (Pipeline& pl : pipelines) {
-        if (pl.passes.empty()) continue;
-        Oversubscribed o{pl.width, 1.0, median_of(pl.passes), 0.0};
+        Program priced = run.program;
+        priced.mesh.device = checked.program->mesh.device;
+        priced.mesh.profile = checked.program->mesh.profile;
+        std::vector<double> steps;
+        for (size_t p = 0; p < run.passes.size(); ++p)
+            steps.push_back(run.passes[p] / (p < pace.size() && pace[p] > 0 ? pace[p] : 1.0));
+        Oversubscribed o{run.width, 1.0, median_of(steps), 0.0, run.passes, pace};
         auto simulated = [&] {
-            pl.program.mesh.profile.calibration.oversubscribed = {{1.0 * pl.width, o.work}};
-            sim::SimResult r = sim::simulate(pl.graph, pl.program);
+            priced.mesh.profile.calibration.oversubscribed = {{1.0 * run.width, o.work}};
+            sim::SimResult r = sim::simulate(run.graph, priced);
             return r.ok() ? r.timeline->step_time_s : 0.0;
         };
         for (int round = 0; round < 4 && (o.simulated = simulated()) > 0; ++round)
@@ -1212,12 +1258,19 @@ std::string profile_text(const std::string& name, const std::string& command, in
         o << "# Single-threaded ranks beyond the cores: their actions' work against alone, at the\n"
           << "# width of their matmuls (a pipeline of " << 2 * cores
           << " such ranks, two blocks a stage, 128 tokens a\n"
-          << "# microbatch, the median of its passes' median steps against the simulated one):\n"
+          << "# microbatch, trained after each pass of the one-thread probes: the median of its\n"
+          << "# passes' median steps, each over the probes' pace in its pass, against the\n"
+          << "# simulated step):\n"
           << "oversubscribed = [\n";
-        for (const Oversubscribed& v : over)
+        for (const Oversubscribed& v : over) {
             o << "  { width = " << v.width << ", work = " << number(v.work) << " }, # step "
               << number(1e3 * v.measured) << " ms measured, " << number(1e3 * v.simulated)
-              << " ms simulated\n";
+              << " ms simulated; passes";
+            for (size_t p = 0; p < v.passes.size(); ++p)
+                o << (p ? ", " : " ") << number(1e3 * v.passes[p]) << " ms"
+                  << (p < v.pace.size() ? " at " + number(v.pace[p]) : "");
+            o << "\n";
+        }
         o << "]\n";
     }
     if (slice > 0)
@@ -1309,10 +1362,14 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     const std::vector<Probe> shapes = probe_shapes(c.quick);
     std::vector<Probe> probes =
         run_probes(shapes, probe_passes(c.quick), c.quick, "cpu", cores, progress, skipped);
+    // The one-thread probes, each pass followed by the pipelines of more ranks than cores.
     std::vector<Probe> probes_one;
-    if (cores > 1 && !probes.empty())
-        probes_one =
-            run_probes(shapes, probe_passes(c.quick), c.quick, "cpu", 1, progress, skipped);
+    std::vector<OversubscribedRun> beyond;
+    if (cores > 1 && !probes.empty()) {
+        beyond = oversubscribed_runs(cores, c.quick, skipped);
+        probes_one = run_probes(shapes, probe_passes(c.quick), c.quick, "cpu", 1, progress, skipped,
+                                [&] { time_oversubscribed(beyond, progress, skipped); });
+    }
     auto mm = measure_matmuls(plan, progress);
     auto att = measure_attention(plan, progress);
     auto elt = measure_elementwise(plan, progress);
@@ -1343,7 +1400,9 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     };
     // Ranks beyond the cores, priced by the profile measured so far (one core: none beyond).
     std::vector<Oversubscribed> over;
-    if (cores > 1) over = measure_oversubscribed(text_with({}), cores, c.quick, progress, skipped);
+    if (!probes_one.empty())
+        over = fit_oversubscribed(beyond, text_with({}), cores, c.quick, pass_pace(probes_one),
+                                  skipped);
     progress.end();
     std::string text = text_with(over);
     std::string e = models::write_file_atomically(c.out, {text});

@@ -9,6 +9,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -67,6 +68,7 @@ struct ActionFit {
 struct Oversubscribed {
     int width = 0;
     double work = 1, measured = 0, simulated = 0;
+    std::vector<double> passes{}, pace{}; // each pass's median step, and the probes' pace
 };
 
 struct Probe {
@@ -75,14 +77,21 @@ struct Probe {
     std::optional<plan::Graph> graph;
     double forward = 0, backward = 0; // measured seconds per microbatch
     int heads = 4;
+    std::vector<double> passes{}; // each pass's forward and backward, in pass order
 };
 
 /// Trains small GPTs of the `probes` shapes on one rank of `devices` (a profile name: `cpu`, or
 /// a GPU's) with `threads` compute threads (0: the runtime's choice) and times their forwards
-/// and backwards, `passes` times each; run first, on a quiet process.
+/// and backwards, `passes` times each; run first, on a quiet process. `after_pass`, where given,
+/// runs after each pass (other work timed at the same pace).
 std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
                               const std::string& devices, int32_t threads, Progress& progress,
-                              std::vector<std::string>& skipped);
+                              std::vector<std::string>& skipped,
+                              const std::function<void()>& after_pass = {});
+/// How fast each pass of `probes` ran beside the times they keep: for each pass, the geometric
+/// mean over the probes of that pass's forward and backward over the kept ones (1: the kept
+/// pace).
+std::vector<double> pass_pace(const std::vector<Probe>& probes);
 /// The probes' actions against their kernels' prediction from `cal` on `threads` threads.
 ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, int32_t threads);
 /// For the probes of each width alone (widths probed at least twice), the mean of their ratios

@@ -6,6 +6,7 @@
 #include "actors/plan/lower.hpp"
 #include "actors/sim/calibrated.hpp"
 #include "actors/sim/simulate.hpp"
+#include "cli/calibrate_parts.hpp"
 #include "cli/commands.hpp"
 #include "kernels/devices.hpp"
 #include "lang/check.hpp"
@@ -845,6 +846,26 @@ TEST(Rates, OversubscribedWorkFollowsTheWidth) {
                        "over.toml:21:25: error: `work` must be a positive number");
 }
 
+// A pass's pace is how its probes ran against the times they keep: a pass where every probe
+// took 10% longer ran at 1.1, whatever the probes' sizes; where they disagree, their geometric
+// mean (one probe twice as slow and one twice as fast: the kept pace).
+TEST(Calibrate, APassesPaceIsItsProbesAgainstTheTimesTheyKeep) {
+    using cli::calibration::Probe;
+    Probe small{128, 2, 1, {}, {}}, large{512, 4, 2, {}, {}};
+    small.forward = 1e-3;
+    small.backward = 2e-3;
+    large.forward = 10e-3;
+    large.backward = 20e-3;
+    small.passes = {3.3e-3, 3e-3, 1.5e-3};
+    large.passes = {33e-3, 30e-3, 60e-3};
+    const std::vector<double> pace = cli::calibration::pass_pace({small, large});
+    ASSERT_EQ(pace.size(), 3u);
+    EXPECT_NEAR(pace[0], 1.1, 1e-12);
+    EXPECT_NEAR(pace[1], 1.0, 1e-12);
+    EXPECT_NEAR(pace[2], 1.0, 1e-12);
+    EXPECT_TRUE(cli::calibration::pass_pace({}).empty());
+}
+
 // Small microbatches cost less beyond their kernels than large ones (their activations stay
 // nearer the cores): a width probed at two token counts is priced at a microbatch's tokens
 // between them by log tokens, outside them at the nearest; without tokens, at the most probed.
@@ -1052,8 +1073,11 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         };
         const double beyond = step(2 * c.cores, true), alone = step(2 * c.cores, false);
         ASSERT_GT(alone, 0);
-        if (work > 1.01) EXPECT_GT(beyond, alone);
-        if (work < 0.99) EXPECT_LT(beyond, alone);
+        if (work > 1.01) {
+            EXPECT_GT(beyond, alone);
+        } else if (work < 0.99) {
+            EXPECT_LT(beyond, alone);
+        }
         EXPECT_EQ(step(c.cores, true), step(c.cores, false));
     }
 
