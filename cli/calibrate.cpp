@@ -767,7 +767,7 @@ std::string train_probe(const Program& p, const plan::Graph& g, const runtime::S
 std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
                               const std::string& devices, int32_t threads, Progress& progress,
                               std::vector<std::string>& skipped,
-                              const std::function<void()>& after_pass) {
+                              const std::function<void(int)>& after_pass) {
     // Every probe once per pass, the passes one after another; each keeps its median pass's
     // medians (the pass of the median forward and backward): a burst of other work slows the
     // probes of one pass, not the others, and a run's step is its steps' median, not its
@@ -820,7 +820,7 @@ std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
             pr.graph = g;
             progress.tick("whole actions");
         }
-        if (after_pass) after_pass();
+        if (after_pass) after_pass(pass);
     }
     for (size_t i = 0; i < probes.size(); ++i) {
         std::vector<std::pair<double, double>>& t = timed[i];
@@ -936,57 +936,71 @@ std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Cal
 // ----- ranks beyond the cores ---------------------------------------------------------------
 
 // Single-threaded ranks that outnumber the cores take turns on them, and a turn comes at every
-// action: each finds another rank's data in its core's caches, so its actions cost more than
-// the probes alone say. A pipeline of twice as many ranks as cores, two blocks a stage, trains
-// a few steps at each width after each pass of the one-thread probes, and the simulator prices
-// the same plan with the profile: the factor on the actions' work that makes it agree with the
-// pipeline's median step (four rounds of factor x measured / simulated, the step being nearly
-// all the cores' work) is the profile's `oversubscribed` row. Each pass's step is set at the
-// pace the probes kept (over that pass's pace): a shared machine's speed drifts over a
-// calibration, and the factor is a ratio of two measurements that should see the same speed.
+// action: each finds other ranks' data in its core's caches, so its actions cost more than the
+// probes alone say, and more with more ranks a core. Pipelines of two and of four such ranks a
+// core, two blocks a stage, train a few steps at each width after each pass of the one-thread
+// probes (the widest at four a core, the slowest, after the middle pass only), and the
+// simulator prices the same plans with the profile: the factor on the actions' work that makes
+// it agree with a pipeline's median step (four rounds of factor x measured / simulated, the step
+// being nearly all the cores' work) is a row of the profile's `oversubscribed`. Each pass's step
+// is set at the pace the probes kept (over that pass's pace): a shared machine's speed drifts
+// over a calibration, and the factor is a ratio of two measurements that should see the same
+// speed.
 struct OversubscribedRun {
-    int width;
+    int per_core, width, steps;
+    bool every_pass; // else after the middle pass only
     Program program; // trained on `cpu`: a profile does not change how a run runs
     plan::Graph graph;
-    std::vector<double> passes; // each pass's median step
+    std::vector<std::pair<int, double>> passes{}; // (pass, its median step)
 };
 
-std::string oversubscribed_script(int width, int pp, bool quick, const std::string& devices) {
+std::string oversubscribed_script(int width, int pp, int steps, const std::string& devices) {
     return "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: " +
            std::to_string(2 * pp) + ", heads: 4, width: " + std::to_string(width) +
            ")\nmesh {\n    devices: " + devices + "\n    pp: " + std::to_string(pp) +
            "\n}\nschedule {\n    kind: 1f1b\n    microbatches: " + std::to_string(2 * pp) +
            "\n}\ntrain {\n    data: synthetic()\n    batch: " + std::to_string(4 * pp) +
-           "\n    steps: " +
-           std::to_string(quick         ? 4
-                          : width < 256 ? 20
-                                        : 10) +
-           "\n    seed: 1\n}\n";
+           "\n    steps: " + std::to_string(steps) + "\n    seed: 1\n}\n";
 }
 
+// The pipelines: ranks a core, width, steps, and whether every pass trains it.
 std::vector<OversubscribedRun> oversubscribed_runs(int32_t cores, bool quick,
                                                    std::vector<std::string>& skipped) {
+    using Shape = std::tuple<int, int, int, bool>;
+    const std::vector<Shape> shapes =
+        quick ? std::vector<Shape>{{2, 64, 4, true}, {4, 64, 4, true}}
+              : std::vector<Shape>{
+                    {2, 128, 20, true}, {2, 512, 10, true}, {4, 128, 12, true}, {4, 512, 6, false}};
     std::vector<OversubscribedRun> runs;
-    for (int width : quick ? std::vector<int>{64} : std::vector<int>{128, 512}) {
+    for (const auto& [per_core, width, steps, every] : shapes) {
         lang::FrontendOptions fo;
         fo.search_roots = lang::default_search_roots();
-        lang::CheckResult checked = lang::check_text(
-            "<calibration probe>", oversubscribed_script(width, 2 * cores, quick, "cpu"), fo);
+        lang::CheckResult checked =
+            lang::check_text("<calibration probe>",
+                             oversubscribed_script(width, per_core * cores, steps, "cpu"), fo);
         if (!checked.ok()) {
             skipped.push_back("ranks beyond the cores: " + checked.report());
             return {};
         }
         plan::PlanResult planned = plan::lower(*checked.program);
         if (!planned.ok()) return {};
-        runs.push_back({width, *checked.program, *planned.graph, {}});
+        runs.push_back({per_core, width, steps, every, *checked.program, *planned.graph});
     }
     return runs;
 }
 
-// One pass: every pipeline once.
-void time_oversubscribed(std::vector<OversubscribedRun>& runs, Progress& progress,
-                         std::vector<std::string>& skipped) {
+// How many trainings the pipelines make in `passes` passes.
+int oversubscribed_ticks(const std::vector<OversubscribedRun>& runs, int passes) {
+    int n = 0;
+    for (const OversubscribedRun& run : runs) n += run.every_pass ? passes : 1;
+    return n;
+}
+
+// Pass `pass` of `passes`: every pipeline that trains in it, once.
+void time_oversubscribed(std::vector<OversubscribedRun>& runs, int pass, int passes,
+                         Progress& progress, std::vector<std::string>& skipped) {
     for (OversubscribedRun& run : runs) {
+        if (!run.every_pass && pass != passes / 2) continue;
         std::vector<double> steps;
         runtime::SessionOptions so;
         so.join_launch = false;
@@ -1001,13 +1015,13 @@ void time_oversubscribed(std::vector<OversubscribedRun>& runs, Progress& progres
             return;
         }
         progress.tick("ranks beyond the cores");
-        if (!steps.empty()) run.passes.push_back(median_of(steps));
+        if (!steps.empty()) run.passes.push_back({pass, median_of(steps)});
     }
 }
 
 std::vector<Oversubscribed> fit_oversubscribed(std::vector<OversubscribedRun>& runs,
                                                const std::string& profile, int32_t cores,
-                                               bool quick, const std::vector<double>& pace,
+                                               const std::vector<double>& pace,
                                                std::vector<std::string>& skipped) {
     std::vector<Oversubscribed> out;
     std::string dir = (std::filesystem::temp_directory_path() / "dist-calibrate.XXXXXX").string();
@@ -1026,9 +1040,9 @@ std::vector<Oversubscribed> fit_oversubscribed(std::vector<OversubscribedRun>& r
         lang::FrontendOptions fo;
         fo.search_roots = lang::default_search_roots();
         fo.search_roots.insert(fo.search_roots.begin(), dir);
-        lang::CheckResult checked =
-            lang::check_text("<calibration probe>",
-                             oversubscribed_script(run.width, 2 * cores, quick, "calibrating"), fo);
+        lang::CheckResult checked = lang::check_text(
+            "<calibration probe>",
+            oversubscribed_script(run.width, run.per_core * cores, run.steps, "calibrating"), fo);
         if (!checked.ok()) {
             skipped.push_back("ranks beyond the cores: " + checked.report());
             break;
@@ -1036,12 +1050,19 @@ std::vector<Oversubscribed> fit_oversubscribed(std::vector<OversubscribedRun>& r
         Program priced = run.program;
         priced.mesh.device = checked.program->mesh.device;
         priced.mesh.profile = checked.program->mesh.profile;
+        Oversubscribed o{run.per_core, run.width};
         std::vector<double> steps;
-        for (size_t p = 0; p < run.passes.size(); ++p)
-            steps.push_back(run.passes[p] / (p < pace.size() && pace[p] > 0 ? pace[p] : 1.0));
-        Oversubscribed o{run.width, 1.0, median_of(steps), 0.0, run.passes, pace};
+        for (const auto& [pass, step] : run.passes) {
+            const size_t p = static_cast<size_t>(pass);
+            const double at = p < pace.size() && pace[p] > 0 ? pace[p] : 1.0;
+            steps.push_back(step / at);
+            o.passes.push_back(step);
+            o.pace.push_back(at);
+        }
+        o.measured = median_of(steps);
         auto simulated = [&] {
-            priced.mesh.profile.calibration.oversubscribed = {{1.0 * run.width, o.work}};
+            priced.mesh.profile.calibration.oversubscribed = {
+                {1.0 * run.per_core, 1.0 * run.width, o.work}};
             sim::SimResult r = sim::simulate(run.graph, priced);
             return r.ok() ? r.timeline->step_time_s : 0.0;
         };
@@ -1255,17 +1276,18 @@ std::string profile_text(const std::string& name, const std::string& command, in
           << ", speed = " << number(s.speed) << " },\n";
     o << "]\n";
     if (!over.empty()) {
-        o << "# Single-threaded ranks beyond the cores: their actions' work against alone, at the\n"
-          << "# width of their matmuls (a pipeline of " << 2 * cores
-          << " such ranks, two blocks a stage, 128 tokens a\n"
-          << "# microbatch, trained after each pass of the one-thread probes: the median of its\n"
-          << "# passes' median steps, each over the probes' pace in its pass, against the\n"
-          << "# simulated step):\n"
+        o << "# Single-threaded ranks beyond the cores: their actions' work against alone, by how\n"
+          << "# many share each core and the width of their matmuls (pipelines of 2 and 4 ranks a\n"
+          << "# core, " << 2 * cores << " and " << 4 * cores
+          << " here, two blocks a stage, 128 tokens a microbatch, trained after\n"
+          << "# the passes of the one-thread probes: the median of their passes' median steps, "
+             "each\n"
+          << "# over the probes' pace in its pass, against the simulated step):\n"
           << "oversubscribed = [\n";
         for (const Oversubscribed& v : over) {
-            o << "  { width = " << v.width << ", work = " << number(v.work) << " }, # step "
-              << number(1e3 * v.measured) << " ms measured, " << number(1e3 * v.simulated)
-              << " ms simulated; passes";
+            o << "  { ranks_per_core = " << v.ranks_per_core << ", width = " << v.width
+              << ", work = " << number(v.work) << " }, # step " << number(1e3 * v.measured)
+              << " ms measured, " << number(1e3 * v.simulated) << " ms simulated; passes";
             for (size_t p = 0; p < v.passes.size(); ++p)
                 o << (p ? ", " : " ") << number(1e3 * v.passes[p]) << " ms"
                   << (p < v.pace.size() ? " at " + number(v.pace[p]) : "");
@@ -1346,30 +1368,33 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     const int threads = static_cast<int>(plan.threads.size());
     const int sizes = static_cast<int>(plan.grid.size()),
               messages = static_cast<int>(plan.message.size());
+    const int passes = probe_passes(c.quick);
+    std::vector<std::string> skipped;
+    // Pipelines of more single-threaded ranks than cores (where there are several cores).
+    std::vector<OversubscribedRun> beyond;
+    if (cores > 1) beyond = oversubscribed_runs(cores, c.quick, skipped);
     // run_probes: every probe in every pass, on all the cores and on one.
-    const int probe_runs = static_cast<int>(probe_shapes(c.quick).size()) * probe_passes(c.quick) *
-                           (cores > 1 ? 2 : 1);
+    const int probe_runs =
+        static_cast<int>(probe_shapes(c.quick).size()) * passes * (cores > 1 ? 2 : 1);
     const int total = threads * (3 * sizes * sizes * sizes +
                                  static_cast<int>(plan.seqs.size() * plan.head_dims.size()) +
                                  13 * static_cast<int>(plan.elements.size())) +
                       probe_runs + sharing_sets * static_cast<int>(sharing_counts(cores).size()) +
-                      (cores > 1 ? (c.quick ? 1 : 2) * probe_passes(c.quick) : 0) + 1 +
-                      3 * messages + 4 * messages * (cores >= 4 ? 2 : 1) + 1;
+                      oversubscribed_ticks(beyond, passes) + 1 + 3 * messages +
+                      4 * messages * (cores >= 4 ? 2 : 1) + 1;
     Progress progress(err, total);
     auto t0 = Clock::now();
-    std::vector<std::string> skipped;
     // The probes on all the cores (one rank alone), and on one thread (many ranks).
     const std::vector<Probe> shapes = probe_shapes(c.quick);
     std::vector<Probe> probes =
-        run_probes(shapes, probe_passes(c.quick), c.quick, "cpu", cores, progress, skipped);
+        run_probes(shapes, passes, c.quick, "cpu", cores, progress, skipped);
     // The one-thread probes, each pass followed by the pipelines of more ranks than cores.
     std::vector<Probe> probes_one;
-    std::vector<OversubscribedRun> beyond;
-    if (cores > 1 && !probes.empty()) {
-        beyond = oversubscribed_runs(cores, c.quick, skipped);
-        probes_one = run_probes(shapes, probe_passes(c.quick), c.quick, "cpu", 1, progress, skipped,
-                                [&] { time_oversubscribed(beyond, progress, skipped); });
-    }
+    if (cores > 1 && !probes.empty())
+        probes_one =
+            run_probes(shapes, passes, c.quick, "cpu", 1, progress, skipped, [&](int pass) {
+                time_oversubscribed(beyond, pass, passes, progress, skipped);
+            });
     auto mm = measure_matmuls(plan, progress);
     auto att = measure_attention(plan, progress);
     auto elt = measure_elementwise(plan, progress);
@@ -1401,8 +1426,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     // Ranks beyond the cores, priced by the profile measured so far (one core: none beyond).
     std::vector<Oversubscribed> over;
     if (!probes_one.empty())
-        over = fit_oversubscribed(beyond, text_with({}), cores, c.quick, pass_pace(probes_one),
-                                  skipped);
+        over = fit_oversubscribed(beyond, text_with({}), cores, pass_pace(probes_one), skipped);
     progress.end();
     std::string text = text_with(over);
     std::string e = models::write_file_atomically(c.out, {text});

@@ -66,7 +66,7 @@ struct ActionFit {
 /// Single-threaded ranks beyond the cores: a pipeline's measured median step at one width,
 /// the simulated one, and the factor on the actions' work that makes them agree.
 struct Oversubscribed {
-    int width = 0;
+    int ranks_per_core = 2, width = 0;
     double work = 1, measured = 0, simulated = 0;
     std::vector<double> passes{}, pace{}; // each pass's median step, and the probes' pace
 };
@@ -83,11 +83,11 @@ struct Probe {
 /// Trains small GPTs of the `probes` shapes on one rank of `devices` (a profile name: `cpu`, or
 /// a GPU's) with `threads` compute threads (0: the runtime's choice) and times their forwards
 /// and backwards, `passes` times each; run first, on a quiet process. `after_pass`, where given,
-/// runs after each pass (other work timed at the same pace).
+/// runs after each pass with its index (other work timed at the same pace).
 std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
                               const std::string& devices, int32_t threads, Progress& progress,
                               std::vector<std::string>& skipped,
-                              const std::function<void()>& after_pass = {});
+                              const std::function<void(int)>& after_pass = {});
 /// How fast each pass of `probes` ran beside the times they keep: for each pass, the geometric
 /// mean over the probes of that pass's forward and backward over the kept ones (1: the kept
 /// pace).

@@ -173,7 +173,10 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
                                  t.number("forward"), t.number("backward")});
     });
     r.rows("calibration.oversubscribed", [&](Reader& t) {
-        c.oversubscribed.push_back({static_cast<double>(count(t, "width")), t.number("work")});
+        // Rows written before ranks per core were measured are of twice as many as cores.
+        const double per_core = t.number("ranks_per_core", false);
+        c.oversubscribed.push_back({per_core > 0 ? per_core : 2.0,
+                                    static_cast<double>(count(t, "width")), t.number("work")});
     });
     std::sort(c.oversubscribed.begin(), c.oversubscribed.end());
     r.rows("calibration.sharing", [&](Reader& t) {
@@ -344,8 +347,15 @@ double log_between(const std::vector<std::pair<double, double>>& points, double 
     return points.back().second;
 }
 
-double Calibration::oversubscribed_work(double width) const {
-    return oversubscribed.empty() ? 1.0 : log_between(oversubscribed, width);
+double Calibration::oversubscribed_work(double width, double ranks_per_core) const {
+    if (oversubscribed.empty()) return 1.0;
+    std::map<double, std::vector<std::pair<double, double>>> widths; // by ranks per core
+    for (const OversubscribedRow& row : oversubscribed)
+        widths[row.ranks_per_core].push_back({row.width, row.work});
+    std::vector<std::pair<double, double>> counts; // (ranks per core, work at `width`)
+    for (const auto& [per_core, rows] : widths)
+        counts.push_back({per_core, log_between(rows, width)});
+    return log_between(counts, ranks_per_core);
 }
 
 WholeActions Calibration::whole_actions(double threads, double width, double tokens) const {

@@ -9,6 +9,7 @@
 #include "lang/value.hpp"
 
 #include <array>
+#include <compare>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -204,6 +205,10 @@ struct WholeActions {
     int32_t width = 0;  // the probes' model width; 0: fitted over every width
     int64_t tokens = 0; // the probes' tokens per microbatch (by_width); 0: not said
 };
+struct OversubscribedRow {
+    double ranks_per_core = 2, width = 0, work = 1;
+    auto operator<=>(const OversubscribedRow&) const = default;
+};
 struct Calibration {
     std::string command, date;
     /// What was calibrated: "cpu" (ranks share the cores) or "cuda" (a GPU per rank).
@@ -235,12 +240,14 @@ struct Calibration {
     /// in log width, each between the nearest two (the nearest outside them).
     WholeActions whole_actions(double threads, double width = 0, double tokens = 0) const;
     /// Single-threaded ranks beyond the cores (`calibration.oversubscribed`): how much more
-    /// their actions cost than alone, by the width of their matmuls. Each turn on a core finds
-    /// another rank's data in its caches, and the turns come at every action.
-    std::vector<std::pair<double, double>> oversubscribed; // (width, work), by width
-    /// The factor at `width`: between the nearest two widths by log width, outside them the
-    /// nearest; 1 without the rows.
-    double oversubscribed_work(double width) const;
+    /// their actions cost than alone, by how many such ranks share each core and the width of
+    /// their matmuls. Each turn on a core finds other ranks' data in its caches, the more of
+    /// them the more so, and the turns come at every action.
+    std::vector<OversubscribedRow> oversubscribed; // by ranks per core, then width
+    /// The factor for `ranks_per_core` ranks a core at `width`: each count's rows between the
+    /// nearest two widths by log width, then between the nearest two counts by log count,
+    /// outside them the nearest; 1 without the rows.
+    double oversubscribed_work(double width, double ranks_per_core = 2) const;
     std::vector<MatmulRate> matmul;
     std::vector<AttentionRate> attention;
     std::vector<StreamRate> elementwise;

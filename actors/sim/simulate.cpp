@@ -364,9 +364,12 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     const double threads = gpu ? 1.0 : rank_threads(g, cal.cores);
     // Single-threaded ranks beyond a host's cores take turns on them, each turn finding another
     // rank's data in the caches: their actions cost what the calibration measured them to.
-    const bool beyond = most_ranks_on_a_host(g) > cal.cores;
+    const int32_t most = most_ranks_on_a_host(g);
+    const bool beyond = most > cal.cores;
     const double turns =
-        !gpu && threads == 1 && beyond ? cal.oversubscribed_work(shard_width(p)) : 1.0;
+        !gpu && threads == 1 && beyond
+            ? cal.oversubscribed_work(shard_width(p), static_cast<double>(most) / cal.cores)
+            : 1.0;
     auto seconds = std::make_shared<std::vector<StageSeconds>>();
     for (const PlanStage& s : g.stages) {
         StageSeconds t = stage_seconds(p, s, *rates, threads);

@@ -837,13 +837,49 @@ TEST(Rates, WholeActionsFollowTheWidthOfTheMatmuls) {
 TEST(Rates, OversubscribedWorkFollowsTheWidth) {
     Calibration c;
     EXPECT_EQ(c.oversubscribed_work(128), 1.0);
-    c.oversubscribed = {{128, 1.4}, {512, 1.1}};
+    c.oversubscribed = {{2, 128, 1.4}, {2, 512, 1.1}};
     EXPECT_DOUBLE_EQ(c.oversubscribed_work(64), 1.4);
     EXPECT_DOUBLE_EQ(c.oversubscribed_work(128), 1.4);
     EXPECT_NEAR(c.oversubscribed_work(256), 1.25, 1e-12);
     EXPECT_DOUBLE_EQ(c.oversubscribed_work(1024), 1.1);
+    // One count of ranks a core measured: every count has its rows.
+    EXPECT_NEAR(c.oversubscribed_work(256, 8), 1.25, 1e-12);
     expect_row_refused("over", "oversubscribed", "{ width = 128, work = 0 }",
                        "over.toml:21:25: error: `work` must be a positive number");
+    expect_row_refused("over", "oversubscribed", "{ ranks_per_core = -4, width = 128, work = 1 }",
+                       "over.toml:21:22: error: `ranks_per_core` must be a positive number");
+}
+
+// More ranks a core cost more: each count's rows by width, then between the counts by log
+// count (half-way in log between 2 and 4 a core: 2.83), outside them the nearest count. A
+// profile's rows without a count are of two ranks a core, as its pipeline was.
+TEST(Rates, OversubscribedWorkFollowsTheRanksACore) {
+    Calibration c;
+    c.oversubscribed = {{2, 128, 1.2}, {2, 512, 1.0}, {4, 128, 1.4}, {4, 512, 1.1}};
+    EXPECT_DOUBLE_EQ(c.oversubscribed_work(128, 1.5), 1.2);
+    EXPECT_DOUBLE_EQ(c.oversubscribed_work(128, 2), 1.2);
+    EXPECT_NEAR(c.oversubscribed_work(128, 2 * std::sqrt(2.0)), 1.3, 1e-12);
+    EXPECT_DOUBLE_EQ(c.oversubscribed_work(128, 4), 1.4);
+    EXPECT_DOUBLE_EQ(c.oversubscribed_work(128, 16), 1.4);
+    EXPECT_NEAR(c.oversubscribed_work(256, 4), 1.25, 1e-12);
+    EXPECT_NEAR(c.oversubscribed_work(256, 2 * std::sqrt(2.0)), (1.1 + 1.25) / 2, 1e-12);
+    // A profile's rows, with and without the count.
+    TempDir dir("percore");
+    fs::path file = dir.path / "percore.toml";
+    std::ofstream(file) << calibrated_head("percore")
+                        << "matmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, "
+                           "flops = 1e10 } ]\n"
+                           "sharing = [ { threads = 2, speed = 0.9 } ]\n"
+                           "oversubscribed = [\n  { width = 128, work = 1.2 },\n"
+                           "  { ranks_per_core = 4, width = 128, work = 1.5 },\n]\n";
+    lang::SourceManager sources;
+    lang::Diagnostics diags;
+    auto p = lang::load_profile(file, sources, diags);
+    ASSERT_TRUE(p.has_value()) << diags.render(sources);
+    const Calibration& loaded = p->calibration;
+    ASSERT_EQ(loaded.oversubscribed.size(), 2u);
+    EXPECT_DOUBLE_EQ(loaded.oversubscribed_work(128, 2), 1.2);
+    EXPECT_DOUBLE_EQ(loaded.oversubscribed_work(128, 4), 1.5);
 }
 
 // A pass's pace is how its probes ran against the times they keep: a pass where every probe
@@ -1054,28 +1090,31 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     EXPECT_GT(t4, 0);
     EXPECT_GT(t8, 1.5 * t4);
 
-    // Ranks beyond the cores: a row at the probes' width where there are several cores. A plan
-    // whose single-threaded ranks outnumber the cores costs its actions that factor more than
-    // with the row taken out; one with a rank per core is priced alike either way.
-    ASSERT_EQ(c.oversubscribed.size(), c.cores > 1 ? 1u : 0u);
-    for (const auto& [width, work] : c.oversubscribed) {
-        EXPECT_EQ(width, 64);
-        EXPECT_GT(work, 0);
+    // Ranks beyond the cores: rows of 2 and 4 ranks a core at the probes' width where there are
+    // several cores. A plan of that many single-threaded ranks a core costs its actions the
+    // row's factor more than with the row taken out; one with a rank per core is priced alike
+    // either way.
+    ASSERT_EQ(c.oversubscribed.size(), c.cores > 1 ? 2u : 0u);
+    for (const OversubscribedRow& row : c.oversubscribed) {
+        EXPECT_EQ(row.width, 64);
+        EXPECT_GT(row.work, 0);
         auto step = [&](int32_t pp, bool with) {
-            Program q = checked("gpt_tiny.dist", {"model.layers=" + std::to_string(2 * c.cores),
+            Program q = checked("gpt_tiny.dist", {"model.layers=" + std::to_string(2 * pp),
                                                   "model.width=64", "mesh.pp=" + std::to_string(pp),
                                                   "schedule.microbatches=" + std::to_string(2 * pp),
                                                   "train.batch=" + std::to_string(4 * pp)});
             q.mesh.profile = *p;
+            q.mesh.profile.calibration.oversubscribed = {row};
             if (!with) q.mesh.profile.calibration.oversubscribed.clear();
             sim::SimResult r = sim::simulate(*lower(q).graph, q);
             return r.ok() ? r.timeline->step_time_s : -1.0;
         };
-        const double beyond = step(2 * c.cores, true), alone = step(2 * c.cores, false);
+        const int32_t pp = static_cast<int32_t>(row.ranks_per_core) * c.cores;
+        const double beyond = step(pp, true), alone = step(pp, false);
         ASSERT_GT(alone, 0);
-        if (work > 1.01) {
+        if (row.work > 1.01) {
             EXPECT_GT(beyond, alone);
-        } else if (work < 0.99) {
+        } else if (row.work < 0.99) {
             EXPECT_LT(beyond, alone);
         }
         EXPECT_EQ(step(c.cores, true), step(c.cores, false));
