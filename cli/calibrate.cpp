@@ -1280,9 +1280,8 @@ std::string profile_text(const std::string& name, const std::string& command, in
           << "# many share each core and the width of their matmuls (pipelines of 2 and 4 ranks a\n"
           << "# core, " << 2 * cores << " and " << 4 * cores
           << " here, two blocks a stage, 128 tokens a microbatch, trained after\n"
-          << "# the passes of the one-thread probes: the median of their passes' median steps, "
-             "each\n"
-          << "# over the probes' pace in its pass, against the simulated step):\n"
+          << "# the passes of the one-thread probes: the median of their passes' median\n"
+          << "# steps, each over the probes' pace in its pass, against the simulated step):\n"
           << "oversubscribed = [\n";
         for (const Oversubscribed& v : over) {
             o << "  { ranks_per_core = " << v.ranks_per_core << ", width = " << v.width

@@ -63,8 +63,9 @@ struct ActionFit {
     std::vector<std::string> probes; // "width 128, 64 tokens: F 1.2 ms (kernels 1.1 ms) ..."
 };
 
-/// Single-threaded ranks beyond the cores: a pipeline's measured median step at one width,
-/// the simulated one, and the factor on the actions' work that makes them agree.
+/// Single-threaded ranks beyond the cores: a pipeline's measured median step at one count of
+/// ranks a core and one width, the simulated one, and the factor on the actions' work that
+/// makes them agree.
 struct Oversubscribed {
     int ranks_per_core = 2, width = 0;
     double work = 1, measured = 0, simulated = 0;

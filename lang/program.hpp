@@ -190,14 +190,13 @@ struct CollectiveSample {
     int64_t bytes = 0;
     double seconds = 0;
 };
+/// The value at `x` of `points` (x, value), sorted by x: linear in log x between the nearest
+/// two, the nearest one's outside them. None: 0.
+double log_between(const std::vector<std::pair<double, double>>& points, double x);
 /// Whole actions against their kernels (buffers, caches, bookkeeping) on ranks of `threads`
 /// compute threads: what a forward's blocks, its ends (embeddings, head, loss), a backward's
 /// blocks and ends cost per second of their kernels, and a fixed cost per block of a forward
 /// and of a backward (seconds) beyond the scales.
-/// The value at `x` of `points` (x, value), sorted by x: linear in log x between the nearest
-/// two, the nearest one's outside them. None: 0.
-double log_between(const std::vector<std::pair<double, double>>& points, double x);
-
 struct WholeActions {
     int32_t threads = 0; // 0: the calibration's cores
     std::array<double, 4> scales{1, 1, 1, 1};
@@ -205,6 +204,8 @@ struct WholeActions {
     int32_t width = 0;  // the probes' model width; 0: fitted over every width
     int64_t tokens = 0; // the probes' tokens per microbatch (by_width); 0: not said
 };
+/// A row of `calibration.oversubscribed`: the work factor measured for single-threaded ranks
+/// `ranks_per_core` a core at matmuls of `width`.
 struct OversubscribedRow {
     double ranks_per_core = 2, width = 0, work = 1;
     auto operator<=>(const OversubscribedRow&) const = default;

@@ -1119,6 +1119,23 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         }
         EXPECT_EQ(step(c.cores, true), step(c.cores, false));
     }
+    // With rows of both counts, a plan takes those of its host's ranks a core: one of four a
+    // core costs more where that row's factor is larger; one of two a core does not move.
+    if (c.cores > 1) {
+        auto priced = [&](int32_t pp, double four) {
+            Program q = checked("gpt_tiny.dist", {"model.layers=" + std::to_string(2 * pp),
+                                                  "model.width=64", "mesh.pp=" + std::to_string(pp),
+                                                  "schedule.microbatches=" + std::to_string(2 * pp),
+                                                  "train.batch=" + std::to_string(4 * pp)});
+            q.mesh.profile = *p;
+            q.mesh.profile.calibration.oversubscribed = {{2, 64, 1.0}, {4, 64, four}};
+            sim::SimResult r = sim::simulate(*lower(q).graph, q);
+            return r.ok() ? r.timeline->step_time_s : -1.0;
+        };
+        ASSERT_GT(priced(4 * c.cores, 1.0), 0);
+        EXPECT_GT(priced(4 * c.cores, 2.0), 1.2 * priced(4 * c.cores, 1.0));
+        EXPECT_EQ(priced(2 * c.cores, 2.0), priced(2 * c.cores, 1.0));
+    }
 
     // On two data-parallel ranks the gradient buckets are reduced after the last backward, on
     // the reducer's one thread: each costs its collective and the reducer's two passes over it
