@@ -4,12 +4,13 @@
 # Calibrates this machine (`dist calibrate`, or takes the profile in $PROFILE), then trains the
 # tiny GPT (width 128) and one 4x wider (width 512) for real on each mesh of the list below and
 # simulates the same plan with the calibrated profile: the measured median step time (steps 6 to
-# the end; the first ones warm up) against `dist sim`'s step time, and the last step's measured
-# bubble against the predicted one. Meshes: pp 1, 2 and 4 with 1F1B; dp 2; dp 2 x tp 2 x pp 2; every
-# pipeline schedule at pp 2. ROUNDS (default 3) rounds of every mesh, one after another, each
-# round's measured step shown. The prediction is set beside the median of the rounds' ratios
-# (`dist calibrate` prices whole actions at the median of its probes' passes, as a run's step is
-# its steps' median) and beside the fastest round, to show what the machine's other load adds.
+# the end; the first ones warm up) against `dist sim`'s step time, and the median of the same
+# steps' measured bubbles against the predicted one. Meshes: pp 1, 2 and 4 with 1F1B; dp 2;
+# dp 2 x tp 2 x pp 2; every pipeline schedule at pp 2. ROUNDS (default 3) rounds of every mesh,
+# one after another, each round's measured step and bubble shown. The predicted step is set
+# beside the median of the rounds' ratios (`dist calibrate` prices whole actions at the median of
+# its probes' passes, as a run's step is its steps' median) and beside the fastest round, to show
+# what the machine's other load adds; the predicted bubble beside the rounds' median.
 # CALIBRATE=each calibrates again before every round and sets each round beside its own
 # prediction (a shared machine's speed drifts over minutes: a calibration in a fast spell and
 # rounds in a slow one move every prediction alike); the default, once, calibrates first only.
@@ -71,10 +72,14 @@ run_one() { # round index label width overrides: one measured run, and the predi
     [[ -f "$tmp/sim.$index.json" ]] ||
         "$dist" sim examples/gpt_tiny.dist "${args[@]}" --json > "$tmp/sim.$index.json"
     "$py" - "$round" "$index" "$label" "$width" "$tmp" <<'PY'
-import json, re, sys
+import json, sys
 rnd, index, label, width, tmp = sys.argv[1:]
-steps = sorted(json.loads(l)["step_time_s"] for l in open(f"{tmp}/m.jsonl"))[5:]
-bubble = float(re.search(r"bubble: measured ([0-9.]+)%", open(f"{tmp}/run.txt").read()).group(1))
+# Steps 6 to the end, in the order they ran: the median step and, apart, the median bubble
+# (what `dist run` prints for the steps after the first).
+kept = [json.loads(l) for l in open(f"{tmp}/m.jsonl")][5:]
+steps = sorted(m["step_time_s"] for m in kept)
+bubbles = sorted(100 * m["bubble"] for m in kept)
+bubble = bubbles[len(bubbles) // 2]
 sim = json.load(open(f"{tmp}/sim.{index}.json"))
 with open(f"{tmp}/runs.jsonl", "a") as f:
     f.write(json.dumps({"round": int(rnd), "index": int(index), "label": label, "width": int(width),
@@ -107,7 +112,7 @@ runs = [json.loads(l) for l in open(f"{tmp}/runs.jsonl")]
 # Each round beside its own prediction (the same for every round unless CALIBRATE=each).
 print("| mesh | width | measured step (ms), each round | predicted (ms), each round | "
       "predicted / measured, each round | fastest round: predicted / measured | median of the "
-      "ratios | measured bubble | predicted bubble | bubble gap (points) |")
+      "ratios | measured bubble, each round | predicted bubble | bubble gap (points) |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 rows = []
 for index in sorted({r["index"] for r in runs}):
@@ -116,20 +121,24 @@ for index in sorted({r["index"] for r in runs}):
     fastest = min(mine, key=lambda r: r["step"])
     at_fastest = fastest["predicted"] / fastest["step"]
     median = statistics.median(ratios)
-    gap = fastest["predicted_bubble"] - fastest["bubble"]
+    # The bubble of each round is its steps' median; the rounds' median beside the prediction.
+    bubble = statistics.median(r["bubble"] for r in mine)
+    predicted_bubble = statistics.median(r["predicted_bubble"] for r in mine)
+    gap = predicted_bubble - bubble
     label = f"{mine[0]['label']} {mine[0]['width']}"
     rows.append((at_fastest, median, gap, label))
     print(f"| {mine[0]['label']} | {mine[0]['width']} | "
           f"{', '.join('%.1f' % (r['step'] * 1e3) for r in mine)} | "
           f"{', '.join('%.1f' % (r['predicted'] * 1e3) for r in mine)} | "
           f"{', '.join('%.2f' % x for x in ratios)} | {at_fastest:.2f} | {median:.2f} | "
-          f"{fastest['bubble']:.1f}% | {fastest['predicted_bubble']:.1f}% | {gap:+.1f} |")
+          f"{', '.join('%.1f%%' % r['bubble'] for r in mine)} | {predicted_bubble:.1f}% | "
+          f"{gap:+.1f} |")
 for name, k in (("the fastest round", 0), ("the median of the rounds' ratios", 1)):
     errors = sorted((abs(r[k] - 1), r[k], r[3]) for r in rows)
     print(f"\nagainst {name}: {sum(e <= 0.10 for e, *_ in errors)} of {len(errors)} within 10% "
           f"of the measured step, {sum(e <= 0.15 for e, *_ in errors)} within 15%; worst: "
           + "; ".join(f"{label} {r:.2f}" for e, r, label in errors[-3:]))
 gaps = sorted(abs(r[2]) for r in rows)
-print(f"bubble (the fastest round's): the largest gap {gaps[-1]:.1f} points; "
+print(f"bubble (the median of the rounds'): the largest gap {gaps[-1]:.1f} points; "
       f"{sum(g <= 5 for g in gaps)} of {len(gaps)} within 5")
 PY

@@ -1,6 +1,7 @@
 // repl_run.cpp: `run N`: N real training steps of the current program on this machine (the
-// training session, one worker per rank, as `dist run`), the loss of each, then the last step's
-// measured time and bubble beside the simulator's prediction for the same plan.
+// training session, one worker per rank, as `dist run`), the loss of each, then the measured
+// step time and bubble (medians after the first step) beside the simulator's prediction for the
+// same plan; `explain` compares the last step's timeline.
 #include "cli/repl.hpp"
 #include "cli/repl_format.hpp"
 
@@ -69,10 +70,10 @@ void ReplSession::cmd_run(const std::string& args) {
     run_program.train.checkpoint.dir.clear();
     runtime::SessionOptions so;
     so.join_launch = false;
-    std::vector<double> step_times;
+    runtime::StepTally tally;
     so.on_step = [&](const runtime::SessionStep& s) {
         const models::StepMetrics& m = s.metrics;
-        step_times.push_back(m.step_time_s);
+        tally.add(m.step_time_s, s.bubble);
         char line[160];
         std::snprintf(line, sizeof line, "step %lld  loss %.4f  %.1f ms  %.0f tokens/s",
                       static_cast<long long>(m.step), m.loss, 1e3 * m.step_time_s, m.tokens_per_s);
@@ -112,12 +113,9 @@ void ReplSession::cmd_run(const std::string& args) {
         sim::SimResult shared = sim::simulate(graph, p, so_shared);
         if (shared.ok()) predicted = std::move(*shared.timeline);
     }
-    // The median step after the first (which warms up).
-    std::vector<double> times(step_times.begin() + (step_times.size() > 1 ? 1 : 0),
-                              step_times.end());
-    std::sort(times.begin(), times.end());
-    double median = times.empty() ? last.metrics.step_time_s : times[times.size() / 2];
-    out_ << sim::comparison_line(median, measured.bubble_fraction, predicted, p.mesh.profile.name)
+    // The medians of the steps after the first (which warms up).
+    out_ << sim::comparison_line(tally.median_step_s(), tally.median_bubble(), predicted,
+                                 p.mesh.profile.name)
          << "\n";
     if (std::string hint = sim::calibration_hint(p.mesh.profile); !hint.empty())
         out_ << hint << "\n";

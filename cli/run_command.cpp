@@ -153,11 +153,11 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
                   << std::flush;
         std::_Exit(1);
     };
-    std::vector<double> step_times;
+    runtime::StepTally tally;
     so.on_step = [&](const runtime::SessionStep& s) {
         const models::StepMetrics& m = s.metrics;
         elapsed += m.step_time_s;
-        step_times.push_back(m.step_time_s);
+        tally.add(m.step_time_s, s.bubble);
         double eta =
             elapsed / static_cast<double>(m.step - first) * static_cast<double>(last - m.step);
         std::string line = runtime::progress_line(m, last, eta);
@@ -215,14 +215,10 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
         // Ranks on this machine's GPUs, in turn: those that outnumber the GPUs share them.
         so.shared_gpus = runtime::gpus_in_use(placed);
         sim::SimResult predicted = sim::simulate(graph, p, so);
-        // The median step after the first (which warms up), beside the prediction.
-        std::vector<double> times(step_times.begin() + (step_times.size() > 1 ? 1 : 0),
-                                  step_times.end());
-        std::sort(times.begin(), times.end());
-        double median = times.empty() ? measured.step_time_s : times[times.size() / 2];
+        // The medians of the steps after the first (which warms up), beside the prediction.
         if (predicted.ok()) {
-            out << sim::comparison_line(median, measured.bubble_fraction, *predicted.timeline,
-                                        p.mesh.profile.name)
+            out << sim::comparison_line(tally.median_step_s(), tally.median_bubble(),
+                                        *predicted.timeline, p.mesh.profile.name)
                 << "\n";
             if (std::string hint = sim::calibration_hint(p.mesh.profile); !hint.empty())
                 out << hint << "\n";

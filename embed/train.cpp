@@ -29,6 +29,7 @@ StepInfo to_info(const runtime::SessionStep& step) {
     s.tokens = m.tokens;
     s.tokens_per_s = m.tokens_per_s;
     s.step_time_s = m.step_time_s;
+    s.bubble = step.bubble;
     s.skipped = !step.nonfinite.empty();
     s.skipped_steps = step.skipped_steps;
     s.evaluated = step.eval_loss.has_value();

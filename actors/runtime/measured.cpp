@@ -18,11 +18,14 @@ std::vector<double> timing_origins(const std::vector<std::vector<ActionTiming>>&
     return std::vector<double>(firsts.size(), lo);
 }
 
-sim::Timeline measured_timeline(const plan::Graph& graph,
-                                const std::vector<std::vector<ActionTiming>>& timings) {
+namespace {
+
+// The ranks' spans, idle time and bubble, without the graph (which the caller copies in when
+// it keeps the timeline).
+sim::Timeline measured_ranks(const plan::Graph& graph,
+                             const std::vector<std::vector<ActionTiming>>& timings) {
     const std::vector<double> origin = timing_origins(timings);
     sim::Timeline t;
-    t.graph = graph;
     t.cost = sim::CostModel::profile;
     for (size_t r = 0; r < timings.size() && r < graph.ranks.size(); ++r) {
         sim::RankReport rep;
@@ -60,6 +63,33 @@ sim::Timeline measured_timeline(const plan::Graph& graph,
         t.bubble_fraction = idle / (static_cast<double>(t.ranks.size()) * t.makespan);
     t.step_time_s = t.makespan;
     return t;
+}
+
+} // namespace
+
+sim::Timeline measured_timeline(const plan::Graph& graph,
+                                const std::vector<std::vector<ActionTiming>>& timings) {
+    sim::Timeline t = measured_ranks(graph, timings);
+    t.graph = graph;
+    return t;
+}
+
+double measured_bubble(const plan::Graph& graph,
+                       const std::vector<std::vector<ActionTiming>>& timings) {
+    return measured_ranks(graph, timings).bubble_fraction;
+}
+
+void StepTally::add(double step_time_s, double bubble) {
+    steps_.push_back(step_time_s);
+    bubbles_.push_back(bubble);
+}
+
+double StepTally::median_of(std::vector<double> v) {
+    // After the first step (which warms up), when there are others.
+    if (v.size() > 1) v.erase(v.begin());
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
 }
 
 } // namespace dist::runtime

@@ -15,7 +15,26 @@ namespace dist::runtime {
 /// plainly not the same (other hosts) each start at their own first action.
 sim::Timeline measured_timeline(const plan::Graph& graph,
                                 const std::vector<std::vector<ActionTiming>>& timings);
+/// One step's bubble as measured_timeline reports it, without copying the graph.
+double measured_bubble(const plan::Graph& graph,
+                       const std::vector<std::vector<ActionTiming>>& timings);
 /// The time each rank's timings are taken from to start at zero (as measured_timeline does).
 std::vector<double> timing_origins(const std::vector<std::vector<ActionTiming>>& timings);
+
+/// A run's steps as it sets them beside the prediction: the median step time and the median
+/// bubble over the steps after the first (which warms up). One step's bubble moves with the
+/// order in which the operating system happened to run the ranks (pp 4 on two cores: 41-58%
+/// over the steps of one run), as its time does; the medians are what a run is said to take.
+class StepTally {
+  public:
+    void add(double step_time_s, double bubble);
+    bool empty() const { return steps_.empty(); }
+    double median_step_s() const { return median_of(steps_); }
+    double median_bubble() const { return median_of(bubbles_); }
+
+  private:
+    static double median_of(std::vector<double> v);
+    std::vector<double> steps_, bubbles_;
+};
 
 } // namespace dist::runtime

@@ -6,6 +6,7 @@
 #include "actors/plan/graph_json.hpp"
 #include "actors/runtime/auth.hpp"
 #include "actors/runtime/job.hpp"
+#include "actors/runtime/measured.hpp"
 #include "models/checkpoint.hpp"
 #include "transport/launch.hpp"
 
@@ -172,9 +173,8 @@ std::string number(double x) {
 // The metrics JSON line of a step (with its traffic between processes when `processes` > 1,
 // the skipped steps when there were any, and the evaluation when there was one).
 std::string metrics_line(const SessionStep& s, int32_t processes) {
-    if (processes <= 1 && s.skipped_steps == 0 && !s.eval_loss)
-        return models::metrics_json(s.metrics);
     nlohmann::json j = nlohmann::json::parse(models::metrics_json(s.metrics));
+    if (!s.timings.empty()) j["bubble"] = s.bubble;
     if (processes > 1) j["p2p"] = traffic_object(s.traffic);
     if (s.skipped_steps > 0) {
         j["skipped_steps"] = s.skipped_steps;
@@ -328,6 +328,7 @@ std::string Session::Impl::take_step(const StepReport& rep, bool& go_on) {
     step.nonfinite = rep.nonfinite;
     step.timings = rep.timings;
     step.traffic = rep.traffic;
+    if (!step.timings.empty()) step.bubble = measured_bubble(graph, step.timings);
     if (!rep.nonfinite.empty()) {
         if (program.train.on_nonfinite == NonFinitePolicy::stop)
             return "step " + std::to_string(m.step) + ": the " + rep.nonfinite +

@@ -41,6 +41,9 @@ struct SessionStep {
     int64_t eval_tokens = 0;
     /// Per rank: when each action ran, and its traffic with other processes.
     std::vector<std::vector<ActionTiming>> timings;
+    /// This step's measured bubble from those timings (idle / (ranks x step), as `dist sim`
+    /// defines it); 0 without them.
+    double bubble = 0;
     std::vector<RankTraffic> traffic;
 };
 

@@ -107,6 +107,9 @@ struct StepInfo {
     int64_t tokens = 0;   // in this step's batch
     double tokens_per_s = 0;
     double step_time_s = 0;
+    /// The ranks' idle time over ranks x step time, measured this step (as `dist sim` predicts
+    /// it).
+    double bubble = 0;
 };
 
 struct TrainOptions {

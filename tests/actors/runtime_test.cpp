@@ -7,6 +7,7 @@
 // throws mid-step ends the run with its rank, action and cause, and nothing hangs.
 #include "actors/plan/lower.hpp"
 #include "actors/runtime/job.hpp"
+#include "actors/runtime/measured.hpp"
 #include "lang/check.hpp"
 #include "models/checkpoint.hpp"
 #include "models/trainer.hpp"
@@ -330,4 +331,49 @@ TEST(Failure, TheLastCheckpointIsIntactAfterARankFails) {
             ASSERT_EQ(s->value.data<float>()[i], w.value.data<float>()[i]) << w.name;
     }
     fs::remove_all(dir);
+}
+
+// A step's measured bubble: the ranks' idle time over ranks x step, where the compute actions
+// and the optimizer's update are busy and a message, a wait or the communication thread's
+// collective is not (docs/simulator.md). Rank 0's busy actions take 1 ms each from 0; rank 1's
+// from 3 ms; each message 5 ms (idle), and a collective spans the whole step.
+TEST(Measured, TheBubbleIsTheIdleTimeOverRanksTimesTheStep) {
+    auto j = plan_job(mesh(1, 1, 2, "1f1b", 2));
+    std::vector<std::vector<runtime::ActionTiming>> timings(2);
+    std::vector<double> busy_ms(2, 0), end_ms(2, 0);
+    for (size_t r = 0; r < 2; ++r) {
+        double t = r == 0 ? 0.0 : 3.0;
+        const auto& actions = j->graph.ranks[r].actions;
+        for (size_t i = 0; i < actions.size(); ++i) {
+            const bool busy =
+                plan::is_compute(actions[i].kind) || actions[i].kind == plan::ActionKind::step;
+            double d = busy ? 1.0 : 5.0;
+            timings[r].push_back({i, (1000 + t) / 1e3, (1000 + t + d) / 1e3, false});
+            t += d;
+            if (busy) busy_ms[r] += d;
+        }
+        end_ms[r] = t;
+        timings[r].push_back({0, 1.0, (1000 + t) / 1e3, true});
+    }
+    ASSERT_GT(busy_ms[0], 0);
+    ASSERT_GT(busy_ms[1], 0);
+    const double makespan = std::max(end_ms[0], end_ms[1]);
+    const double expected = (2 * makespan - busy_ms[0] - busy_ms[1]) / (2 * makespan);
+    EXPECT_NEAR(runtime::measured_bubble(j->graph, timings), expected, 1e-9);
+    sim::Timeline t = runtime::measured_timeline(j->graph, timings);
+    EXPECT_NEAR(t.bubble_fraction, expected, 1e-9);
+    EXPECT_NEAR(t.step_time_s, makespan / 1e3, 1e-9);
+}
+
+// What a run sets beside the prediction: the medians of the steps after the first.
+TEST(Measured, ARunsStepAndBubbleAreTheMediansAfterTheFirstStep) {
+    runtime::StepTally tally;
+    EXPECT_TRUE(tally.empty());
+    tally.add(0.5, 0.9);                          // the first step warms up
+    EXPECT_DOUBLE_EQ(tally.median_step_s(), 0.5); // alone, it is all there is
+    tally.add(0.1, 0.30);
+    tally.add(0.3, 0.10);
+    tally.add(0.2, 0.20);
+    EXPECT_DOUBLE_EQ(tally.median_step_s(), 0.2);
+    EXPECT_DOUBLE_EQ(tally.median_bubble(), 0.20);
 }

@@ -431,17 +431,41 @@ TEST(Cli, RunUnderZeroTwoHoldsTheGradientSharesItPredicts) {
 
 // The last step as it ran and as the simulator predicts it: one trace of two processes with the
 // same actions on every rank, both timelines in one picture, and the two step times and bubbles
-// on the run's last line.
+// on the run's last line, the measured ones the medians of the steps after the first.
 TEST(Cli, RunWritesTheMeasuredStepBesideThePredictedOne) {
     fs::path dir = fs::temp_directory_path() / ("dist_cli_trace_" + std::to_string(::getpid()));
     fs::create_directories(dir);
     Result r = run("run examples/gpt_tiny.dist --quiet --set model.width=32 --set train.batch=4 "
-                   "--set 'train.data=synthetic()' --set train.stop_after=2 --set mesh.pp=2 "
+                   "--set 'train.data=synthetic()' --set train.stop_after=4 --set mesh.pp=2 "
                    "--set schedule.microbatches=4 --trace " +
-                   (dir / "t.json").string() + " --svg " + (dir / "t.svg").string());
+                   (dir / "t.json").string() + " --svg " + (dir / "t.svg").string() +
+                   " --metrics " + (dir / "m.jsonl").string());
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.out.find("step time: measured "), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("bubble: measured "), std::string::npos) << r.out;
+    // Each step's bubble in the metrics: two stages idle while the pipeline fills and drains.
+    std::vector<double> steps, bubbles;
+    std::istringstream lines(slurp(dir / "m.jsonl"));
+    for (std::string line; std::getline(lines, line);) {
+        nlohmann::json m = nlohmann::json::parse(line);
+        ASSERT_TRUE(m.contains("bubble")) << line;
+        EXPECT_GT(m["bubble"].get<double>(), 0.0) << line;
+        EXPECT_LT(m["bubble"].get<double>(), 1.0) << line;
+        steps.push_back(m["step_time_s"].get<double>());
+        bubbles.push_back(m["bubble"].get<double>());
+    }
+    ASSERT_EQ(bubbles.size(), 4u);
+    // Steps 2 to 4: the middle one of three.
+    auto median_after_first = [](std::vector<double> v) {
+        std::sort(v.begin() + 1, v.end());
+        return v[2];
+    };
+    char expected[96];
+    std::snprintf(expected, sizeof expected, "step time: measured %.1f ms", // as ms() prints
+                  1e3 * median_after_first(steps));
+    EXPECT_NE(r.out.find(expected), std::string::npos) << expected << "\n" << r.out;
+    std::snprintf(expected, sizeof expected, "bubble: measured %.1f%%",
+                  100 * median_after_first(bubbles));
+    EXPECT_NE(r.out.find(expected), std::string::npos) << expected << "\n" << r.out;
     // gpt_tiny's `cpu` profile is the datasheet one: the run says how to measure this machine.
     EXPECT_NE(r.out.find("(the cpu profile is a datasheet guess, not this machine: "),
               std::string::npos)
