@@ -879,12 +879,12 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
             double alone = costs.speed(run[r].threads);
             const double on = busy[g.ranks[r].host], talking = comm[g.ranks[r].host];
             if (queues && queues->covers(r)) {
-                // On a core it runs as fast as the cores all busy allow, less what taking turns
-                // costs (caches refilled after each): the measured sharing beyond the cores.
-                double full = costs.speed(std::min(on, costs.cores) + talking);
-                if (on > costs.cores)
-                    full *= std::min(1.0, costs.speed(on) * on /
-                                              (costs.speed(costs.cores) * costs.cores));
+                // On a core it runs as fast as the cores all busy allow. What taking turns
+                // costs (caches refilled after each) is in the calibrated `oversubscribed`
+                // work of the ranks' actions, fitted to pipelines that take turns: the workers'
+                // sharing beyond the cores as well would count it twice (a pipeline's steady
+                // actions, traced, stretch as the ranks in action over the cores, no more).
+                const double full = costs.speed(std::min(on, costs.cores) + talking);
                 return queues->share(r) * full / alone;
             }
             return costs.speed(std::max(on, run[r].threads) + talking) / alone;
