@@ -390,16 +390,30 @@ TEST(SharedCores, RanksBeyondTheCoresQueueForThemAndTakeTurnsOfASlice) {
         EXPECT_NEAR(span(r, ActionKind::forward).second, 1.5, 1e-9) << "rank " << r;
         EXPECT_NEAR(span(r, ActionKind::backward).second, 4.5, 1e-9) << "rank " << r;
     }
-    // Taking turns costs what the threads' measured sharing says: three single-threaded
-    // workers on the two cores each at 0.6 of one alone (together 0.9 of the two cores, where
-    // two workers have all of them), so every F runs at 2/3 x 0.9 of a core and ends at 1 / 0.6.
+    // What taking turns costs is priced once, in the actions' own seconds (the calibrated
+    // `oversubscribed` work): where three single-threaded workers on the two cores measured
+    // each at 0.6 of one alone (together 0.9 of the two cores), the ranks still run at their
+    // share of the cores, and every F ends at 1.5 as before, not at 1 / 0.6.
     ExecCosts turns = c;
     turns.speed = [](double n) { return n <= 2 ? 1.0 : 0.9 * 2 / n; };
     ExecTimes costly = execute(g, turns);
     ASSERT_TRUE(costly.complete);
     t = costly;
     for (size_t r = 0; r < 3; ++r)
-        EXPECT_NEAR(span(r, ActionKind::forward).second, 1 / 0.6, 1e-9) << "rank " << r;
+        EXPECT_NEAR(span(r, ActionKind::forward).second, 1.5, 1e-9) << "rank " << r;
+    // Within the cores the workers' sharing still applies: two workers at 0.8 of one alone each
+    // (the memory they share), two ranks on the two cores: every F ends at 1 / 0.8.
+    Graph two = planned(
+        checked("gpt_tiny.dist", {"mesh.dp=2", "train.batch=12", "schedule.microbatches=1"}));
+    ExecCosts within = c;
+    within.speed = [](double n) { return n <= 1 ? 1.0 : 0.8; };
+    ExecTimes paired = execute(two, within);
+    ASSERT_TRUE(paired.complete);
+    for (size_t r = 0; r < 2; ++r)
+        for (size_t i = 0; i < two.ranks[r].actions.size(); ++i)
+            if (two.ranks[r].actions[i].kind == ActionKind::forward) {
+                EXPECT_NEAR(paired.end[r][i] - paired.start[r][i], 1 / 0.8, 1e-9) << "rank " << r;
+            }
     t = even;
     // Sharing evenly, rank 2's F runs from the start beside rank 0's: its span begins at 0 and
     // it waits for no core.
