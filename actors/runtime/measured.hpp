@@ -28,7 +28,6 @@ std::vector<double> timing_origins(const std::vector<std::vector<ActionTiming>>&
 class StepTally {
   public:
     void add(double step_time_s, double bubble);
-    bool empty() const { return steps_.empty(); }
     double median_step_s() const { return median_of(steps_); }
     double median_bubble() const { return median_of(bubbles_); }
 

@@ -1109,19 +1109,24 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     // row's factor more than with the row taken out; one with a rank per core is priced alike
     // either way.
     ASSERT_EQ(c.oversubscribed.size(), c.cores > 1 ? 2u : 0u);
+    // The simulated step of a pipeline of `pp` single-threaded ranks (two blocks a stage, width
+    // 64) with the profile's `oversubscribed` rows replaced by `rows`.
+    auto priced_with = [&](int32_t pp, const std::vector<OversubscribedRow>& rows) {
+        Program q = checked("gpt_tiny.dist", {"model.layers=" + std::to_string(2 * pp),
+                                              "model.width=64", "mesh.pp=" + std::to_string(pp),
+                                              "schedule.microbatches=" + std::to_string(2 * pp),
+                                              "train.batch=" + std::to_string(4 * pp)});
+        q.mesh.profile = *p;
+        q.mesh.profile.calibration.oversubscribed = rows;
+        sim::SimResult r = sim::simulate(*lower(q).graph, q);
+        return r.ok() ? r.timeline->step_time_s : -1.0;
+    };
     for (const OversubscribedRow& row : c.oversubscribed) {
         EXPECT_EQ(row.width, 64);
         EXPECT_GT(row.work, 0);
         auto step = [&](int32_t pp, bool with) {
-            Program q = checked("gpt_tiny.dist", {"model.layers=" + std::to_string(2 * pp),
-                                                  "model.width=64", "mesh.pp=" + std::to_string(pp),
-                                                  "schedule.microbatches=" + std::to_string(2 * pp),
-                                                  "train.batch=" + std::to_string(4 * pp)});
-            q.mesh.profile = *p;
-            q.mesh.profile.calibration.oversubscribed = {row};
-            if (!with) q.mesh.profile.calibration.oversubscribed.clear();
-            sim::SimResult r = sim::simulate(*lower(q).graph, q);
-            return r.ok() ? r.timeline->step_time_s : -1.0;
+            return priced_with(pp, with ? std::vector<OversubscribedRow>{row}
+                                        : std::vector<OversubscribedRow>{});
         };
         const int32_t pp = static_cast<int32_t>(row.ranks_per_core) * c.cores;
         const double beyond = step(pp, true), alone = step(pp, false);
@@ -1137,14 +1142,7 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     // core costs more where that row's factor is larger; one of two a core does not move.
     if (c.cores > 1) {
         auto priced = [&](int32_t pp, double four) {
-            Program q = checked("gpt_tiny.dist", {"model.layers=" + std::to_string(2 * pp),
-                                                  "model.width=64", "mesh.pp=" + std::to_string(pp),
-                                                  "schedule.microbatches=" + std::to_string(2 * pp),
-                                                  "train.batch=" + std::to_string(4 * pp)});
-            q.mesh.profile = *p;
-            q.mesh.profile.calibration.oversubscribed = {{2, 64, 1.0}, {4, 64, four}};
-            sim::SimResult r = sim::simulate(*lower(q).graph, q);
-            return r.ok() ? r.timeline->step_time_s : -1.0;
+            return priced_with(pp, {{2, 64, 1.0}, {4, 64, four}});
         };
         ASSERT_GT(priced(4 * c.cores, 1.0), 0);
         EXPECT_GT(priced(4 * c.cores, 2.0), 1.2 * priced(4 * c.cores, 1.0));
