@@ -906,29 +906,85 @@ ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, 
     return fit;
 }
 
+std::vector<double> blocks_and_ends_scales(const std::vector<std::vector<ActionPoint>>& groups) {
+    // With r = measured: a = blocks / r and c = ends / r, each residual is a_i s_g + c_i e - 1.
+    // For a given e, group g's best s_g is alpha_g - e beta_g; put back, each residual is
+    // u_i + e v_i, whose least squares gives e.
+    const size_t n = groups.size();
+    std::vector<double> alpha(n, 0), beta(n, 0), mean(n, 0);
+    double uv = 0, vv = 0, uu = 0;
+    for (size_t g = 0; g < n; ++g) {
+        double aa = 0, a1 = 0, ac = 0;
+        for (const ActionPoint& q : groups[g]) {
+            const double a = q.blocks / q.measured, c = q.ends / q.measured;
+            aa += a * a;
+            a1 += a;
+            ac += a * c;
+            mean[g] += q.measured / (q.blocks + q.ends) / static_cast<double>(groups[g].size());
+        }
+        if (aa <= 0) continue;
+        alpha[g] = a1 / aa;
+        beta[g] = ac / aa;
+        for (const ActionPoint& q : groups[g]) {
+            const double a = q.blocks / q.measured, c = q.ends / q.measured;
+            const double u = a * alpha[g] - 1, v = c - a * beta[g];
+            uv += u * v;
+            vv += v * v;
+            uu += u * u;
+        }
+    }
+    // Not determined: the probes of each group have the same share of ends (one block count
+    // each), or none has ends.
+    const double ends = vv > 1e-9 * std::max(uu, 1e-12) ? -uv / vv : 0.0;
+    std::vector<double> out(n + 1);
+    bool positive = ends > 0;
+    for (size_t g = 0; g < n; ++g) {
+        out[g] = alpha[g] - ends * beta[g];
+        positive = positive && out[g] > 0;
+    }
+    out[n] = ends;
+    if (!positive) { // the mean ratio of each group, its ends' scale theirs too
+        for (size_t g = 0; g < n; ++g) out[g] = mean[g];
+        out[n] = 0;
+    }
+    return out;
+}
+
 std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Calibration& cal,
                                      int32_t threads) {
-    // A scale alone: within one width a probe's kernels grow with its blocks, and a cost per
-    // block is not told from a scale.
+    // Within one width and token count the probes differ only in their blocks, which tells the
+    // blocks' scale from what the ends cost beyond their kernels. The ends are a small part of
+    // a wide probe, too small to be told apart at one width: one scale serves every width.
     std::map<std::pair<int, int>, std::vector<const Probe*>> widths; // (width, rows)
     for (const Probe& pr : probes) widths[{pr.width, pr.rows}].push_back(&pr);
+    std::erase_if(widths, [](const auto& w) { return w.second.size() < 2; });
     sim::Rates rates(cal);
-    std::vector<ActionFit> out;
+    std::vector<std::vector<ActionPoint>> forward, backward;
     for (const auto& [shape, these] : widths) {
-        if (these.size() < 2) continue;
-        double forward = 0, backward = 0;
+        forward.emplace_back();
+        backward.emplace_back();
         for (const Probe* pr : these) {
-            const plan::PlanStage& stage = pr->graph->stages[0];
-            sim::StageSeconds k = sim::stage_seconds(*pr->program, stage, rates, threads, false);
-            forward += pr->forward / k.forward / static_cast<double>(these.size());
-            backward += pr->backward / (k.input + k.weight) / static_cast<double>(these.size());
+            plan::PlanStage blocks = pr->graph->stages[0], ends = blocks;
+            blocks.embedding = blocks.head = false;
+            ends.blocks = 0;
+            sim::StageSeconds kb = sim::stage_seconds(*pr->program, blocks, rates, threads, false);
+            sim::StageSeconds ke = sim::stage_seconds(*pr->program, ends, rates, threads, false);
+            forward.back().push_back({kb.forward, ke.forward, pr->forward});
+            backward.back().push_back({kb.input + kb.weight, ke.input + ke.weight, pr->backward});
         }
-        ActionFit f;
-        f.threads = threads;
-        f.width = shape.first;
-        f.tokens = static_cast<int64_t>(shape.second) * 64;
-        f.scale = {forward, forward, backward, backward};
-        out.push_back(f);
+    }
+    const std::vector<double> f = blocks_and_ends_scales(forward);
+    const std::vector<double> b = blocks_and_ends_scales(backward);
+    std::vector<ActionFit> out;
+    size_t g = 0;
+    for (const auto& [shape, these] : widths) {
+        ActionFit fit;
+        fit.threads = threads;
+        fit.width = shape.first;
+        fit.tokens = static_cast<int64_t>(shape.second) * 64;
+        fit.scale = {f[g], f.back() > 0 ? f.back() : f[g], b[g], b.back() > 0 ? b.back() : b[g]};
+        out.push_back(fit);
+        ++g;
     }
     return out;
 }
@@ -1143,8 +1199,9 @@ void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<ActionFi
         o << "]\n";
     }
     if (!by_width.empty()) {
-        o << "# Each width's probes of one token count alone, the mean of their ratios to their\n"
-          << "# kernels: what the simulator uses in place of the lines above, a stage priced\n"
+        o << "# Each width's probes of one token count, their blocks' scale apart from their\n"
+          << "# ends' (embeddings, head, loss; one scale for every width), least squares of the\n"
+          << "# ratios: what the simulator uses in place of the lines above, a stage priced\n"
           << "# between the nearest two token counts of a microbatch by log tokens, then between\n"
           << "# the nearest two widths of its matmuls (model width / tp) by log width:\n"
           << "by_width = [\n";

@@ -95,8 +95,18 @@ std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
 std::vector<double> pass_pace(const std::vector<Probe>& probes);
 /// The probes' actions against their kernels' prediction from `cal` on `threads` threads.
 ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, int32_t threads);
-/// For the probes of each width alone (widths probed at least twice), the mean of their ratios
-/// to their kernels.
+/// One probe's action beside its kernels: its blocks' and its ends' (embeddings, head, loss).
+struct ActionPoint {
+    double blocks = 0, ends = 0, measured = 0; // seconds
+};
+/// The scales of a set of probe groups (each a width at a token count, its probes differing in
+/// blocks) such that measured = scale of its group x blocks + one scale of the ends x ends, in
+/// least squares of the ratios to the measured: {the groups' scales..., the ends' scale}. Where
+/// the ends' scale is not determined (no group with two block counts, or not positive), each
+/// group's mean ratio to its kernels for both.
+std::vector<double> blocks_and_ends_scales(const std::vector<std::vector<ActionPoint>>& groups);
+/// For the probes of each width at each token count (probed at least twice): the scale of their
+/// blocks, and that of their ends, one for all the widths (`blocks_and_ends_scales`).
 std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Calibration& cal,
                                      int32_t threads);
 

@@ -329,8 +329,10 @@ template <typename Key> WholeActions along(std::vector<WholeActions> by, const K
     std::sort(by.begin(), by.end(),
               [&](const WholeActions& a, const WholeActions& b) { return key(a) < key(b); });
     if (x <= key(by.front())) return by.front();
-    for (size_t i = 1; i < by.size(); ++i)
-        if (x <= key(by[i])) return between(by[i - 1], key(by[i - 1]), by[i], key(by[i]), x);
+    for (size_t i = 1; i < by.size(); ++i) {
+        if (x == key(by[i])) return by[i]; // a + (b - a) need not be b in floating point
+        if (x < key(by[i])) return between(by[i - 1], key(by[i - 1]), by[i], key(by[i]), x);
+    }
     return by.back();
 }
 

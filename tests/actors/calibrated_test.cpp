@@ -896,6 +896,42 @@ TEST(Rates, OversubscribedWorkFollowsTheRanksACore) {
     EXPECT_DOUBLE_EQ(loaded.oversubscribed_work(128, 4), 1.5);
 }
 
+// The whole-action probes of one width and token count differ only in their blocks: the blocks'
+// scale of each is told apart from the ends' (one for all widths). Probes made to cost exactly
+// known scales give those scales back; where the ends' share is the same in every probe of a
+// group, or the best ends' scale is not positive, each group gets its mean ratio for both.
+TEST(Calibrate, ProbesTellTheBlocksScaleFromTheEnds) {
+    using cli::calibration::ActionPoint;
+    const std::array<double, 3> blocks_scale{1.1, 1.25, 1.05};
+    const double ends_scale = 2.4;
+    std::vector<std::vector<ActionPoint>> groups;
+    for (size_t g = 0; g < 3; ++g) {
+        groups.emplace_back();
+        const double block = 0.001 * (1.0 + static_cast<double>(g)), ends = 0.0004 * (3.0 - g);
+        for (double blocks : {1.0, 4.0})
+            groups.back().push_back(
+                {blocks * block, ends, blocks_scale[g] * blocks * block + ends_scale * ends});
+    }
+    std::vector<double> s = cli::calibration::blocks_and_ends_scales(groups);
+    ASSERT_EQ(s.size(), 4u);
+    for (size_t g = 0; g < 3; ++g) EXPECT_NEAR(s[g], blocks_scale[g], 1e-9);
+    EXPECT_NEAR(s[3], ends_scale, 1e-9);
+
+    // One block count in a group: nothing tells its blocks from its ends.
+    std::vector<std::vector<ActionPoint>> same = {{{0.002, 0.001, 0.0036}, {0.002, 0.001, 0.0033}}};
+    s = cli::calibration::blocks_and_ends_scales(same);
+    ASSERT_EQ(s.size(), 2u);
+    EXPECT_NEAR(s[0], (1.2 + 1.1) / 2, 1e-12);
+    EXPECT_EQ(s[1], 0.0);
+
+    // Ends that would cost less than nothing: the mean ratios.
+    std::vector<std::vector<ActionPoint>> cheap = {
+        {{0.001, 0.001, 0.0011}, {0.004, 0.001, 0.0060}}};
+    s = cli::calibration::blocks_and_ends_scales(cheap);
+    EXPECT_NEAR(s[0], (0.55 + 1.2) / 2, 1e-12);
+    EXPECT_EQ(s[1], 0.0);
+}
+
 // A pass's pace is how its probes ran against the times they keep: a pass where every probe
 // took 10% longer ran at 1.1, whatever the probes' sizes; where they disagree, their geometric
 // mean (one probe twice as slow and one twice as fast: the kept pace).
