@@ -764,73 +764,83 @@ std::string train_probe(const Program& p, const plan::Graph& g, const runtime::S
     }
 }
 
-std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
-                              const std::string& devices, int32_t threads, Progress& progress,
-                              std::vector<std::string>& skipped,
-                              const std::function<void(int)>& after_pass) {
-    // Every probe once per pass, the passes one after another; each keeps its median pass's
-    // medians (the pass of the median forward and backward): a burst of other work slows the
-    // probes of one pass, not the others, and a run's step is its steps' median, not its
-    // fastest step.
-    std::vector<std::vector<std::pair<double, double>>> timed(probes.size());
+std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int passes, bool quick,
+                                           const std::string& devices,
+                                           const std::vector<int32_t>& threads, Progress& progress,
+                                           std::vector<std::string>& skipped,
+                                           const std::function<void(int)>& after_pass) {
+    // Every probe on every thread count once per pass, the passes one after another; each
+    // keeps its median pass's medians (the pass of the median forward and backward): a burst
+    // of other work slows the probes of one pass, not the others, and a run's step is its
+    // steps' median, not its fastest step. The thread counts take turns within each pass: a
+    // shared machine's pace drifts over minutes, and the scales of ranks of all the cores and
+    // of one thread are set against each other.
+    std::vector<std::vector<Probe>> out(threads.size(), shapes);
+    // timed[t][i]: each pass's forward and backward of probe i on threads[t]
+    std::vector<std::vector<std::vector<std::pair<double, double>>>> timed(
+        threads.size(), std::vector<std::vector<std::pair<double, double>>>(shapes.size()));
     for (int pass = 0; pass < passes; ++pass) {
-        for (Probe& pr : probes) {
-            const std::string text =
-                "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: " +
-                std::to_string(pr.layers) + ", heads: " + std::to_string(pr.heads) +
-                ", width: " + std::to_string(pr.width) + ")\nmesh {\n    devices: " + devices +
-                "\n}\nschedule {\n    kind: 1f1b\n    microbatches: 2\n}\n"
-                "train {\n    data: synthetic()\n    batch: " +
-                std::to_string(2 * pr.rows) + "\n    steps: " + std::to_string(quick ? 3 : 8) +
-                "\n    seed: 1\n}\n";
-            lang::FrontendOptions fo;
-            fo.search_roots = lang::default_search_roots();
-            lang::CheckResult checked = lang::check_text("<calibration probe>", text, fo);
-            if (!checked.ok()) {
-                skipped.push_back("whole actions: " + checked.report());
-                return {};
-            }
-            const Program& p = *checked.program;
-            plan::PlanResult planned = plan::lower(p);
-            if (!planned.ok()) return {};
-            const plan::Graph& g = *planned.graph;
-            std::vector<double> f_times, b_times;
-            runtime::SessionOptions so;
-            so.join_launch = false;
-            so.threads = threads;
-            so.on_step = [&](const runtime::SessionStep& step) {
-                if (step.metrics.step <= 1 || step.timings.empty()) return true; // warming up
-                double f = 0, b = 0;
-                for (const runtime::ActionTiming& t : step.timings[0]) {
-                    plan::ActionKind k = g.ranks[0].actions[t.action].kind;
-                    if (k == plan::ActionKind::forward) f += t.end_s - t.start_s;
-                    if (k == plan::ActionKind::backward) b += t.end_s - t.start_s;
+        for (size_t t = 0; t < threads.size(); ++t) {
+            for (size_t i = 0; i < shapes.size(); ++i) {
+                Probe& pr = out[t][i];
+                const std::string text =
+                    "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: " +
+                    std::to_string(pr.layers) + ", heads: " + std::to_string(pr.heads) +
+                    ", width: " + std::to_string(pr.width) + ")\nmesh {\n    devices: " + devices +
+                    "\n}\nschedule {\n    kind: 1f1b\n    microbatches: 2\n}\n"
+                    "train {\n    data: synthetic()\n    batch: " +
+                    std::to_string(2 * pr.rows) + "\n    steps: " + std::to_string(quick ? 3 : 8) +
+                    "\n    seed: 1\n}\n";
+                lang::FrontendOptions fo;
+                fo.search_roots = lang::default_search_roots();
+                lang::CheckResult checked = lang::check_text("<calibration probe>", text, fo);
+                if (!checked.ok()) {
+                    skipped.push_back("whole actions: " + checked.report());
+                    return std::vector<std::vector<Probe>>(threads.size());
                 }
-                f_times.push_back(f / g.microbatches);
-                b_times.push_back(b / g.microbatches);
-                return true;
-            };
-            if (std::string e = train_probe(p, g, so); !e.empty()) {
-                skipped.push_back("whole actions: " + e);
-                return {};
+                const Program& p = *checked.program;
+                plan::PlanResult planned = plan::lower(p);
+                if (!planned.ok()) return std::vector<std::vector<Probe>>(threads.size());
+                const plan::Graph& g = *planned.graph;
+                std::vector<double> f_times, b_times;
+                runtime::SessionOptions so;
+                so.join_launch = false;
+                so.threads = threads[t];
+                so.on_step = [&](const runtime::SessionStep& step) {
+                    if (step.metrics.step <= 1 || step.timings.empty()) return true; // warming up
+                    double f = 0, b = 0;
+                    for (const runtime::ActionTiming& a : step.timings[0]) {
+                        plan::ActionKind k = g.ranks[0].actions[a.action].kind;
+                        if (k == plan::ActionKind::forward) f += a.end_s - a.start_s;
+                        if (k == plan::ActionKind::backward) b += a.end_s - a.start_s;
+                    }
+                    f_times.push_back(f / g.microbatches);
+                    b_times.push_back(b / g.microbatches);
+                    return true;
+                };
+                if (std::string e = train_probe(p, g, so); !e.empty()) {
+                    skipped.push_back("whole actions: " + e);
+                    return std::vector<std::vector<Probe>>(threads.size());
+                }
+                timed[t][i].push_back({median_of(f_times), median_of(b_times)});
+                pr.program = p;
+                pr.graph = g;
+                progress.tick("whole actions");
             }
-            timed[static_cast<size_t>(&pr - probes.data())].push_back(
-                {median_of(f_times), median_of(b_times)});
-            pr.program = p;
-            pr.graph = g;
-            progress.tick("whole actions");
         }
         if (after_pass) after_pass(pass);
     }
-    for (size_t i = 0; i < probes.size(); ++i) {
-        std::vector<std::pair<double, double>>& t = timed[i];
-        for (const auto& [f, b] : t) probes[i].passes.push_back(f + b);
-        std::sort(t.begin(), t.end(), [](const auto& a, const auto& b) {
-            return a.first + a.second < b.first + b.second;
-        });
-        std::tie(probes[i].forward, probes[i].backward) = t[t.size() / 2];
-    }
-    return probes;
+    for (size_t t = 0; t < threads.size(); ++t)
+        for (size_t i = 0; i < shapes.size(); ++i) {
+            std::vector<std::pair<double, double>>& kept = timed[t][i];
+            Probe& pr = out[t][i];
+            for (const auto& [f, b] : kept) pr.passes.push_back(f + b);
+            std::sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) {
+                return a.first + a.second < b.first + b.second;
+            });
+            std::tie(pr.forward, pr.backward) = kept[kept.size() / 2];
+        }
+    return out;
 }
 
 std::vector<double> pass_pace(const std::vector<Probe>& probes) {
@@ -1440,17 +1450,19 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
                       4 * messages * (cores >= 4 ? 2 : 1) + 1;
     Progress progress(err, total);
     auto t0 = Clock::now();
-    // The probes on all the cores (one rank alone), and on one thread (many ranks).
+    // The probes on all the cores (one rank alone) and on one thread (many ranks), taking
+    // turns in each pass; where there are several cores each pass is followed by the
+    // pipelines of more ranks than cores.
     const std::vector<Probe> shapes = probe_shapes(c.quick);
-    std::vector<Probe> probes =
-        run_probes(shapes, passes, c.quick, "cpu", cores, progress, skipped);
-    // The one-thread probes, each pass followed by the pipelines of more ranks than cores.
-    std::vector<Probe> probes_one;
-    if (cores > 1 && !probes.empty())
-        probes_one =
-            run_probes(shapes, passes, c.quick, "cpu", 1, progress, skipped, [&](int pass) {
-                time_oversubscribed(beyond, pass, passes, progress, skipped);
-            });
+    std::vector<std::vector<Probe>> both;
+    if (cores > 1)
+        both = run_probes(
+            shapes, passes, c.quick, "cpu", {cores, 1}, progress, skipped,
+            [&](int pass) { time_oversubscribed(beyond, pass, passes, progress, skipped); });
+    else
+        both = run_probes(shapes, passes, c.quick, "cpu", {cores}, progress, skipped);
+    std::vector<Probe> probes = std::move(both[0]);
+    std::vector<Probe> probes_one = both.size() > 1 ? std::move(both[1]) : std::vector<Probe>{};
     auto mm = measure_matmuls(plan, progress);
     auto att = measure_attention(plan, progress);
     auto elt = measure_elementwise(plan, progress);

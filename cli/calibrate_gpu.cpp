@@ -367,7 +367,7 @@ int run_calibrate_gpu(const CalibrateOptions& c, const std::string& name, int gp
     std::vector<std::string> skipped;
     // Any GPU profile places a probe's rank on the first GPU; its figures are not used.
     std::vector<Probe> probes =
-        run_probes(gpu_probes(c.quick), probe_passes, c.quick, "h100", 0, progress, skipped);
+        run_probes(gpu_probes(c.quick), probe_passes, c.quick, "h100", {0}, progress, skipped)[0];
     auto mm = gpu_matmuls(b, plan, progress);
     auto att = gpu_attention(b, plan, progress);
     auto elt = gpu_elementwise(b, plan, progress);

@@ -81,14 +81,17 @@ struct Probe {
     std::vector<double> passes{}; // each pass's forward and backward, in pass order
 };
 
-/// Trains small GPTs of the `probes` shapes on one rank of `devices` (a profile name: `cpu`, or
-/// a GPU's) with `threads` compute threads (0: the runtime's choice) and times their forwards
-/// and backwards, `passes` times each; run first, on a quiet process. `after_pass`, where given,
-/// runs after each pass with its index (other work timed at the same pace).
-std::vector<Probe> run_probes(std::vector<Probe> probes, int passes, bool quick,
-                              const std::string& devices, int32_t threads, Progress& progress,
-                              std::vector<std::string>& skipped,
-                              const std::function<void(int)>& after_pass = {});
+/// Trains small GPTs of the `shapes` on one rank of `devices` (a profile name: `cpu`, or a
+/// GPU's) with each of `threads` compute threads (0: the runtime's choice) and times their
+/// forwards and backwards, `passes` times each, the thread counts taking turns within a pass;
+/// the probes of each thread count, in its order (each empty where a probe failed). Run first,
+/// on a quiet process. `after_pass`, where given, runs after each pass with its index (other
+/// work timed at the same pace).
+std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int passes, bool quick,
+                                           const std::string& devices,
+                                           const std::vector<int32_t>& threads, Progress& progress,
+                                           std::vector<std::string>& skipped,
+                                           const std::function<void(int)>& after_pass = {});
 /// How fast each pass of `probes` ran beside the times they keep: for each pass, the geometric
 /// mean over the probes of that pass's forward and backward over the kept ones (1: the kept
 /// pace).
