@@ -1005,7 +1005,7 @@ std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Cal
 // action: each finds other ranks' data in its core's caches, so its actions cost more than the
 // probes alone say, and more with more ranks a core. Pipelines of two and of four such ranks a
 // core, two blocks a stage, train a few steps at each width after each pass of the one-thread
-// probes (the widest at four a core, the slowest, after the middle pass only), and the
+// probes (the widest at four a core, the slowest, only four steps a pass), and the
 // simulator prices the same plans with the profile: the factor on the actions' work that makes
 // it agree with a pipeline's median step (four rounds of factor x measured / simulated, the step
 // being nearly all the cores' work) is a row of the profile's `oversubscribed`. Each pass's step
@@ -1014,7 +1014,6 @@ std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Cal
 // speed.
 struct OversubscribedRun {
     int per_core, width, steps;
-    bool every_pass; // else after the middle pass only
     Program program; // trained on `cpu`: a profile does not change how a run runs
     plan::Graph graph;
     std::vector<std::pair<int, double>> passes{}; // (pass, its median step)
@@ -1029,16 +1028,15 @@ std::string oversubscribed_script(int width, int pp, int steps, const std::strin
            "\n    steps: " + std::to_string(steps) + "\n    seed: 1\n}\n";
 }
 
-// The pipelines: ranks a core, width, steps, and whether every pass trains it.
+// The pipelines: ranks a core, width, steps a pass.
 std::vector<OversubscribedRun> oversubscribed_runs(int32_t cores, bool quick,
                                                    std::vector<std::string>& skipped) {
-    using Shape = std::tuple<int, int, int, bool>;
+    using Shape = std::tuple<int, int, int>;
     const std::vector<Shape> shapes =
-        quick ? std::vector<Shape>{{2, 64, 4, true}, {4, 64, 4, true}}
-              : std::vector<Shape>{
-                    {2, 128, 20, true}, {2, 512, 10, true}, {4, 128, 12, true}, {4, 512, 6, false}};
+        quick ? std::vector<Shape>{{2, 64, 4}, {4, 64, 4}}
+              : std::vector<Shape>{{2, 128, 20}, {2, 512, 10}, {4, 128, 12}, {4, 512, 4}};
     std::vector<OversubscribedRun> runs;
-    for (const auto& [per_core, width, steps, every] : shapes) {
+    for (const auto& [per_core, width, steps] : shapes) {
         lang::FrontendOptions fo;
         fo.search_roots = lang::default_search_roots();
         lang::CheckResult checked =
@@ -1050,23 +1048,20 @@ std::vector<OversubscribedRun> oversubscribed_runs(int32_t cores, bool quick,
         }
         plan::PlanResult planned = plan::lower(*checked.program);
         if (!planned.ok()) return {};
-        runs.push_back({per_core, width, steps, every, *checked.program, *planned.graph});
+        runs.push_back({per_core, width, steps, *checked.program, *planned.graph});
     }
     return runs;
 }
 
 // How many trainings the pipelines make in `passes` passes.
 int oversubscribed_ticks(const std::vector<OversubscribedRun>& runs, int passes) {
-    int n = 0;
-    for (const OversubscribedRun& run : runs) n += run.every_pass ? passes : 1;
-    return n;
+    return static_cast<int>(runs.size()) * passes;
 }
 
-// Pass `pass` of `passes`: every pipeline that trains in it, once.
-void time_oversubscribed(std::vector<OversubscribedRun>& runs, int pass, int passes,
-                         Progress& progress, std::vector<std::string>& skipped) {
+// Pass `pass`: every pipeline, once.
+void time_oversubscribed(std::vector<OversubscribedRun>& runs, int pass, Progress& progress,
+                         std::vector<std::string>& skipped) {
     for (OversubscribedRun& run : runs) {
-        if (!run.every_pass && pass != passes / 2) continue;
         std::vector<double> steps;
         runtime::SessionOptions so;
         so.join_launch = false;
@@ -1456,9 +1451,8 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     const std::vector<Probe> shapes = probe_shapes(c.quick);
     std::vector<std::vector<Probe>> both;
     if (cores > 1)
-        both = run_probes(
-            shapes, passes, c.quick, "cpu", {cores, 1}, progress, skipped,
-            [&](int pass) { time_oversubscribed(beyond, pass, passes, progress, skipped); });
+        both = run_probes(shapes, passes, c.quick, "cpu", {cores, 1}, progress, skipped,
+                          [&](int pass) { time_oversubscribed(beyond, pass, progress, skipped); });
     else
         both = run_probes(shapes, passes, c.quick, "cpu", {cores}, progress, skipped);
     std::vector<Probe> probes = std::move(both[0]);
