@@ -67,20 +67,24 @@ layouts() { # width: one line per mesh, its label and its overrides separated by
 
 reference="pp 1, 1f1b, m 2;--set mesh.pp=1 --set schedule.microbatches=2"
 
+measure() { # width steps metrics sim label overrides: trains the mesh, and simulates it once
+    local width=$1 steps=$2 metrics=$3 sim=$4 label=$5 overrides=$6
+    # shellcheck disable=SC2206
+    local args=(--set mesh.devices=here --set model.width="$width" --set train.batch=16
+                --set 'train.data=synthetic()' --set train.stop_after="$steps" $overrides)
+    if ! "$dist" run examples/gpt_tiny.dist "${args[@]}" --quiet --metrics "$metrics" \
+        > "$tmp/run.txt" 2>&1; then
+        echo "$label ($width) failed: $(tail -1 "$tmp/run.txt")" >&2
+        return 1
+    fi
+    [[ -f "$sim" ]] || "$dist" sim examples/gpt_tiny.dist "${args[@]}" --json > "$sim"
+}
+
 pace_one() { # round width: the reference mesh's median step over its prediction, now
     local round=$1 width=$2 steps=12
     [[ $width == 512 ]] && steps=8
-    # shellcheck disable=SC2206
-    local args=(--set mesh.devices=here --set model.width="$width" --set train.batch=16
-                --set 'train.data=synthetic()' --set train.stop_after="$steps"
-                ${reference#*;})
-    if ! "$dist" run examples/gpt_tiny.dist "${args[@]}" --quiet --metrics "$tmp/pace.jsonl" \
-        > "$tmp/run.txt" 2>&1; then
-        echo "the reference mesh ($width) failed: $(tail -1 "$tmp/run.txt")" >&2
-        return
-    fi
-    [[ -f "$tmp/sim.pace.$width.json" ]] ||
-        "$dist" sim examples/gpt_tiny.dist "${args[@]}" --json > "$tmp/sim.pace.$width.json"
+    measure "$width" "$steps" "$tmp/pace.jsonl" "$tmp/sim.pace.$width.json" \
+        "the reference mesh" "${reference#*;}" || return 0
     "$py" - "$round" "$width" "$tmp" <<'PY'
 import json, statistics, sys
 rnd, width, tmp = sys.argv[1:]
@@ -95,16 +99,8 @@ PY
 run_one() { # round index label width overrides: one measured run, and the prediction once
     local round=$1 index=$2 label=$3 width=$4 overrides=$5 steps=25
     [[ $width == 512 ]] && steps=16
-    # shellcheck disable=SC2206
-    local args=(--set mesh.devices=here --set model.width="$width" --set train.batch=16
-                --set 'train.data=synthetic()' --set train.stop_after="$steps" $overrides)
-    if ! "$dist" run examples/gpt_tiny.dist "${args[@]}" --quiet --metrics "$tmp/m.jsonl" \
-        > "$tmp/run.txt" 2>&1; then
-        echo "$label ($width) failed: $(tail -1 "$tmp/run.txt")" >&2
-        return
-    fi
-    [[ -f "$tmp/sim.$index.json" ]] ||
-        "$dist" sim examples/gpt_tiny.dist "${args[@]}" --json > "$tmp/sim.$index.json"
+    measure "$width" "$steps" "$tmp/m.jsonl" "$tmp/sim.$index.json" "$label" "$overrides" ||
+        return 0
     "$py" - "$round" "$index" "$label" "$width" "$tmp" <<'PY'
 import json, sys
 rnd, index, label, width, tmp = sys.argv[1:]
