@@ -141,20 +141,14 @@ done
 import json, statistics, sys
 tmp = sys.argv[1]
 lines = [json.loads(l) for l in open(f"{tmp}/runs.jsonl")]
-# Each run at the pace of the reference runs just before and just after it (the lines of one
-# round and width, in the order they ran).
+# Each run at the pace of the reference runs just before and just after it (the lines are in
+# the order they ran; a reference run that failed leaves a run one neighbour or none).
 runs = []
 for i, line in enumerate(lines):
     if "pace" in line:
         continue
-    near = []
-    for j in (range(i - 1, -1, -1), range(i + 1, len(lines))):
-        for k in j:
-            if "pace" in lines[k] and (lines[k]["round"], lines[k]["width"]) == (line["round"], line["width"]):
-                near.append(lines[k]["pace"])
-                break
-            if "pace" not in lines[k]:
-                break
+    near = [lines[k]["pace"] for k in (i - 1, i + 1) if 0 <= k < len(lines) and "pace" in lines[k]
+            and (lines[k]["round"], lines[k]["width"]) == (line["round"], line["width"])]
     line["pace"] = statistics.geometric_mean(near) if near else None
     runs.append(line)
 # Each round beside its own prediction (the same for every round unless CALIBRATE=each).

@@ -764,6 +764,57 @@ std::string train_probe(const Program& p, const plan::Graph& g, const runtime::S
     }
 }
 
+namespace {
+
+// A probe's program and plan (a GPT of its shape trained 1F1B over two microbatches on one rank
+// of `devices`); what was wrong, or "".
+std::string plan_probe(Probe& pr, const std::string& devices, bool quick) {
+    const std::string text =
+        "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: " +
+        std::to_string(pr.layers) + ", heads: " + std::to_string(pr.heads) +
+        ", width: " + std::to_string(pr.width) + ")\nmesh {\n    devices: " + devices +
+        "\n}\nschedule {\n    kind: 1f1b\n    microbatches: 2\n}\n"
+        "train {\n    data: synthetic()\n    batch: " +
+        std::to_string(2 * pr.rows) + "\n    steps: " + std::to_string(quick ? 3 : 8) +
+        "\n    seed: 1\n}\n";
+    lang::FrontendOptions fo;
+    fo.search_roots = lang::default_search_roots();
+    lang::CheckResult checked = lang::check_text("<calibration probe>", text, fo);
+    if (!checked.ok()) return checked.report();
+    plan::PlanResult planned = plan::lower(*checked.program);
+    if (!planned.ok()) return "the probe has no plan";
+    pr.program = *checked.program;
+    pr.graph = *planned.graph;
+    return "";
+}
+
+// Trains a planned probe on `threads` threads: the median forward and backward per microbatch
+// of its steps after the first into `medians`; what went wrong, or "".
+std::string time_probe(const Probe& pr, int32_t threads, std::pair<double, double>& medians) {
+    const plan::Graph& g = *pr.graph;
+    std::vector<double> f_times, b_times;
+    runtime::SessionOptions so;
+    so.join_launch = false;
+    so.threads = threads;
+    so.on_step = [&](const runtime::SessionStep& step) {
+        if (step.metrics.step <= 1 || step.timings.empty()) return true; // warming up
+        double f = 0, b = 0;
+        for (const runtime::ActionTiming& a : step.timings[0]) {
+            plan::ActionKind k = g.ranks[0].actions[a.action].kind;
+            if (k == plan::ActionKind::forward) f += a.end_s - a.start_s;
+            if (k == plan::ActionKind::backward) b += a.end_s - a.start_s;
+        }
+        f_times.push_back(f / g.microbatches);
+        b_times.push_back(b / g.microbatches);
+        return true;
+    };
+    if (std::string e = train_probe(*pr.program, g, so); !e.empty()) return e;
+    medians = {median_of(f_times), median_of(b_times)};
+    return "";
+}
+
+} // namespace
+
 std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int passes, bool quick,
                                            const std::string& devices,
                                            const std::vector<int32_t>& threads, Progress& progress,
@@ -775,63 +826,32 @@ std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int
     // steps' median, not its fastest step. The thread counts take turns within each pass: a
     // shared machine's pace drifts over minutes, and the scales of ranks of all the cores and
     // of one thread are set against each other.
-    std::vector<std::vector<Probe>> out(threads.size(), shapes);
+    const std::vector<std::vector<Probe>> failed(threads.size());
+    std::vector<Probe> planned = shapes;
+    for (Probe& pr : planned)
+        if (std::string e = plan_probe(pr, devices, quick); !e.empty()) {
+            skipped.push_back("whole actions: " + e);
+            return failed;
+        }
+    std::vector<std::vector<Probe>> out(threads.size(), planned);
     // timed[t][i]: each pass's forward and backward of probe i on threads[t]
     std::vector<std::vector<std::vector<std::pair<double, double>>>> timed(
         threads.size(), std::vector<std::vector<std::pair<double, double>>>(shapes.size()));
     for (int pass = 0; pass < passes; ++pass) {
-        for (size_t t = 0; t < threads.size(); ++t) {
-            for (size_t i = 0; i < shapes.size(); ++i) {
-                Probe& pr = out[t][i];
-                const std::string text =
-                    "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: " +
-                    std::to_string(pr.layers) + ", heads: " + std::to_string(pr.heads) +
-                    ", width: " + std::to_string(pr.width) + ")\nmesh {\n    devices: " + devices +
-                    "\n}\nschedule {\n    kind: 1f1b\n    microbatches: 2\n}\n"
-                    "train {\n    data: synthetic()\n    batch: " +
-                    std::to_string(2 * pr.rows) + "\n    steps: " + std::to_string(quick ? 3 : 8) +
-                    "\n    seed: 1\n}\n";
-                lang::FrontendOptions fo;
-                fo.search_roots = lang::default_search_roots();
-                lang::CheckResult checked = lang::check_text("<calibration probe>", text, fo);
-                if (!checked.ok()) {
-                    skipped.push_back("whole actions: " + checked.report());
-                    return std::vector<std::vector<Probe>>(threads.size());
-                }
-                const Program& p = *checked.program;
-                plan::PlanResult planned = plan::lower(p);
-                if (!planned.ok()) return std::vector<std::vector<Probe>>(threads.size());
-                const plan::Graph& g = *planned.graph;
-                std::vector<double> f_times, b_times;
-                runtime::SessionOptions so;
-                so.join_launch = false;
-                so.threads = threads[t];
-                so.on_step = [&](const runtime::SessionStep& step) {
-                    if (step.metrics.step <= 1 || step.timings.empty()) return true; // warming up
-                    double f = 0, b = 0;
-                    for (const runtime::ActionTiming& a : step.timings[0]) {
-                        plan::ActionKind k = g.ranks[0].actions[a.action].kind;
-                        if (k == plan::ActionKind::forward) f += a.end_s - a.start_s;
-                        if (k == plan::ActionKind::backward) b += a.end_s - a.start_s;
-                    }
-                    f_times.push_back(f / g.microbatches);
-                    b_times.push_back(b / g.microbatches);
-                    return true;
-                };
-                if (std::string e = train_probe(p, g, so); !e.empty()) {
+        for (size_t t = 0; t < threads.size(); ++t)
+            for (size_t i = 0; i < planned.size(); ++i) {
+                std::pair<double, double> medians;
+                if (std::string e = time_probe(planned[i], threads[t], medians); !e.empty()) {
                     skipped.push_back("whole actions: " + e);
-                    return std::vector<std::vector<Probe>>(threads.size());
+                    return failed;
                 }
-                timed[t][i].push_back({median_of(f_times), median_of(b_times)});
-                pr.program = p;
-                pr.graph = g;
+                timed[t][i].push_back(medians);
                 progress.tick("whole actions");
             }
-        }
         if (after_pass) after_pass(pass);
     }
     for (size_t t = 0; t < threads.size(); ++t)
-        for (size_t i = 0; i < shapes.size(); ++i) {
+        for (size_t i = 0; i < planned.size(); ++i) {
             std::vector<std::pair<double, double>>& kept = timed[t][i];
             Probe& pr = out[t][i];
             for (const auto& [f, b] : kept) pr.passes.push_back(f + b);
@@ -1449,12 +1469,11 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     // turns in each pass; where there are several cores each pass is followed by the
     // pipelines of more ranks than cores.
     const std::vector<Probe> shapes = probe_shapes(c.quick);
-    std::vector<std::vector<Probe>> both;
-    if (cores > 1)
-        both = run_probes(shapes, passes, c.quick, "cpu", {cores, 1}, progress, skipped,
-                          [&](int pass) { time_oversubscribed(beyond, pass, progress, skipped); });
-    else
-        both = run_probes(shapes, passes, c.quick, "cpu", {cores}, progress, skipped);
+    std::vector<int32_t> counts = {cores};
+    if (cores > 1) counts.push_back(1);
+    std::vector<std::vector<Probe>> both =
+        run_probes(shapes, passes, c.quick, "cpu", counts, progress, skipped,
+                   [&](int pass) { time_oversubscribed(beyond, pass, progress, skipped); });
     std::vector<Probe> probes = std::move(both[0]);
     std::vector<Probe> probes_one = both.size() > 1 ? std::move(both[1]) : std::vector<Probe>{};
     auto mm = measure_matmuls(plan, progress);
