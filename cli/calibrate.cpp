@@ -1155,6 +1155,84 @@ std::vector<Oversubscribed> fit_oversubscribed(std::vector<OversubscribedRun>& r
     return out;
 }
 
+// ----- the cores' spread ---------------------------------------------------------------------
+
+// One data-parallel replica a core, each on one thread: their steps' compute (forward and
+// backward) side by side.
+std::optional<SpreadRun> spread_run(int32_t cores, bool quick, std::vector<std::string>& skipped) {
+    const int width = quick ? 64 : 128, steps = quick ? 5 : 26;
+    const std::string text =
+        "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: 4, heads: 4, "
+        "width: " +
+        std::to_string(width) + ")\nmesh {\n    devices: cpu\n    dp: " + std::to_string(cores) +
+        "\n}\nschedule {\n    kind: 1f1b\n    microbatches: 2\n}\ntrain {\n    data: "
+        "synthetic()\n    batch: " +
+        std::to_string(8 * cores) + "\n    steps: " + std::to_string(steps) + "\n    seed: 1\n}\n";
+    lang::FrontendOptions fo;
+    fo.search_roots = lang::default_search_roots();
+    lang::CheckResult checked = lang::check_text("<calibration probe>", text, fo);
+    if (!checked.ok()) {
+        skipped.push_back("the cores' spread: " + checked.report());
+        return std::nullopt;
+    }
+    plan::PlanResult planned = plan::lower(*checked.program);
+    if (!planned.ok()) return std::nullopt;
+    return SpreadRun{width, *checked.program, *planned.graph, {}};
+}
+
+void time_spread(std::optional<SpreadRun>& run, Progress& progress,
+                 std::vector<std::string>& skipped) {
+    if (!run) return;
+    runtime::SessionOptions so;
+    so.join_launch = false;
+    so.threads = 1;
+    run->passes.emplace_back();
+    so.on_step = [&](const runtime::SessionStep& step) {
+        if (step.metrics.step <= 2 || step.timings.size() < 2) return true; // warming up
+        std::vector<double> busy;
+        for (size_t r = 0; r < step.timings.size(); ++r) {
+            double b = 0;
+            for (const runtime::ActionTiming& a : step.timings[r])
+                if (!a.collective && plan::is_compute(run->graph.ranks[r].actions[a.action].kind))
+                    b += a.end_s - a.start_s;
+            busy.push_back(b);
+        }
+        run->passes.back().push_back(relative_variance(busy));
+        return true;
+    };
+    if (std::string e = train_probe(run->program, run->graph, so); !e.empty()) {
+        skipped.push_back("the cores' spread: " + e);
+        run.reset();
+        return;
+    }
+    progress.tick("the cores' spread");
+}
+
+double relative_variance(const std::vector<double>& values) {
+    const double n = static_cast<double>(values.size());
+    double mean = 0, squares = 0;
+    for (double v : values) mean += v / n;
+    if (values.size() < 2 || !(mean > 0)) return 0.0;
+    for (double v : values) squares += (v / mean - 1) * (v / mean - 1);
+    return squares / (n - 1);
+}
+
+double spread_of(std::vector<double> variances, int32_t ranks) {
+    if (variances.empty() || ranks < 2) return 0.0;
+    // A sample variance of k = ranks - 1 degrees of freedom is sigma^2 chi^2_k / k; the
+    // median of chi^2_k / k is about (1 - 2 / 9k)^3 (Wilson and Hilferty 1931).
+    const double k = ranks - 1.0, middle = std::pow(1.0 - 2.0 / (9.0 * k), 3.0);
+    return std::sqrt(median_of(std::move(variances)) / middle);
+}
+
+double spread_of(const SpreadRun& run, int32_t ranks) {
+    double sum = 0;
+    int n = 0;
+    for (const std::vector<double>& pass : run.passes)
+        if (!pass.empty()) sum += spread_of(pass, ranks), ++n;
+    return n ? sum / n : 0.0;
+}
+
 // ----- the profile --------------------------------------------------------------------------
 
 // The L2 of one core, as the C library reports it (0 where it does not).
@@ -1287,7 +1365,8 @@ std::string profile_text(const std::string& name, const std::string& command, in
                          const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt,
                          const std::vector<SharingPoint>& sharing,
                          const std::vector<Oversubscribed>& over, double slice,
-                         double collective_wait, const std::vector<TransferSample>& transfers,
+                         double collective_wait, double core_spread, int spread_width,
+                         const std::vector<TransferSample>& transfers,
                          const std::vector<CollectiveSample>& collectives,
                          const std::vector<std::string>& skipped) {
     const std::string date = utc_now();
@@ -1386,6 +1465,16 @@ std::string profile_text(const std::string& name, const std::string& command, in
           << "# members all-gathering and all-reducing 64 KiB, each call after 0.5 ms of work,\n"
           << "# beside " << 2 * cores << " threads that never block, against alone.\n"
           << "collective_wait = " << number(collective_wait) << "\n";
+    if (core_spread > 0)
+        o << "# How far apart the cores' paces are: the standard deviation of one core's pace\n"
+          << "# over a step against the cores' mean. " << cores
+          << " data-parallel replicas of a GPT (width " << spread_width << ", four\n"
+          << "# blocks), one a core on one thread each, trained after each pass of the probes;\n"
+          << "# in each pass the median over the steps of the replicas' compute's sample variance\n"
+          << "# (against its mean), at the median of a normal sample variance; the mean of the\n"
+          << "# passes. The ranks of a stage that hold a core each are priced at the expected\n"
+          << "# paces of as many cores, and their collectives wait for the slowest.\n"
+          << "core_spread = " << number(core_spread) << "\n";
     write_rows(o,
                "One-way seconds of a message (half an activation's round trip with its "
                "gradient).",
@@ -1454,6 +1543,9 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     // Pipelines of more single-threaded ranks than cores (where there are several cores).
     std::vector<OversubscribedRun> beyond;
     if (cores > 1) beyond = oversubscribed_runs(cores, c.quick, skipped);
+    // A replica a core, each on one thread: how far apart the cores' paces are.
+    std::optional<SpreadRun> spread;
+    if (cores > 1) spread = spread_run(cores, c.quick, skipped);
     // run_probes: every probe in every pass, on all the cores and on one.
     const int probe_runs =
         static_cast<int>(probe_shapes(c.quick).size()) * passes * (cores > 1 ? 2 : 1);
@@ -1461,19 +1553,21 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
                                  static_cast<int>(plan.seqs.size() * plan.head_dims.size()) +
                                  13 * static_cast<int>(plan.elements.size())) +
                       probe_runs + sharing_sets * static_cast<int>(sharing_counts(cores).size()) +
-                      oversubscribed_ticks(beyond, passes) + 1 + 3 * messages +
-                      4 * messages * (cores >= 4 ? 2 : 1) + 1;
+                      oversubscribed_ticks(beyond, passes) + (spread ? passes : 0) + 1 +
+                      3 * messages + 4 * messages * (cores >= 4 ? 2 : 1) + 1;
     Progress progress(err, total);
     auto t0 = Clock::now();
     // The probes on all the cores (one rank alone) and on one thread (many ranks), taking
     // turns in each pass; where there are several cores each pass is followed by the
-    // pipelines of more ranks than cores.
+    // pipelines of more ranks than cores and by the replicas a core.
     const std::vector<Probe> shapes = probe_shapes(c.quick);
     std::vector<int32_t> counts = {cores};
     if (cores > 1) counts.push_back(1);
     std::vector<std::vector<Probe>> both =
-        run_probes(shapes, passes, c.quick, "cpu", counts, progress, skipped,
-                   [&](int pass) { time_oversubscribed(beyond, pass, progress, skipped); });
+        run_probes(shapes, passes, c.quick, "cpu", counts, progress, skipped, [&](int pass) {
+            time_oversubscribed(beyond, pass, progress, skipped);
+            time_spread(spread, progress, skipped);
+        });
     std::vector<Probe> probes = std::move(both[0]);
     std::vector<Probe> probes_one = both.size() > 1 ? std::move(both[1]) : std::vector<Probe>{};
     auto mm = measure_matmuls(plan, progress);
@@ -1500,9 +1594,11 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     std::string command = "dist calibrate --out " + c.out + (c.quick ? " --quick" : "") +
                           (c.device == "cpu" ? " --device cpu" : "") +
                           (c.cores > 0 ? " --cores " + std::to_string(c.cores) : "");
+    const double core_spread = spread ? spread_of(*spread, cores) : 0.0;
     auto text_with = [&](const std::vector<Oversubscribed>& over) {
         return profile_text(name, command, cores, since(t0), fit, fewer, by_width, mm, att, elt,
-                            sharing, over, slice, collective_wait, transfers, collectives, skipped);
+                            sharing, over, slice, collective_wait, core_spread,
+                            spread ? spread->width : 0, transfers, collectives, skipped);
     };
     // Ranks beyond the cores, priced by the profile measured so far (one core: none beyond).
     std::vector<Oversubscribed> over;

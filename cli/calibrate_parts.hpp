@@ -72,6 +72,30 @@ struct Oversubscribed {
     std::vector<double> passes{}, pace{}; // each pass's median step, and the probes' pace
 };
 
+/// The cores' spread: a data-parallel replica a core trained on one thread each, and in each
+/// pass each step's sample variance of their compute relative to its mean.
+struct SpreadRun {
+    int width = 0;
+    Program program;
+    plan::Graph graph;
+    std::vector<std::vector<double>> passes{};
+};
+/// The replicas' run (none where it cannot be planned, said in `skipped`).
+std::optional<SpreadRun> spread_run(int32_t cores, bool quick, std::vector<std::string>& skipped);
+/// One pass of it: its steps after the second, a pass of `run`'s (the run dropped where it
+/// failed, said in `skipped`).
+void time_spread(std::optional<SpreadRun>& run, Progress& progress,
+                 std::vector<std::string>& skipped);
+/// The sample variance of `values` over their mean (n - 1 in the denominator); 0 for fewer than
+/// two or a mean not above 0.
+double relative_variance(const std::vector<double>& values);
+/// A core's pace's standard deviation against its mean, from the steps' relative variances of
+/// `ranks` ranks at once: their median, at the median of a normal sample variance.
+double spread_of(std::vector<double> variances, int32_t ranks);
+/// The mean over the run's passes of each one's spread: the cores' paces move apart and
+/// together over minutes.
+double spread_of(const SpreadRun& run, int32_t ranks);
+
 struct Probe {
     int width, rows, layers;
     std::optional<Program> program;

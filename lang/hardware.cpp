@@ -141,6 +141,12 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
     c.slice_s = r.number("calibration.slice", false);
     c.cache_bytes = r.whole("calibration.cache_bytes", false);
     c.collective_wait_s = r.number("calibration.collective_wait", false);
+    c.core_spread = r.number("calibration.core_spread", false);
+    if (c.core_spread >= 0.5) {
+        diags.error(node_loc(file, root.at_path("calibration.core_spread").node(), root),
+                    "`calibration.core_spread` is a fraction of a core's pace below 0.5");
+        c.core_spread = 0;
+    }
     r.numbers("calibration.scales", c.actions.scales, false, "four positive numbers");
     r.numbers("calibration.block_overhead", c.actions.block_overhead_s, true,
               "two numbers of seconds, at least 0");

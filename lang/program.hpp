@@ -226,6 +226,10 @@ struct Calibration {
     /// cores: its woken member's wait for a core and its own work slowed (0: not measured; the
     /// model takes half the slice).
     double collective_wait_s = 0;
+    /// The standard deviation of one core's pace over a step against the cores' mean (0: not
+    /// measured): ranks that each hold a core of their own run at their cores' paces, and the
+    /// slowest of them sets a meeting's time.
+    double core_spread = 0;
     /// Whole actions against their kernels, for a rank on all the cores.
     WholeActions actions;
     /// The same for ranks of fewer threads (`calibration.fewer_threads`), by thread count.

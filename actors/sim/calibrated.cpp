@@ -361,4 +361,42 @@ int32_t rank_threads(const plan::Graph& g, int32_t cores) {
     return std::max(1, cores / most_ranks_on_a_host(g));
 }
 
+double normal_order_statistic(int32_t i, int32_t n) {
+    if (n < 2 || i < 1 || i > n) return 0.0;
+    // E[X_(i)] = n! / ((i - 1)! (n - i)!) * integral of x phi(x) Phi(x)^(n - i)
+    // (1 - Phi(x))^(i - 1) dx, by Simpson's rule over [-9, 9], where the rest is negligible.
+    const double log_c = std::lgamma(n + 1.0) - std::lgamma(1.0 * i) - std::lgamma(n - i + 1.0);
+    auto f = [&](double x) {
+        const double below = 0.5 * std::erfc(-x / std::sqrt(2.0)), above = 1.0 - below;
+        if (below <= 0 || above <= 0) return 0.0;
+        return x * std::exp(log_c - 0.5 * x * x - 0.5 * std::log(2 * M_PI) +
+                            (n - i) * std::log(below) + (i - 1) * std::log(above));
+    };
+    const int steps = 2000;
+    const double lo = -9, h = 18.0 / steps;
+    double sum = f(lo) + f(-lo);
+    for (int k = 1; k < steps; ++k) sum += (k % 2 ? 4 : 2) * f(lo + k * h);
+    return sum * h / 3;
+}
+
+std::vector<double> core_paces(const plan::Graph& g, int32_t cores, double core_spread) {
+    std::vector<double> pace(g.ranks.size(), 1.0);
+    if (!(core_spread > 0)) return pace;
+    std::map<int32_t, int32_t> on_host;
+    std::map<std::pair<int32_t, int32_t>, std::vector<size_t>> meeting; // (host, pp): ranks
+    for (size_t r = 0; r < g.ranks.size(); ++r) {
+        ++on_host[g.ranks[r].host];
+        meeting[{g.ranks[r].host, g.ranks[r].pp}].push_back(r);
+    }
+    for (const auto& [key, ranks] : meeting) {
+        const int32_t host_ranks = on_host[key.first], n = static_cast<int32_t>(ranks.size());
+        if (n < 2 || host_ranks > cores) continue;
+        const double sigma = core_spread / std::sqrt(static_cast<double>(cores / host_ranks));
+        for (int32_t i = 0; i < n; ++i)
+            pace[ranks[static_cast<size_t>(i)]] =
+                std::max(0.5, 1.0 + sigma * normal_order_statistic(i + 1, n));
+    }
+    return pace;
+}
+
 } // namespace dist::sim

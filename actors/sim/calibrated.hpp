@@ -12,6 +12,7 @@
 #include "lang/program.hpp"
 
 #include <string>
+#include <vector>
 
 namespace dist::sim {
 
@@ -69,5 +70,18 @@ int32_t most_ranks_on_a_host(const plan::Graph& g);
 /// The threads each rank of `g` computes on: the host's cores divided between its ranks, at
 /// least one (the runtime's rule, actors/runtime/job.cpp).
 int32_t rank_threads(const plan::Graph& g, int32_t cores);
+
+/// The expected `i`-th largest of `n` independent standard normal draws (i from 1): the
+/// expected order statistic, integrated numerically (n = 2: 1/sqrt(pi) and its negative).
+double normal_order_statistic(int32_t i, int32_t n);
+/// Each rank's pace on the host's cores, a factor on its compute's time (1: the cores' mean).
+/// Where a host's ranks each hold a core or more of their own, they run at their cores' paces,
+/// which spread by `core_spread` (one core's standard deviation against the mean; a rank's of
+/// t threads sqrt(t) times less). The ranks of one pipeline stage on a host (its data-, tensor-
+/// and context-parallel members) meet in its collectives, where the slowest sets the time: they
+/// take the expected paces of as many draws, slowest first in rank order. A pipeline's stages
+/// do not meet so: which of them drew the slower core changes its step by as much either way,
+/// and they keep the mean. Ranks beyond the cores take turns on them: 1 each.
+std::vector<double> core_paces(const plan::Graph& g, int32_t cores, double core_spread);
 
 } // namespace dist::sim

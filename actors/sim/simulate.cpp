@@ -431,8 +431,11 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         return collective(g.tensor_group(r), "all_reduce", bytes, -1.0);
     };
     const double mem_bw = pr.mem_bw;
-    c.compute = [&g, fallback, seconds, rates, threads, tp_all_reduce, mem_bw,
-                 norm_pass](const PlanRank& r, const PlanAction& a) {
+    // Ranks that each hold cores of their own run at their cores' paces (slowest first).
+    auto pace = std::make_shared<std::vector<double>>(
+        gpu ? std::vector<double>(g.ranks.size(), 1.0) : core_paces(g, cal.cores, cal.core_spread));
+    c.compute = [&g, fallback, seconds, rates, threads, tp_all_reduce, mem_bw, norm_pass,
+                 pace](const PlanRank& r, const PlanAction& a) {
         if (a.kind == ActionKind::step) {
             // The optimizer's kernels on the rank's share of its parameters, but the norm's
             // pass (before it), with the communication the link model prices.
@@ -442,7 +445,11 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
                    std::max(0.0, modelled - 2.0 * 16.0 * updated / mem_bw);
         }
         const PlanStage& s = g.stages[static_cast<size_t>(a.stage)];
-        const StageSeconds& t = (*seconds)[static_cast<size_t>(a.stage)];
+        StageSeconds t = (*seconds)[static_cast<size_t>(a.stage)];
+        const double at = (*pace)[static_cast<size_t>(r.rank)];
+        t.forward *= at;
+        t.input *= at;
+        t.weight *= at;
         const double each =
             std::max(0.0, tp_all_reduce(r, static_cast<double>(s.tp_reduction_bytes)));
         const double loss =
