@@ -1219,9 +1219,13 @@ double relative_variance(const std::vector<double>& values) {
 
 double spread_of(std::vector<double> variances, int32_t ranks) {
     if (variances.empty() || ranks < 2) return 0.0;
-    // A sample variance of k = ranks - 1 degrees of freedom is sigma^2 chi^2_k / k; the
-    // median of chi^2_k / k is about (1 - 2 / 9k)^3 (Wilson and Hilferty 1931).
-    const double k = ranks - 1.0, middle = std::pow(1.0 - 2.0 / (9.0 * k), 3.0);
+    // A sample variance of k = ranks - 1 degrees of freedom is sigma^2 chi^2_k / k. The median
+    // of chi^2_k / k: 0.4549 for one (the square of the normal's quartile, 0.6745), ln 2 for
+    // two, about (1 - 2 / 9k)^3 beyond (Wilson and Hilferty 1931).
+    const double k = ranks - 1.0;
+    const double middle = ranks == 2   ? 0.4549364
+                          : ranks == 3 ? std::log(2.0)
+                                       : std::pow(1.0 - 2.0 / (9.0 * k), 3.0);
     return std::sqrt(median_of(std::move(variances)) / middle);
 }
 

@@ -17,10 +17,12 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <set>
 #include <sstream>
 #include <unistd.h>
@@ -560,6 +562,60 @@ TEST(SharedCores, ACollectiveWaitingForBusyCoresTakesItsWaitUnstretched) {
     }
 }
 
+// The expected largest, second largest ... of n standard normal draws, as tabulated (Harter
+// 1961, table 1): 1/sqrt(pi) for the larger of two; each set sums to zero.
+TEST(SharedCores, NormalOrderStatisticsAreTheTabulatedOnes) {
+    const std::map<int32_t, std::vector<double>> table = {
+        {2, {0.56419}},
+        {3, {0.84628, 0.0}},
+        {4, {1.02938, 0.29701}},
+        {5, {1.16296, 0.49502, 0.0}},
+        {10, {1.53875, 1.00136, 0.65606, 0.37576, 0.12267}}};
+    for (const auto& [n, largest] : table) {
+        double sum = 0;
+        for (int32_t i = 1; i <= n; ++i) {
+            const double e = sim::normal_order_statistic(i, n);
+            sum += e;
+            const size_t from_top = static_cast<size_t>(std::min(i, n + 1 - i) - 1);
+            EXPECT_NEAR(std::abs(e), largest[from_top], 2e-5) << i << " of " << n;
+            if (2 * i != n + 1)
+                EXPECT_EQ(e > 0, 2 * i < n + 1) << i << " of " << n; // largest first
+        }
+        EXPECT_NEAR(sum, 0.0, 1e-6) << n;
+    }
+    EXPECT_EQ(sim::normal_order_statistic(1, 1), 0.0);
+}
+
+// Ranks that hold cores of their own run at those cores' paces: a stage's data-parallel
+// replicas (or tensor-parallel shards) meet in its collectives, where the slowest sets the
+// time, and take the expected paces of as many cores, slowest first; a pipeline's stages keep
+// the mean, as do ranks that take turns on the cores.
+TEST(SharedCores, RanksOnCoresOfTheirOwnRunAtTheCoresPaces) {
+    constexpr double spread = 0.1, two = 0.56419 * spread;
+    auto paces = [](std::vector<std::string> overrides, int32_t cores, double s) {
+        return sim::core_paces(planned(checked("gpt_tiny.dist", std::move(overrides))), cores, s);
+    };
+    auto near = [](const std::vector<double>& got, const std::vector<double>& want) {
+        if (got.size() != want.size()) return false;
+        for (size_t i = 0; i < got.size(); ++i)
+            if (std::abs(got[i] - want[i]) > 1e-5) return false;
+        return true;
+    };
+    EXPECT_TRUE(near(paces({"mesh.dp=2"}, 2, spread), {1 + two, 1 - two}));
+    EXPECT_TRUE(near(paces({"mesh.tp=2"}, 2, spread), {1 + two, 1 - two}));
+    EXPECT_TRUE(near(paces({"mesh.dp=2"}, 2, 0.0), {1, 1}));
+    // A pipeline's two stages: whichever drew the slower core, the mean.
+    EXPECT_TRUE(near(paces({"mesh.pp=2"}, 2, spread), {1, 1}));
+    // Two threads a rank: their cores' spread sqrt(2) times less.
+    EXPECT_TRUE(near(paces({"mesh.dp=2"}, 4, spread),
+                     {1 + two / std::sqrt(2.0), 1 - two / std::sqrt(2.0)}));
+    // dp 2 x pp 2 on four cores: each stage's replicas (ranks 0 and 2, 1 and 3) meet.
+    EXPECT_TRUE(
+        near(paces({"mesh.dp=2", "mesh.pp=2"}, 4, spread), {1 + two, 1 + two, 1 - two, 1 - two}));
+    // Four ranks on two cores take turns on them.
+    EXPECT_TRUE(near(paces({"mesh.dp=4"}, 2, spread), {1, 1, 1, 1}));
+}
+
 TEST(Rates, InterpolateBetweenMeasuredShapesAndClampOutside) {
     Calibration c;
     c.cores = 2;
@@ -656,6 +712,10 @@ TEST(Rates, AProfileWithABadCalibrationRowIsRefusedWhereItIs) {
             "bad.toml:18:10: error: `calibration.device` is \"cpu\" or \"cuda\"");
     refused("device = \"cuda\"", "a calibration of a GPU needs `[host] devices`");
     refused("", "a calibration of a CPU needs its `matmul` and `sharing` rows");
+    refused("core_spread = 0.7\nsharing = [ { threads = 2, speed = 0.9 } ]",
+            "bad.toml:18:15: error: `calibration.core_spread` is a fraction of a core's pace");
+    refused("core_spread = -0.1\nsharing = [ { threads = 2, speed = 0.9 } ]",
+            "bad.toml:18:15: error: `calibration.core_spread` must be a positive number");
     // Compute slowed beside a device's own collectives is a GPU's figure: a CPU's calibration
     // prices the threads of its collectives on the cores, and refuses it where it is written.
     std::string head = calibrated_head("bad");
@@ -935,6 +995,31 @@ TEST(Calibrate, ProbesTellTheBlocksScaleFromTheEnds) {
 // A pass's pace is how its probes ran against the times they keep: a pass where every probe
 // took 10% longer ran at 1.1, whatever the probes' sizes; where they disagree, their geometric
 // mean (one probe twice as slow and one twice as fast: the kept pace).
+// The cores' spread from replicas' compute drawn about their mean with a known deviation:
+// each step's sample variance, their median at a normal sample variance's median.
+TEST(Calibrate, TheCoresSpreadIsTheDeviationOfTheirPaces) {
+    EXPECT_DOUBLE_EQ(cli::calibration::relative_variance({1.0, 3.0}), 0.5); // (0.5^2 + 0.5^2) / 1
+    EXPECT_EQ(cli::calibration::relative_variance({2.0}), 0.0);
+    EXPECT_EQ(cli::calibration::spread_of(std::vector<double>{}, 2), 0.0);
+    std::mt19937 gen(7);
+    std::normal_distribution<double> normal;
+    for (int32_t ranks : {2, 3, 4, 8}) {
+        const double sigma = 0.06;
+        std::vector<double> variances;
+        for (int step = 0; step < 4001; ++step) {
+            std::vector<double> compute;
+            for (int32_t r = 0; r < ranks; ++r) compute.push_back(0.04 * (1 + sigma * normal(gen)));
+            variances.push_back(cli::calibration::relative_variance(compute));
+        }
+        EXPECT_NEAR(cli::calibration::spread_of(variances, ranks), sigma, 0.05 * sigma) << ranks;
+    }
+    // The run's passes: the mean of each one's.
+    cli::calibration::SpreadRun run;
+    run.passes = {{0.5 * 0.4549364 * 0.01}, {}, {0.5 * 0.4549364 * 0.09}};
+    EXPECT_NEAR(cli::calibration::spread_of(run, 2), (std::sqrt(0.005) + std::sqrt(0.045)) / 2,
+                1e-12);
+}
+
 TEST(Calibrate, APassesPaceIsItsProbesAgainstTheTimesTheyKeep) {
     using cli::calibration::Probe;
     Probe small{128, 2, 1, {}, {}}, large{512, 4, 2, {}, {}};
@@ -1183,6 +1268,27 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         ASSERT_GT(priced(4 * c.cores, 1.0), 0);
         EXPECT_GT(priced(4 * c.cores, 2.0), 1.2 * priced(4 * c.cores, 1.0));
         EXPECT_EQ(priced(2 * c.cores, 2.0), priced(2 * c.cores, 1.0));
+    }
+
+    // The cores' spread, where there are several: a fraction of a core's pace. Replicas a core
+    // each meet at their reduction, where the slowest sets the time: their step is longer than
+    // at the mean pace, by less than the slowest's expected pace on the whole step. A
+    // pipeline's stages are priced at the mean either way.
+    EXPECT_EQ(c.core_spread > 0, c.cores > 1);
+    EXPECT_LT(c.core_spread, 0.5);
+    if (c.cores > 1) {
+        auto step_of = [&](const std::string& mesh, double spread) {
+            Program q = checked("gpt_tiny.dist", {mesh + "=" + std::to_string(c.cores)});
+            q.mesh.profile = *p;
+            q.mesh.profile.calibration.core_spread = spread;
+            sim::SimResult r = sim::simulate(*lower(q).graph, q);
+            return r.ok() ? r.timeline->step_time_s : -1.0;
+        };
+        const double mean = step_of("mesh.dp", 0.0), spread = step_of("mesh.dp", c.core_spread);
+        ASSERT_GT(mean, 0);
+        EXPECT_GT(spread, mean);
+        EXPECT_LT(spread, mean * (1 + c.core_spread * sim::normal_order_statistic(1, c.cores)));
+        EXPECT_EQ(step_of("mesh.pp", c.core_spread), step_of("mesh.pp", 0.0));
     }
 
     // On two data-parallel ranks the gradient buckets are reduced after the last backward, on
