@@ -1598,7 +1598,12 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     std::string command = "dist calibrate --out " + c.out + (c.quick ? " --quick" : "") +
                           (c.device == "cpu" ? " --device cpu" : "") +
                           (c.cores > 0 ? " --cores " + std::to_string(c.cores) : "");
-    const double core_spread = spread ? spread_of(*spread, cores) : 0.0;
+    double core_spread = spread ? spread_of(*spread, cores) : 0.0;
+    if (core_spread >= 0.5) { // what a profile holds: a machine this uneven is not priced so
+        skipped.push_back("the cores' spread: " + number(core_spread) +
+                          " of a core's pace, beyond the 0.5 a profile holds");
+        core_spread = 0;
+    }
     auto text_with = [&](const std::vector<Oversubscribed>& over) {
         return profile_text(name, command, cores, since(t0), fit, fewer, by_width, mm, att, elt,
                             sharing, over, slice, collective_wait, core_spread,

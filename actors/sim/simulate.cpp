@@ -431,7 +431,8 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         return collective(g.tensor_group(r), "all_reduce", bytes, -1.0);
     };
     const double mem_bw = pr.mem_bw;
-    // Ranks that each hold cores of their own run at their cores' paces (slowest first).
+    // Ranks that each hold cores of their own run at their cores' paces: those of a stage meet
+    // in its collectives, at the expected paces of as many cores (actors/sim/calibrated.hpp).
     auto pace = std::make_shared<std::vector<double>>(
         gpu ? std::vector<double>(g.ranks.size(), 1.0) : core_paces(g, cal.cores, cal.core_spread));
     c.compute = [&g, fallback, seconds, rates, threads, tp_all_reduce, mem_bw, norm_pass,
