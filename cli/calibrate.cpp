@@ -1160,7 +1160,7 @@ std::vector<Oversubscribed> fit_oversubscribed(std::vector<OversubscribedRun>& r
 // One data-parallel replica a core, each on one thread: their steps' compute (forward and
 // backward) side by side.
 std::optional<SpreadRun> spread_run(int32_t cores, bool quick, std::vector<std::string>& skipped) {
-    const int width = quick ? 64 : 128, steps = quick ? 5 : 26;
+    const int width = quick ? 64 : 128, steps = quick ? 12 : 26;
     const std::string text =
         "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: 4, heads: 4, "
         "width: " +

