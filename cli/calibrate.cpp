@@ -764,27 +764,41 @@ std::string train_probe(const Program& p, const plan::Graph& g, const runtime::S
     }
 }
 
-namespace {
+std::string gpt_script(const GptScript& s) {
+    return "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: " +
+           std::to_string(s.layers) + ", heads: " + std::to_string(s.heads) +
+           ", width: " + std::to_string(s.width) + ")\nmesh {\n    devices: " + s.devices +
+           "\n    dp: " + std::to_string(s.dp) + "\n    pp: " + std::to_string(s.pp) +
+           "\n}\nschedule {\n    kind: 1f1b\n    microbatches: " + std::to_string(s.microbatches) +
+           "\n}\ntrain {\n    data: synthetic()\n    batch: " + std::to_string(s.batch) +
+           "\n    steps: " + std::to_string(s.steps) + "\n    seed: 1\n}\n";
+}
 
-// A probe's program and plan (a GPT of its shape trained 1F1B over two microbatches on one rank
-// of `devices`); what was wrong, or "".
-std::string plan_probe(Probe& pr, const std::string& devices, bool quick) {
-    const std::string text =
-        "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: " +
-        std::to_string(pr.layers) + ", heads: " + std::to_string(pr.heads) +
-        ", width: " + std::to_string(pr.width) + ")\nmesh {\n    devices: " + devices +
-        "\n}\nschedule {\n    kind: 1f1b\n    microbatches: 2\n}\n"
-        "train {\n    data: synthetic()\n    batch: " +
-        std::to_string(2 * pr.rows) + "\n    steps: " + std::to_string(quick ? 3 : 8) +
-        "\n    seed: 1\n}\n";
+std::string plan_script(const std::string& text, Program& program, plan::Graph& graph) {
     lang::FrontendOptions fo;
     fo.search_roots = lang::default_search_roots();
     lang::CheckResult checked = lang::check_text("<calibration probe>", text, fo);
     if (!checked.ok()) return checked.report();
     plan::PlanResult planned = plan::lower(*checked.program);
     if (!planned.ok()) return "the probe has no plan";
-    pr.program = *checked.program;
-    pr.graph = *planned.graph;
+    program = *checked.program;
+    graph = *planned.graph;
+    return "";
+}
+
+namespace {
+
+// A probe's program and plan (a GPT of its shape trained 1F1B over two microbatches on one rank
+// of `devices`); what was wrong, or "".
+std::string plan_probe(Probe& pr, const std::string& devices, bool quick) {
+    Program program;
+    plan::Graph graph;
+    std::string e = plan_script(
+        gpt_script({pr.width, pr.layers, pr.heads, devices, 1, 1, 2, 2 * pr.rows, quick ? 3 : 8}),
+        program, graph);
+    if (!e.empty()) return e;
+    pr.program = std::move(program);
+    pr.graph = std::move(graph);
     return "";
 }
 
@@ -1040,12 +1054,7 @@ struct OversubscribedRun {
 };
 
 std::string oversubscribed_script(int width, int pp, int steps, const std::string& devices) {
-    return "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: " +
-           std::to_string(2 * pp) + ", heads: 4, width: " + std::to_string(width) +
-           ")\nmesh {\n    devices: " + devices + "\n    pp: " + std::to_string(pp) +
-           "\n}\nschedule {\n    kind: 1f1b\n    microbatches: " + std::to_string(2 * pp) +
-           "\n}\ntrain {\n    data: synthetic()\n    batch: " + std::to_string(4 * pp) +
-           "\n    steps: " + std::to_string(steps) + "\n    seed: 1\n}\n";
+    return gpt_script({width, 2 * pp, 4, devices, 1, pp, 2 * pp, 4 * pp, steps});
 }
 
 // The pipelines: ranks a core, width, steps a pass.
@@ -1057,18 +1066,15 @@ std::vector<OversubscribedRun> oversubscribed_runs(int32_t cores, bool quick,
               : std::vector<Shape>{{2, 128, 20}, {2, 512, 10}, {4, 128, 12}, {4, 512, 4}};
     std::vector<OversubscribedRun> runs;
     for (const auto& [per_core, width, steps] : shapes) {
-        lang::FrontendOptions fo;
-        fo.search_roots = lang::default_search_roots();
-        lang::CheckResult checked =
-            lang::check_text("<calibration probe>",
-                             oversubscribed_script(width, per_core * cores, steps, "cpu"), fo);
-        if (!checked.ok()) {
-            skipped.push_back("ranks beyond the cores: " + checked.report());
+        OversubscribedRun run{per_core, width, steps, {}, {}};
+        if (std::string e =
+                plan_script(oversubscribed_script(width, per_core * cores, steps, "cpu"),
+                            run.program, run.graph);
+            !e.empty()) {
+            skipped.push_back("ranks beyond the cores: " + e);
             return {};
         }
-        plan::PlanResult planned = plan::lower(*checked.program);
-        if (!planned.ok()) return {};
-        runs.push_back({per_core, width, steps, *checked.program, *planned.graph});
+        runs.push_back(std::move(run));
     }
     return runs;
 }
@@ -1160,24 +1166,15 @@ std::vector<Oversubscribed> fit_oversubscribed(std::vector<OversubscribedRun>& r
 // One data-parallel replica a core, each on one thread: their steps' compute (forward and
 // backward) side by side.
 std::optional<SpreadRun> spread_run(int32_t cores, bool quick, std::vector<std::string>& skipped) {
-    const int width = quick ? 64 : 128, steps = quick ? 12 : 26;
-    const std::string text =
-        "import \"std/gpt.dist\"\nmodel = gpt(vocab: 256, context: 64, layers: 4, heads: 4, "
-        "width: " +
-        std::to_string(width) + ")\nmesh {\n    devices: cpu\n    dp: " + std::to_string(cores) +
-        "\n}\nschedule {\n    kind: 1f1b\n    microbatches: 2\n}\ntrain {\n    data: "
-        "synthetic()\n    batch: " +
-        std::to_string(8 * cores) + "\n    steps: " + std::to_string(steps) + "\n    seed: 1\n}\n";
-    lang::FrontendOptions fo;
-    fo.search_roots = lang::default_search_roots();
-    lang::CheckResult checked = lang::check_text("<calibration probe>", text, fo);
-    if (!checked.ok()) {
-        skipped.push_back("the cores' spread: " + checked.report());
+    SpreadRun run{quick ? 64 : 128, {}, {}, {}};
+    if (std::string e = plan_script(
+            gpt_script({run.width, 4, 4, "cpu", cores, 1, 2, 8 * cores, quick ? 12 : 26}),
+            run.program, run.graph);
+        !e.empty()) {
+        skipped.push_back("the cores' spread: " + e);
         return std::nullopt;
     }
-    plan::PlanResult planned = plan::lower(*checked.program);
-    if (!planned.ok()) return std::nullopt;
-    return SpreadRun{width, *checked.program, *planned.graph, {}};
+    return run;
 }
 
 void time_spread(std::optional<SpreadRun>& run, Progress& progress,

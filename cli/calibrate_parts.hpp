@@ -72,6 +72,16 @@ struct Oversubscribed {
     std::vector<double> passes{}, pace{}; // each pass's median step, and the probes' pace
 };
 
+/// A small GPT (vocab 256, context 64) trained 1F1B on synthetic data, for the calibration.
+struct GptScript {
+    int width = 128, layers = 1, heads = 4;
+    std::string devices = "cpu";
+    int dp = 1, pp = 1, microbatches = 2, batch = 8, steps = 8;
+};
+std::string gpt_script(const GptScript& s);
+/// Checks and plans a calibration's script into `program` and `graph`; what was wrong, or "".
+std::string plan_script(const std::string& text, Program& program, plan::Graph& graph);
+
 /// The cores' spread: a data-parallel replica a core trained on one thread each, and in each
 /// pass each step's sample variance of their compute relative to its mean.
 struct SpreadRun {
