@@ -829,6 +829,30 @@ std::string time_probe(const Probe& pr, int32_t threads, std::pair<double, doubl
 
 } // namespace
 
+std::vector<int> allowed_cpus() {
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    std::vector<int> cpus;
+    if (sched_getaffinity(0, sizeof mask, &mask) != 0) return cpus;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &mask)) cpus.push_back(c);
+    return cpus;
+}
+
+OnCpu::OnCpu(int cpu) {
+    if (cpu < 0) return;
+    CPU_ZERO(&saved_);
+    if (pthread_getaffinity_np(pthread_self(), sizeof saved_, &saved_) != 0) return;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    held_ = pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0;
+}
+
+OnCpu::~OnCpu() {
+    if (held_) pthread_setaffinity_np(pthread_self(), sizeof saved_, &saved_);
+}
+
 std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int passes, bool quick,
                                            const std::string& devices,
                                            const std::vector<int32_t>& threads, Progress& progress,
@@ -851,15 +875,39 @@ std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int
     // timed[t][i]: each pass's forward and backward of probe i on threads[t]
     std::vector<std::vector<std::vector<std::pair<double, double>>>> timed(
         threads.size(), std::vector<std::vector<std::pair<double, double>>>(shapes.size()));
+    // A one-thread probe runs once on each of two cores in every pass, held to it, and the pass
+    // keeps their mean: the cores' paces differ by several percent and drift apart and back over
+    // minutes, and a lone thread runs on whichever core the OS gives it. Held to each in turn,
+    // the probes price a core at the cores' mean pace (the pace a pipeline's ranks, a core
+    // each, get on average), and the probes of a width (one block and more, whose difference
+    // tells the blocks from the ends) meet the same cores.
+    std::vector<int> cpus = allowed_cpus();
+    const int32_t most = threads.empty() ? 1 : *std::max_element(threads.begin(), threads.end());
+    if (static_cast<int32_t>(cpus.size()) > most) cpus.resize(static_cast<size_t>(most));
     for (int pass = 0; pass < passes; ++pass) {
         for (size_t t = 0; t < threads.size(); ++t)
             for (size_t i = 0; i < planned.size(); ++i) {
-                std::pair<double, double> medians;
-                if (std::string e = time_probe(planned[i], threads[t], medians); !e.empty()) {
-                    skipped.push_back("whole actions: " + e);
-                    return failed;
+                // Two cores a pass at most (a many-core machine's passes take the next two).
+                std::vector<int> where{-1};
+                if (threads[t] == 1 && cpus.size() > 1) {
+                    where.clear();
+                    for (size_t j = 0; j < 2; ++j)
+                        where.push_back(cpus[(2 * static_cast<size_t>(pass) + j) % cpus.size()]);
                 }
-                timed[t][i].push_back(medians);
+                std::pair<double, double> sum{0, 0};
+                for (int cpu : where) {
+                    std::pair<double, double> medians;
+                    OnCpu on(cpu);
+                    if (std::string e = time_probe(planned[i], threads[t], medians); !e.empty()) {
+                        skipped.push_back("whole actions: " + e);
+                        return failed;
+                    }
+                    sum.first += medians.first;
+                    sum.second += medians.second;
+                    if (on.held()) out[t][i].held.push_back({cpu, medians.first + medians.second});
+                }
+                const double n = static_cast<double>(where.size());
+                timed[t][i].push_back({sum.first / n, sum.second / n});
                 progress.tick("whole actions");
             }
         if (after_pass) after_pass(pass);
@@ -874,6 +922,26 @@ std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int
             });
             std::tie(pr.forward, pr.backward) = kept[kept.size() / 2];
         }
+    return out;
+}
+
+std::vector<std::pair<int, double>> cpu_paces(const std::vector<Probe>& probes) {
+    std::map<int, std::pair<double, int>> logs; // cpu: the sum of its runs' log paces, count
+    double all = 0;
+    int n = 0;
+    for (const Probe& pr : probes)
+        for (const auto& [cpu, seconds] : pr.held) {
+            if (seconds <= 0 || pr.forward + pr.backward <= 0) continue;
+            const double l = std::log(seconds / (pr.forward + pr.backward));
+            logs[cpu].first += l;
+            ++logs[cpu].second;
+            all += l;
+            ++n;
+        }
+    std::vector<std::pair<int, double>> out;
+    if (logs.size() < 2) return out;
+    for (const auto& [cpu, sum] : logs)
+        out.push_back({cpu, std::exp(sum.first / sum.second - all / n)});
     return out;
 }
 
@@ -899,6 +967,7 @@ ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, 
     std::vector<Point> fwd, bwd;
     ActionFit fit;
     fit.threads = threads;
+    fit.cpu_paces = cpu_paces(probes);
     sim::Rates rates(cal);
     for (const Probe& pr : probes) {
         const Program& p = *pr.program;
@@ -1292,10 +1361,19 @@ void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<ActionFi
     if (!fewer.empty()) {
         o << "# The same for a rank of fewer threads (ranks that outnumber the cores), its probes\n"
           << "# trained with that many:\n";
-        for (const ActionFit& f : fewer)
+        for (const ActionFit& f : fewer) {
             for (const std::string& line : f.probes)
                 o << "#   " << f.threads << (f.threads == 1 ? " thread, " : " threads, ") << line
                   << "\n";
+            if (f.cpu_paces.empty()) continue;
+            o << "# each probe run on two cores in each pass, held to each in turn, the pass's\n"
+              << "# time their mean; each core's time against the cores' mean (the geometric\n"
+              << "# mean of its runs over the kept times):";
+            for (size_t k = 0; k < f.cpu_paces.size(); ++k)
+                o << (k ? ", " : " ") << "cpu " << f.cpu_paces[k].first << " "
+                  << number(f.cpu_paces[k].second);
+            o << "\n";
+        }
         o << "fewer_threads = [\n";
         for (const ActionFit& f : fewer)
             o << "  { threads = " << f.threads << ", scales = " << scales(f)

@@ -6,6 +6,8 @@
 #include "actors/plan/graph.hpp"
 #include "lang/program.hpp"
 
+#include <sched.h>
+
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -61,6 +63,7 @@ struct ActionFit {
     std::array<double, 4> scale{1, 1, 1, 1}; // forward blocks, forward ends, backward ...
     std::array<double, 2> overhead{0, 0};    // seconds per block: forward, backward
     std::vector<std::string> probes; // "width 128, 64 tokens: F 1.2 ms (kernels 1.1 ms) ..."
+    std::vector<std::pair<int, double>> cpu_paces{}; // cpu_paces() of the probes
 };
 
 /// Single-threaded ranks beyond the cores: a pipeline's measured median step at one count of
@@ -113,6 +116,28 @@ struct Probe {
     double forward = 0, backward = 0; // measured seconds per microbatch
     int heads = 4;
     std::vector<double> passes{}; // each pass's forward and backward, in pass order
+    // Each run held to one CPU (a one-thread probe beside ranks of several cores: each pass
+    // runs it on each core and keeps their mean): the CPU and its forward and backward.
+    std::vector<std::pair<int, double>> held{};
+};
+
+/// The CPUs this process may run on, in order (empty where they cannot be read).
+std::vector<int> allowed_cpus();
+
+/// Holds the calling thread, and every thread it starts meanwhile (a session's executor and
+/// actor threads inherit the mask of the thread that opens it), to one CPU until destroyed;
+/// -1, or a CPU it may not use: as it was.
+class OnCpu {
+  public:
+    explicit OnCpu(int cpu);
+    ~OnCpu();
+    OnCpu(const OnCpu&) = delete;
+    OnCpu& operator=(const OnCpu&) = delete;
+    bool held() const { return held_; }
+
+  private:
+    cpu_set_t saved_{};
+    bool held_ = false;
 };
 
 /// Trains small GPTs of the `shapes` on one rank of `devices` (a profile name: `cpu`, or a
@@ -120,12 +145,18 @@ struct Probe {
 /// forwards and backwards, `passes` times each, the thread counts taking turns within a pass;
 /// the probes of each thread count, in its order (each empty where a probe failed). Run first,
 /// on a quiet process. `after_pass`, where given, runs after each pass with its index (other
-/// work timed at the same pace).
+/// work timed at the same pace). Where a rank of one thread is probed beside one of several,
+/// each pass runs each one-thread probe on each of those cores, held to it (Probe::held), and
+/// keeps the mean, so that a core is priced at the cores' mean pace.
 std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int passes, bool quick,
                                            const std::string& devices,
                                            const std::vector<int32_t>& threads, Progress& progress,
                                            std::vector<std::string>& skipped,
                                            const std::function<void(int)>& after_pass = {});
+/// How fast each CPU the probes were held to ran them: for each, the geometric mean of its
+/// runs' forward and backward over the kept ones, over that of all the held runs (1: the
+/// cores' mean pace); empty unless they were held to two CPUs or more.
+std::vector<std::pair<int, double>> cpu_paces(const std::vector<Probe>& probes);
 /// How fast each pass of `probes` ran beside the times they keep: for each pass, the geometric
 /// mean over the probes of that pass's forward and backward over the kept ones (1: the kept
 /// pace).

@@ -22,9 +22,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <pthread.h>
 #include <random>
+#include <sched.h>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <unistd.h>
 
 using namespace dist;
@@ -578,8 +581,9 @@ TEST(SharedCores, NormalOrderStatisticsAreTheTabulatedOnes) {
             sum += e;
             const size_t from_top = static_cast<size_t>(std::min(i, n + 1 - i) - 1);
             EXPECT_NEAR(std::abs(e), largest[from_top], 2e-5) << i << " of " << n;
-            if (2 * i != n + 1)
+            if (2 * i != n + 1) {
                 EXPECT_EQ(e > 0, 2 * i < n + 1) << i << " of " << n; // largest first
+            }
         }
         EXPECT_NEAR(sum, 0.0, 1e-6) << n;
     }
@@ -992,9 +996,6 @@ TEST(Calibrate, ProbesTellTheBlocksScaleFromTheEnds) {
     EXPECT_EQ(s[1], 0.0);
 }
 
-// A pass's pace is how its probes ran against the times they keep: a pass where every probe
-// took 10% longer ran at 1.1, whatever the probes' sizes; where they disagree, their geometric
-// mean (one probe twice as slow and one twice as fast: the kept pace).
 // The cores' spread from replicas' compute drawn about their mean with a known deviation:
 // each step's sample variance, their median at a normal sample variance's median.
 TEST(Calibrate, TheCoresSpreadIsTheDeviationOfTheirPaces) {
@@ -1020,6 +1021,9 @@ TEST(Calibrate, TheCoresSpreadIsTheDeviationOfTheirPaces) {
                 1e-12);
 }
 
+// A pass's pace is how its probes ran against the times they keep: a pass where every probe
+// took 10% longer ran at 1.1, whatever the probes' sizes; where they disagree, their geometric
+// mean (one probe twice as slow and one twice as fast: the kept pace).
 TEST(Calibrate, APassesPaceIsItsProbesAgainstTheTimesTheyKeep) {
     using cli::calibration::Probe;
     Probe small{128, 2, 1, {}, {}}, large{512, 4, 2, {}, {}};
@@ -1035,6 +1039,94 @@ TEST(Calibrate, APassesPaceIsItsProbesAgainstTheTimesTheyKeep) {
     EXPECT_NEAR(pace[1], 1.0, 1e-12);
     EXPECT_NEAR(pace[2], 1.0, 1e-12);
     EXPECT_TRUE(cli::calibration::pass_pace({}).empty());
+}
+
+// A core is priced at the cores' mean pace: a one-thread probe is held to one core, and the
+// threads a session starts inherit the hold. Held to a core, a thread started meanwhile runs
+// on it alone; afterwards the caller may use every core again.
+TEST(Calibrate, AThreadHeldToACoreStartsThreadsOnIt) {
+    const std::vector<int> cpus = cli::calibration::allowed_cpus();
+    ASSERT_FALSE(cpus.empty());
+    if (cpus.size() < 2) GTEST_SKIP() << "one CPU: nothing to hold a thread to";
+    for (int cpu : {cpus[0], cpus.back()}) {
+        int ran_on = -1, allowed = 0;
+        {
+            cli::calibration::OnCpu on(cpu);
+            ASSERT_TRUE(on.held());
+            std::thread([&] {
+                cpu_set_t mask;
+                CPU_ZERO(&mask);
+                pthread_getaffinity_np(pthread_self(), sizeof mask, &mask);
+                allowed = CPU_COUNT(&mask);
+                ran_on = sched_getcpu();
+            }).join();
+        }
+        EXPECT_EQ(allowed, 1) << cpu;
+        EXPECT_EQ(ran_on, cpu);
+        EXPECT_EQ(cli::calibration::allowed_cpus(), cpus);
+    }
+    cli::calibration::OnCpu none(-1);
+    EXPECT_FALSE(none.held());
+    EXPECT_EQ(cli::calibration::allowed_cpus(), cpus);
+}
+
+// Each CPU's pace over the cores' mean: probes whose runs on one CPU took 10% longer than on
+// the other, whatever their sizes, give the two paces sqrt(1.1) apart either side of 1.
+TEST(Calibrate, ACoresPaceIsItsHeldRunsAgainstTheCoresMean) {
+    using cli::calibration::Probe;
+    Probe small{128, 2, 1, {}, {}}, large{512, 4, 2, {}, {}};
+    small.forward = 1e-3;
+    small.backward = 2e-3;
+    large.forward = 10e-3;
+    large.backward = 20e-3;
+    small.held = {{0, 3e-3}, {1, 3.3e-3}, {0, 3e-3}, {1, 3.3e-3}};
+    large.held = {{0, 30e-3}, {1, 33e-3}};
+    const std::vector<std::pair<int, double>> paces = cli::calibration::cpu_paces({small, large});
+    ASSERT_EQ(paces.size(), 2u);
+    EXPECT_EQ(paces[0].first, 0);
+    EXPECT_EQ(paces[1].first, 1);
+    EXPECT_NEAR(paces[1].second / paces[0].second, 1.1, 1e-12);
+    EXPECT_NEAR(paces[0].second * paces[1].second, 1.0, 1e-12);
+    // Runs on one CPU, or none held: nothing to set apart.
+    small.held = large.held = {{0, 3e-3}};
+    EXPECT_TRUE(cli::calibration::cpu_paces({small, large}).empty());
+    small.held = large.held = {};
+    EXPECT_TRUE(cli::calibration::cpu_paces({small, large}).empty());
+}
+
+// The probes of one thread beside those of every core: in each pass each one-thread probe runs
+// on two cores, held to each in turn, and the pass keeps their mean; the probes of every core
+// are not held.
+TEST(Calibrate, OneThreadProbesRunOnEachCoreInTurn) {
+    const std::vector<int> cpus = cli::calibration::allowed_cpus();
+    if (cpus.size() < 2) GTEST_SKIP() << "one CPU: no turns to take";
+    using cli::calibration::Probe;
+    std::ostringstream err;
+    cli::calibration::Progress progress(err, 8);
+    std::vector<std::string> skipped;
+    const std::vector<Probe> shapes = {{64, 1, 1, {}, {}}, {64, 1, 2, {}, {}}};
+    const auto both =
+        cli::calibration::run_probes(shapes, 2, true, "cpu", {2, 1}, progress, skipped);
+    ASSERT_TRUE(skipped.empty()) << skipped[0];
+    ASSERT_EQ(both.size(), 2u);
+    for (const Probe& pr : both[0]) {
+        EXPECT_TRUE(pr.held.empty());
+        EXPECT_EQ(pr.passes.size(), 2u);
+    }
+    ASSERT_EQ(both[1].size(), 2u);
+    for (const Probe& pr : both[1]) {
+        ASSERT_EQ(pr.held.size(), 4u);
+        ASSERT_EQ(pr.passes.size(), 2u);
+        for (size_t pass = 0; pass < 2; ++pass) {
+            const auto& a = pr.held[2 * pass];
+            const auto& b = pr.held[2 * pass + 1];
+            EXPECT_EQ(a.first, cpus[(2 * pass) % cpus.size()]);
+            EXPECT_EQ(b.first, cpus[(2 * pass + 1) % cpus.size()]);
+            EXPECT_NEAR(pr.passes[pass], (a.second + b.second) / 2, 1e-12 * pr.passes[pass]);
+        }
+        EXPECT_GT(pr.forward, 0);
+        EXPECT_GT(pr.backward, 0);
+    }
 }
 
 // Small microbatches cost less beyond their kernels than large ones (their activations stay
