@@ -1021,16 +1021,25 @@ TEST(Calibrate, TheCoresSpreadIsTheDeviationOfTheirPaces) {
                 1e-12);
 }
 
-// A pass's pace is how its probes ran against the times they keep: a pass where every probe
-// took 10% longer ran at 1.1, whatever the probes' sizes; where they disagree, their geometric
-// mean (one probe twice as slow and one twice as fast: the kept pace).
-TEST(Calibrate, APassesPaceIsItsProbesAgainstTheTimesTheyKeep) {
-    using cli::calibration::Probe;
-    Probe small{128, 2, 1, {}, {}}, large{512, 4, 2, {}, {}};
+namespace {
+
+// Two probes that kept a forward and backward of 3 ms (width 128) and of 30 ms (width 512).
+std::pair<cli::calibration::Probe, cli::calibration::Probe> kept_probes() {
+    cli::calibration::Probe small{128, 2, 1, {}, {}}, large{512, 4, 2, {}, {}};
     small.forward = 1e-3;
     small.backward = 2e-3;
     large.forward = 10e-3;
     large.backward = 20e-3;
+    return {small, large};
+}
+
+} // namespace
+
+// A pass's pace is how its probes ran against the times they keep: a pass where every probe
+// took 10% longer ran at 1.1, whatever the probes' sizes; where they disagree, their geometric
+// mean (one probe twice as slow and one twice as fast: the kept pace).
+TEST(Calibrate, APassesPaceIsItsProbesAgainstTheTimesTheyKeep) {
+    auto [small, large] = kept_probes();
     small.passes = {3.3e-3, 3e-3, 1.5e-3};
     large.passes = {33e-3, 30e-3, 60e-3};
     const std::vector<double> pace = cli::calibration::pass_pace({small, large});
@@ -1073,12 +1082,7 @@ TEST(Calibrate, AThreadHeldToACoreStartsThreadsOnIt) {
 // Each CPU's pace over the cores' mean: probes whose runs on one CPU took 10% longer than on
 // the other, whatever their sizes, give the two paces sqrt(1.1) apart either side of 1.
 TEST(Calibrate, ACoresPaceIsItsHeldRunsAgainstTheCoresMean) {
-    using cli::calibration::Probe;
-    Probe small{128, 2, 1, {}, {}}, large{512, 4, 2, {}, {}};
-    small.forward = 1e-3;
-    small.backward = 2e-3;
-    large.forward = 10e-3;
-    large.backward = 20e-3;
+    auto [small, large] = kept_probes();
     small.held = {{0, 3e-3}, {1, 3.3e-3}, {0, 3e-3}, {1, 3.3e-3}};
     large.held = {{0, 30e-3}, {1, 33e-3}};
     const std::vector<std::pair<int, double>> paces = cli::calibration::cpu_paces({small, large});
