@@ -23,6 +23,8 @@
 #include "lang/check.hpp"
 #include "lang/program.hpp"
 #include "models/atomic_file.hpp"
+#include "models/model.hpp"
+#include "models/stage.hpp"
 #include "transport/gloo.hpp"
 #include "transport/inprocess.hpp"
 #include "transport/p2p.hpp"
@@ -853,6 +855,58 @@ OnCpu::~OnCpu() {
     if (held_) pthread_setaffinity_np(pthread_self(), sizeof saved_, &saved_);
 }
 
+namespace {
+
+// Sums each unit's seconds, forward and backward (its input and weight gradients).
+class UnitClock final : public models::UnitHooks {
+  public:
+    void before(size_t, Phase) override { t0_ = Clock::now(); }
+    void after(size_t unit, Phase phase) override {
+        if (seconds.size() <= unit) seconds.resize(unit + 1, {0, 0});
+        seconds[unit][phase == Phase::forward ? 0 : 1] += since(t0_);
+    }
+    std::vector<std::array<double, 2>> seconds;
+
+  private:
+    Clock::time_point t0_;
+};
+
+} // namespace
+
+std::pair<double, double> ends_share(const Program& program, int rows, int32_t threads) {
+    const ModelSpec& spec = program.model;
+    // How many units come before the blocks and after them: a stage of no blocks' own.
+    const size_t pre = models::Stage(spec, {0, 0, true, false}, 1).unit_parameters().size();
+    const size_t post = models::Stage(spec, {0, 0, false, true}, 1).unit_parameters().size();
+    models::Model model(spec, 1);
+    const int64_t tokens = static_cast<int64_t>(rows) * 64;
+    kernels::Tensor in({rows, 64}, kernels::DType::i32), out({rows, 64}, kernels::DType::i32);
+    for (int64_t i = 0; i < tokens; ++i) {
+        in.data<int32_t>()[i] = static_cast<int32_t>((7 * i + 3) % spec.vocab);
+        out.data<int32_t>()[i] = static_cast<int32_t>((11 * i + 5) % spec.vocab);
+    }
+    UnitClock clock;
+    const int kept_threads = omp_get_max_threads();
+    omp_set_num_threads(std::max(1, threads));
+    for (int step = 0; step < 6; ++step) {
+        if (step == 1) model.set_hooks(&clock); // the first warms the caches and the allocator
+        model.forward(step, in, out);
+        model.backward(step, 1.0);
+    }
+    model.set_hooks(nullptr);
+    omp_set_num_threads(kept_threads);
+    const size_t n = clock.seconds.size();
+    if (n <= pre + post) return {-1.0, -1.0};
+    std::array<double, 2> ends{0, 0}, all{0, 0};
+    for (size_t u = 0; u < n; ++u)
+        for (size_t k = 0; k < 2; ++k) {
+            all[k] += clock.seconds[u][k];
+            if (u < pre || u >= n - post) ends[k] += clock.seconds[u][k];
+        }
+    auto share = [&](size_t k) { return all[k] > 0 ? ends[k] / all[k] : -1.0; };
+    return {share(0), share(1)};
+}
+
 std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int passes, bool quick,
                                            const std::string& devices,
                                            const std::vector<int32_t>& threads, Progress& progress,
@@ -912,6 +966,13 @@ std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int
             }
         if (after_pass) after_pass(pass);
     }
+    // The ends' share of each probe on the CPU, timed unit by unit on its threads.
+    if (devices == "cpu")
+        for (size_t t = 0; t < threads.size(); ++t)
+            for (Probe& pr : out[t])
+                if (threads[t] > 0)
+                    std::tie(pr.ends_forward, pr.ends_backward) =
+                        ends_share(*pr.program, pr.rows, threads[t]);
     for (size_t t = 0; t < threads.size(); ++t)
         for (size_t i = 0; i < planned.size(); ++i) {
             std::vector<std::pair<double, double>>& kept = timed[t][i];
@@ -988,7 +1049,14 @@ ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, 
                       pr.width, pr.rows * 64, pr.layers, 1e3 * fwd.back().measured,
                       1e3 * fwd.back().kernels, 1e3 * bwd.back().measured,
                       1e3 * bwd.back().kernels);
-        fit.probes.push_back(line);
+        std::string said = line;
+        if (pr.ends_forward >= 0 && pr.ends_backward >= 0) {
+            char ends[64];
+            std::snprintf(ends, sizeof ends, "; ends %.1f%% of F, %.1f%% of B",
+                          100 * pr.ends_forward, 100 * pr.ends_backward);
+            said += ends;
+        }
+        fit.probes.push_back(said);
     }
     // An action costs its kernels scaled and a fixed amount more per block (buffers,
     // bookkeeping): least squares of measured = s x kernels + c x blocks. Where that gives a
@@ -1046,9 +1114,20 @@ std::vector<double> blocks_and_ends_scales(const std::vector<std::vector<ActionP
             uu += u * u;
         }
     }
-    // Not determined: the probes of each group have the same share of ends (one block count
-    // each), or none has ends.
-    const double ends = vv > 1e-9 * std::max(uu, 1e-12) ? -uv / vv : 0.0;
+    // Measured: the ends' seconds (their share of each action) over their kernels'.
+    double shared = 0, kernels = 0;
+    bool measured = !groups.empty();
+    for (const std::vector<ActionPoint>& group : groups)
+        for (const ActionPoint& q : group) {
+            measured = measured && q.share >= 0;
+            shared += q.share * q.measured;
+            kernels += q.ends;
+        }
+    // Else fitted; not determined where the probes of each group have the same share of ends
+    // (one block count each), or none has ends.
+    const double ends = measured                          ? (kernels > 0 ? shared / kernels : 0.0)
+                        : vv > 1e-9 * std::max(uu, 1e-12) ? -uv / vv
+                                                          : 0.0;
     std::vector<double> out(n + 1);
     bool positive = ends > 0;
     for (size_t g = 0; g < n; ++g) {
@@ -1082,8 +1161,9 @@ std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Cal
             ends.blocks = 0;
             sim::StageSeconds kb = sim::stage_seconds(*pr->program, blocks, rates, threads, false);
             sim::StageSeconds ke = sim::stage_seconds(*pr->program, ends, rates, threads, false);
-            forward.back().push_back({kb.forward, ke.forward, pr->forward});
-            backward.back().push_back({kb.input + kb.weight, ke.input + ke.weight, pr->backward});
+            forward.back().push_back({kb.forward, ke.forward, pr->forward, pr->ends_forward});
+            backward.back().push_back(
+                {kb.input + kb.weight, ke.input + ke.weight, pr->backward, pr->ends_backward});
         }
     }
     const std::vector<double> f = blocks_and_ends_scales(forward);
@@ -1382,8 +1462,10 @@ void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<ActionFi
     }
     if (!by_width.empty()) {
         o << "# Each width's probes of one token count, their blocks' scale apart from their\n"
-          << "# ends' (embeddings, head, loss; one scale for every width), least squares of the\n"
-          << "# ratios: what the simulator uses in place of the lines above, a stage priced\n"
+          << "# ends' (embeddings, head, loss; one scale for every width: the ends' share of each\n"
+          << "# probe, timed unit by unit, of its actions over their kernels), the blocks' least\n"
+          << "# squares of the ratios: what the simulator uses in place of the lines above, a "
+             "stage priced\n"
           << "# between the nearest two token counts of a microbatch by log tokens, then between\n"
           << "# the nearest two widths of its matmuls (model width / tp) by log width:\n"
           << "by_width = [\n";

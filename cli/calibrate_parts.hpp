@@ -119,7 +119,17 @@ struct Probe {
     // Each run held to one CPU (a one-thread probe beside ranks of several cores: each pass
     // runs it on each core and keeps their mean): the CPU and its forward and backward.
     std::vector<std::pair<int, double>> held{};
+    // The ends' (embeddings, final norm, head, loss) share of the time in the model's units,
+    // forward and backward, timed unit by unit (ends_share); -1: not timed.
+    double ends_forward = -1, ends_backward = -1;
 };
+
+/// The ends' share of the time a probe's model spends in its units, forward and backward: the
+/// model trained in this thread on `threads` threads, each unit timed by the stage's hooks,
+/// the shares of the whole of several steps. The pair of a width (one block and more) tells
+/// the ends only as a small difference of two large times measured apart, where a small
+/// drift in between moves it by half its size; timed within the same steps, it is measured.
+std::pair<double, double> ends_share(const Program& program, int rows, int32_t threads);
 
 /// The CPUs this process may run on, in order (empty where they cannot be read).
 std::vector<int> allowed_cpus();
@@ -166,12 +176,15 @@ ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, 
 /// One probe's action beside its kernels: its blocks' and its ends' (embeddings, head, loss).
 struct ActionPoint {
     double blocks = 0, ends = 0, measured = 0; // seconds
+    double share = -1; // the ends' measured share of the action (ends_share); -1: unknown
 };
 /// The scales of a set of probe groups (each a width at a token count, its probes differing in
 /// blocks) such that measured = scale of its group x blocks + one scale of the ends x ends, in
 /// least squares of the ratios to the measured: {the groups' scales..., the ends' scale}. Where
-/// the ends' scale is not determined (no group with two block counts, or not positive), each
-/// group's mean ratio to its kernels for both.
+/// every point's ends' share was measured, the ends' scale is their measured seconds over
+/// their kernels' (summed over the points) and the groups' scales fit what is left. Where
+/// the ends' scale is not determined (no group with two block counts and no shares, or not
+/// positive), each group's mean ratio to its kernels for both.
 std::vector<double> blocks_and_ends_scales(const std::vector<std::vector<ActionPoint>>& groups);
 /// For the probes of each width at each token count (probed at least twice): the scale of their
 /// blocks, and that of their ends, one for all the widths (`blocks_and_ends_scales`).

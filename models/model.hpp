@@ -57,6 +57,9 @@ class Model {
     ParameterStore& params() { return stage_.params(); }
     /// What the model's mixtures of experts saw since the last call.
     ExpertStats take_expert_stats() { return stage_.take_expert_stats(); }
+    /// Hooks around each unit of the whole model in forward and backward (Stage::set_hooks);
+    /// null for none.
+    void set_hooks(UnitHooks* hooks) { stage_.set_hooks(hooks); }
     const ParameterStore& params() const { return stage_.params(); }
     const ModelSpec& spec() const { return spec_; }
 

@@ -1133,6 +1133,62 @@ TEST(Calibrate, OneThreadProbesRunOnEachCoreInTurn) {
     }
 }
 
+// With each probe's ends' share measured (timed unit by unit), the ends' scale is their
+// measured seconds over their kernels', and each group's blocks fit the rest: known scales come
+// back even where a group has one block count (nothing for a pair to tell apart), and a
+// difference that would throw a pair's fit far off moves only its group's blocks.
+TEST(Calibrate, MeasuredEndsSharesGiveTheEndsScale) {
+    using cli::calibration::ActionPoint;
+    const std::array<double, 2> blocks_scale{1.1, 1.3};
+    const double ends_scale = 1.6;
+    auto point = [&](size_t g, double blocks, double ends) {
+        const double b = blocks_scale[g] * blocks, e = ends_scale * ends;
+        return ActionPoint{blocks, ends, b + e, e / (b + e)};
+    };
+    std::vector<std::vector<ActionPoint>> groups = {{point(0, 0.004, 0.001)},
+                                                    {point(1, 0.002, 0.0004)}};
+    std::vector<double> s = cli::calibration::blocks_and_ends_scales(groups);
+    ASSERT_EQ(s.size(), 3u);
+    EXPECT_NEAR(s[0], blocks_scale[0], 1e-9);
+    EXPECT_NEAR(s[1], blocks_scale[1], 1e-9);
+    EXPECT_NEAR(s[2], ends_scale, 1e-9);
+
+    // A pair whose one-block probe ran 5% slow: from the pair alone the ends' scale comes out
+    // far from 1.6; with the shares it stays near, and the blocks take the difference.
+    std::vector<std::vector<ActionPoint>> pair = {
+        {point(0, 0.001, 0.0002), point(0, 0.004, 0.0002)}};
+    pair[0][0].measured *= 1.05;
+    std::vector<std::vector<ActionPoint>> unshared = pair;
+    for (ActionPoint& q : unshared[0]) q.share = -1;
+    const double fitted = cli::calibration::blocks_and_ends_scales(unshared)[1];
+    s = cli::calibration::blocks_and_ends_scales(pair);
+    EXPECT_GT(std::abs(fitted - ends_scale), 0.3);
+    EXPECT_LT(std::abs(s[1] - ends_scale), 0.1);
+    EXPECT_NEAR(s[0], blocks_scale[0], 0.05);
+}
+
+// A probe's model timed unit by unit: its ends (embedding, final norm, head, loss) are a share
+// of every step, and a smaller share with four blocks than with one.
+TEST(Calibrate, TheEndsShareOfAProbeIsTimedByItsUnits) {
+    std::array<double, 2> forward{}, backward{};
+    for (size_t k = 0; k < 2; ++k) {
+        Program program;
+        plan::Graph graph;
+        cli::calibration::GptScript g;
+        g.width = 64;
+        g.layers = k == 0 ? 1 : 4;
+        ASSERT_EQ(cli::calibration::plan_script(cli::calibration::gpt_script(g), program, graph),
+                  "");
+        std::tie(forward[k], backward[k]) = cli::calibration::ends_share(program, 2, 1);
+        EXPECT_GT(forward[k], 0) << k;
+        EXPECT_LT(forward[k], 1) << k;
+        EXPECT_GT(backward[k], 0) << k;
+        EXPECT_LT(backward[k], 1) << k;
+    }
+    EXPECT_GT(forward[0], forward[1]);
+    EXPECT_GT(backward[0], backward[1]);
+}
+
 // Small microbatches cost less beyond their kernels than large ones (their activations stay
 // nearer the cores): a width probed at two token counts is priced at a microbatch's tokens
 // between them by log tokens, outside them at the nearest; without tokens, at the most probed.
