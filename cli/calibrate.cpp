@@ -464,11 +464,10 @@ double median_of(std::vector<double> v) {
 double measure_slice(Progress& progress) {
     std::vector<double> turns[2];
     std::atomic<int32_t> ready{0};
+    std::atomic<int> core{-1};
     auto spin = [&](std::vector<double>& out) {
-        cpu_set_t one;
-        CPU_ZERO(&one);
-        CPU_SET(sched_getcpu(), &one);
-        pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+        if (core < 0) core = sched_getcpu(); // the first: the core it is on; the second joins it
+        OnCpu on(core);
         ++ready;
         while (ready < 2) {
         }
@@ -485,13 +484,7 @@ double measure_slice(Progress& progress) {
     // Both on the core the first one is on.
     std::thread a([&] { spin(turns[0]); });
     while (ready < 1) std::this_thread::yield();
-    cpu_set_t mask;
-    CPU_ZERO(&mask);
-    pthread_getaffinity_np(a.native_handle(), sizeof mask, &mask);
-    std::thread b([&] {
-        pthread_setaffinity_np(pthread_self(), sizeof mask, &mask);
-        spin(turns[1]);
-    });
+    std::thread b([&] { spin(turns[1]); });
     a.join();
     b.join();
     progress.tick("the scheduler's time slice");
@@ -873,11 +866,15 @@ class UnitClock final : public models::UnitHooks {
 
 } // namespace
 
+std::pair<size_t, size_t> end_units(const ModelSpec& spec) {
+    // A stage of no blocks of its own, first and then last.
+    return {models::Stage(spec, {0, 0, true, false}, 1).unit_parameters().size(),
+            models::Stage(spec, {0, 0, false, true}, 1).unit_parameters().size()};
+}
+
 std::pair<double, double> ends_share(const Program& program, int rows, int32_t threads) {
     const ModelSpec& spec = program.model;
-    // How many units come before the blocks and after them: a stage of no blocks' own.
-    const size_t pre = models::Stage(spec, {0, 0, true, false}, 1).unit_parameters().size();
-    const size_t post = models::Stage(spec, {0, 0, false, true}, 1).unit_parameters().size();
+    const auto [pre, post] = end_units(spec);
     models::Model model(spec, 1);
     const int64_t tokens = static_cast<int64_t>(rows) * 64;
     kernels::Tensor in({rows, 64}, kernels::DType::i32), out({rows, 64}, kernels::DType::i32);
@@ -1462,12 +1459,12 @@ void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<ActionFi
     }
     if (!by_width.empty()) {
         o << "# Each width's probes of one token count, their blocks' scale apart from their\n"
-          << "# ends' (embeddings, head, loss; one scale for every width: the ends' share of each\n"
-          << "# probe, timed unit by unit, of its actions over their kernels), the blocks' least\n"
-          << "# squares of the ratios: what the simulator uses in place of the lines above, a "
-             "stage priced\n"
-          << "# between the nearest two token counts of a microbatch by log tokens, then between\n"
-          << "# the nearest two widths of its matmuls (model width / tp) by log width:\n"
+          << "# ends' (embeddings, head, loss; one scale for every width: the ends' share of\n"
+          << "# each probe, timed unit by unit, of its actions over their kernels), the blocks'\n"
+          << "# least squares of the ratios: what the simulator uses in place of the lines\n"
+          << "# above, a stage priced between the nearest two token counts of a microbatch by\n"
+          << "# log tokens, then between the nearest two widths of its matmuls (model width /\n"
+          << "# tp) by log width:\n"
           << "by_width = [\n";
         for (const ActionFit& f : by_width)
             o << "  { threads = " << f.threads << ", width = " << f.width

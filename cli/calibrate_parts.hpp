@@ -130,6 +130,8 @@ struct Probe {
 /// the ends only as a small difference of two large times measured apart, where a small
 /// drift in between moves it by half its size; timed within the same steps, it is measured.
 std::pair<double, double> ends_share(const Program& program, int rows, int32_t threads);
+/// How many of a model's units come before its blocks and after them (its ends).
+std::pair<size_t, size_t> end_units(const ModelSpec& spec);
 
 /// The CPUs this process may run on, in order (empty where they cannot be read).
 std::vector<int> allowed_cpus();

@@ -11,6 +11,7 @@
 #include "kernels/devices.hpp"
 #include "lang/check.hpp"
 #include "lang/hardware.hpp"
+#include "models/stage.hpp"
 #include "tests/common/checked_script.hpp"
 
 #include <gtest/gtest.h>
@@ -1167,26 +1168,37 @@ TEST(Calibrate, MeasuredEndsSharesGiveTheEndsScale) {
     EXPECT_NEAR(s[0], blocks_scale[0], 0.05);
 }
 
-// A probe's model timed unit by unit: its ends (embedding, final norm, head, loss) are a share
-// of every step, and a smaller share with four blocks than with one.
+// A probe's model timed unit by unit: its ends (embedding before the blocks; final norm, head
+// and loss after them) are the same units whatever its blocks, the blocks the rest of the
+// whole model's units, as many for each block; the ends' share of a step is a part of it.
 TEST(Calibrate, TheEndsShareOfAProbeIsTimedByItsUnits) {
-    std::array<double, 2> forward{}, backward{};
+    std::array<std::pair<size_t, size_t>, 2> ends;
+    std::array<size_t, 2> units{};
+    const std::array<int, 2> layers{1, 4};
     for (size_t k = 0; k < 2; ++k) {
         Program program;
         plan::Graph graph;
         cli::calibration::GptScript g;
         g.width = 64;
-        g.layers = k == 0 ? 1 : 4;
+        g.layers = layers[k];
         ASSERT_EQ(cli::calibration::plan_script(cli::calibration::gpt_script(g), program, graph),
                   "");
-        std::tie(forward[k], backward[k]) = cli::calibration::ends_share(program, 2, 1);
-        EXPECT_GT(forward[k], 0) << k;
-        EXPECT_LT(forward[k], 1) << k;
-        EXPECT_GT(backward[k], 0) << k;
-        EXPECT_LT(backward[k], 1) << k;
+        ends[k] = cli::calibration::end_units(program.model);
+        units[k] = models::Stage(program.model, models::StageSpan::whole(program.model), 1)
+                       .unit_parameters()
+                       .size();
+        const auto [forward, backward] = cli::calibration::ends_share(program, 2, 1);
+        EXPECT_GT(forward, 0) << k;
+        EXPECT_LT(forward, 1) << k;
+        EXPECT_GT(backward, 0) << k;
+        EXPECT_LT(backward, 1) << k;
     }
-    EXPECT_GT(forward[0], forward[1]);
-    EXPECT_GT(backward[0], backward[1]);
+    EXPECT_EQ(ends[0], ends[1]);
+    EXPECT_GE(ends[0].first, 1u);  // the embedding
+    EXPECT_GE(ends[0].second, 2u); // at least the head and the loss
+    const size_t per_block = units[0] - ends[0].first - ends[0].second;
+    EXPECT_GE(per_block, 1u);
+    EXPECT_EQ(units[1], ends[1].first + ends[1].second + 4 * per_block);
 }
 
 // Small microbatches cost less beyond their kernels than large ones (their activations stay
