@@ -744,7 +744,15 @@ std::vector<Probe> probe_shapes(bool quick) {
             {512, 4, 1, {}, {}}, {512, 4, 2, {}, {}}, {512, 2, 1, {}, {}}, {512, 2, 2, {}, {}}};
 }
 int probe_passes(bool quick) {
-    return quick ? 1 : 3;
+    return quick ? 1 : 6;
+}
+
+bool after_probe_pass(int pass, int passes) {
+    return pass % 2 == 1 || pass == passes - 1;
+}
+
+int side_passes(int passes) {
+    return (passes + 1) / 2;
 }
 
 // Trains a probe's plan in this process; what went wrong, or "".
@@ -784,13 +792,16 @@ std::string plan_script(const std::string& text, Program& program, plan::Graph& 
 namespace {
 
 // A probe's program and plan (a GPT of its shape trained 1F1B over two microbatches on one rank
-// of `devices`); what was wrong, or "".
+// of `devices`); what was wrong, or "". A CPU's probe trains 6 steps (5 timed) in each of its
+// passes: a shared machine's pace moves within seconds, and more passes of fewer steps see
+// more of it than fewer longer ones.
 std::string plan_probe(Probe& pr, const std::string& devices, bool quick) {
     Program program;
     plan::Graph graph;
+    const int32_t steps = quick ? 3 : devices == "cpu" ? 6 : 8;
     std::string e = plan_script(
-        gpt_script({pr.width, pr.layers, pr.heads, devices, 1, 1, 2, 2 * pr.rows, quick ? 3 : 8}),
-        program, graph);
+        gpt_script({pr.width, pr.layers, pr.heads, devices, 1, 1, 2, 2 * pr.rows, steps}), program,
+        graph);
     if (!e.empty()) return e;
     pr.program = std::move(program);
     pr.graph = std::move(graph);
@@ -912,9 +923,10 @@ std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int
     // Every probe on every thread count once per pass, the passes one after another; each
     // keeps its median pass's medians (the pass of the median forward and backward): a burst
     // of other work slows the probes of one pass, not the others, and a run's step is its
-    // steps' median, not its fastest step. The thread counts take turns within each pass: a
-    // shared machine's pace drifts over minutes, and the scales of ranks of all the cores and
-    // of one thread are set against each other.
+    // steps' median, not its fastest step. Each probe runs on every thread count in turn
+    // before the next probe: a shared machine's pace moves within seconds, and the scales of
+    // ranks of all the cores and of one thread are set against each other, so each pass times
+    // a probe's thread counts at the same pace.
     const std::vector<std::vector<Probe>> failed(threads.size());
     std::vector<Probe> planned = shapes;
     for (Probe& pr : planned)
@@ -935,9 +947,10 @@ std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int
     std::vector<int> cpus = allowed_cpus();
     const int32_t most = threads.empty() ? 1 : *std::max_element(threads.begin(), threads.end());
     if (static_cast<int32_t>(cpus.size()) > most) cpus.resize(static_cast<size_t>(most));
+    const auto t0 = Clock::now();
     for (int pass = 0; pass < passes; ++pass) {
-        for (size_t t = 0; t < threads.size(); ++t)
-            for (size_t i = 0; i < planned.size(); ++i) {
+        for (size_t i = 0; i < planned.size(); ++i)
+            for (size_t t = 0; t < threads.size(); ++t) {
                 // Two cores a pass at most (a many-core machine's passes take the next two).
                 std::vector<int> where{-1};
                 if (threads[t] == 1 && cpus.size() > 1) {
@@ -946,6 +959,7 @@ std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int
                         where.push_back(cpus[(2 * static_cast<size_t>(pass) + j) % cpus.size()]);
                 }
                 std::pair<double, double> sum{0, 0};
+                out[t][i].started.push_back(since(t0));
                 for (int cpu : where) {
                     std::pair<double, double> medians;
                     OnCpu on(cpu);
@@ -961,7 +975,7 @@ std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int
                 timed[t][i].push_back({sum.first / n, sum.second / n});
                 progress.tick("whole actions");
             }
-        if (after_pass) after_pass(pass);
+        if (after_pass && after_probe_pass(pass, passes)) after_pass(pass);
     }
     // The ends' share of each probe on the CPU, timed unit by unit on its threads.
     if (devices == "cpu")
@@ -1627,10 +1641,10 @@ std::string profile_text(const std::string& name, const std::string& command, in
         o << "# How far apart the cores' paces are: the standard deviation of one core's pace\n"
           << "# over a step against the cores' mean. " << cores
           << " data-parallel replicas of a GPT (width " << spread_width << ", four\n"
-          << "# blocks), one a core on one thread each, trained after each pass of the probes;\n"
-          << "# in each pass the median over the steps of the replicas' compute's sample variance\n"
-          << "# (against its mean), at the median of a normal sample variance; the mean of the\n"
-          << "# passes. The ranks of a stage that hold a core each are priced at the expected\n"
+          << "# blocks), one a core on one thread each, trained after every other pass of the\n"
+          << "# probes; in each such pass the median over the steps of the replicas' compute's\n"
+          << "# sample variance (against its mean), at the median of a normal sample variance;\n"
+          << "# the mean of the passes. The ranks of a stage that hold a core each are priced at the expected\n"
           << "# paces of as many cores, and their collectives wait for the slowest.\n"
           << "core_spread = " << number(core_spread) << "\n";
     write_rows(o,
@@ -1711,12 +1725,13 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
                                  static_cast<int>(plan.seqs.size() * plan.head_dims.size()) +
                                  13 * static_cast<int>(plan.elements.size())) +
                       probe_runs + sharing_sets * static_cast<int>(sharing_counts(cores).size()) +
-                      oversubscribed_ticks(beyond, passes) + (spread ? passes : 0) + 1 +
-                      3 * messages + 4 * messages * (cores >= 4 ? 2 : 1) + 1;
+                      oversubscribed_ticks(beyond, side_passes(passes)) +
+                      (spread ? side_passes(passes) : 0) + 1 + 3 * messages +
+                      4 * messages * (cores >= 4 ? 2 : 1) + 1;
     Progress progress(err, total);
     auto t0 = Clock::now();
     // The probes on all the cores (one rank alone) and on one thread (many ranks), taking
-    // turns in each pass; where there are several cores each pass is followed by the
+    // turns in each pass; where there are several cores every other pass is followed by the
     // pipelines of more ranks than cores and by the replicas a core.
     const std::vector<Probe> shapes = probe_shapes(c.quick);
     std::vector<int32_t> counts = {cores};

@@ -115,7 +115,8 @@ struct Probe {
     std::optional<plan::Graph> graph;
     double forward = 0, backward = 0; // measured seconds per microbatch
     int heads = 4;
-    std::vector<double> passes{}; // each pass's forward and backward, in pass order
+    std::vector<double> passes{};  // each pass's forward and backward, in pass order
+    std::vector<double> started{}; // when each pass's run began, seconds into run_probes
     // Each run held to one CPU (a one-thread probe beside ranks of several cores: each pass
     // runs it on each core and keeps their mean): the CPU and its forward and backward.
     std::vector<std::pair<int, double>> held{};
@@ -152,14 +153,19 @@ class OnCpu {
     bool held_ = false;
 };
 
+/// Whether run_probes' `after_pass` follows pass `pass` of `passes`: every other pass, and the
+/// last; side_passes(passes) of them in all.
+bool after_probe_pass(int pass, int passes);
+int side_passes(int passes);
 /// Trains small GPTs of the `shapes` on one rank of `devices` (a profile name: `cpu`, or a
 /// GPU's) with each of `threads` compute threads (0: the runtime's choice) and times their
-/// forwards and backwards, `passes` times each, the thread counts taking turns within a pass;
-/// the probes of each thread count, in its order (each empty where a probe failed). Run first,
-/// on a quiet process. `after_pass`, where given, runs after each pass with its index (other
-/// work timed at the same pace). Where a rank of one thread is probed beside one of several,
-/// each pass runs each one-thread probe on each of those cores, held to it (Probe::held), and
-/// keeps the mean, so that a core is priced at the cores' mean pace.
+/// forwards and backwards, `passes` times each, each probe on every thread count in turn; the
+/// probes of each thread count, in its order (each empty where a probe failed). Run first, on
+/// a quiet process. `after_pass`, where given, runs after every other pass and the last
+/// (after_probe_pass) with the pass's index (other work timed at the same pace). Where a rank
+/// of one thread is probed beside one of several, each pass runs each one-thread probe on each
+/// of those cores, held to it (Probe::held), and keeps the mean, so that a core is priced at
+/// the cores' mean pace.
 std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int passes, bool quick,
                                            const std::string& devices,
                                            const std::vector<int32_t>& threads, Progress& progress,

@@ -1101,28 +1101,56 @@ TEST(Calibrate, ACoresPaceIsItsHeldRunsAgainstTheCoresMean) {
 
 // The probes of one thread beside those of every core: in each pass each one-thread probe runs
 // on two cores, held to each in turn, and the pass keeps their mean; the probes of every core
-// are not held.
+// are not held. Each probe runs on both thread counts before the next one starts, and the work
+// after a pass follows every other pass and the last.
+// The work that follows the probes' passes (pipelines beyond the cores, replicas a core) runs
+// after every other pass and the last, as many times as side_passes says.
+TEST(Calibrate, SideWorkFollowsEveryOtherProbePassAndTheLast) {
+    for (int passes = 1; passes <= 8; ++passes) {
+        int n = 0;
+        for (int pass = 0; pass < passes; ++pass)
+            n += cli::calibration::after_probe_pass(pass, passes);
+        EXPECT_EQ(n, cli::calibration::side_passes(passes)) << passes << " passes";
+        EXPECT_TRUE(cli::calibration::after_probe_pass(passes - 1, passes));
+        EXPECT_EQ(cli::calibration::after_probe_pass(0, passes), passes == 1);
+    }
+}
+
 TEST(Calibrate, OneThreadProbesRunOnEachCoreInTurn) {
     const std::vector<int> cpus = cli::calibration::allowed_cpus();
     if (cpus.size() < 2) GTEST_SKIP() << "one CPU: no turns to take";
     using cli::calibration::Probe;
     std::ostringstream err;
-    cli::calibration::Progress progress(err, 8);
+    cli::calibration::Progress progress(err, 12);
     std::vector<std::string> skipped;
     const std::vector<Probe> shapes = {{64, 1, 1, {}, {}}, {64, 1, 2, {}, {}}};
+    const size_t passes = 3;
+    std::vector<int> after;
     const auto both =
-        cli::calibration::run_probes(shapes, 2, true, "cpu", {2, 1}, progress, skipped);
+        cli::calibration::run_probes(shapes, passes, true, "cpu", {2, 1}, progress, skipped,
+                                     [&](int pass) { after.push_back(pass); });
     ASSERT_TRUE(skipped.empty()) << skipped[0];
+    EXPECT_EQ(after, (std::vector<int>{1, 2}));
     ASSERT_EQ(both.size(), 2u);
     for (const Probe& pr : both[0]) {
         EXPECT_TRUE(pr.held.empty());
-        EXPECT_EQ(pr.passes.size(), 2u);
+        EXPECT_EQ(pr.passes.size(), passes);
+        ASSERT_EQ(pr.started.size(), passes);
     }
     ASSERT_EQ(both[1].size(), 2u);
+    std::vector<double> order; // when each run began, pass by pass, probe by probe, all cores first
+    for (size_t pass = 0; pass < passes; ++pass)
+        for (size_t i = 0; i < shapes.size(); ++i)
+            for (size_t t = 0; t < 2; ++t) {
+                ASSERT_EQ(both[t][i].started.size(), passes);
+                order.push_back(both[t][i].started[pass]);
+            }
+    EXPECT_TRUE(std::is_sorted(order.begin(), order.end()));
+    EXPECT_EQ(std::adjacent_find(order.begin(), order.end()), order.end());
     for (const Probe& pr : both[1]) {
-        ASSERT_EQ(pr.held.size(), 4u);
-        ASSERT_EQ(pr.passes.size(), 2u);
-        for (size_t pass = 0; pass < 2; ++pass) {
+        ASSERT_EQ(pr.held.size(), 2 * passes);
+        ASSERT_EQ(pr.passes.size(), passes);
+        for (size_t pass = 0; pass < passes; ++pass) {
             const auto& a = pr.held[2 * pass];
             const auto& b = pr.held[2 * pass + 1];
             EXPECT_EQ(a.first, cpus[(2 * pass) % cpus.size()]);
