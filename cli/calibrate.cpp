@@ -1211,6 +1211,7 @@ struct OversubscribedRun {
     Program program; // trained on `cpu`: a profile does not change how a run runs
     plan::Graph graph;
     std::vector<std::pair<int, double>> passes{}; // (pass, its median step)
+    std::vector<double> bubbles{};                // each pass's median bubble
 };
 
 std::string oversubscribed_script(int width, int pp, int steps, const std::string& devices) {
@@ -1248,12 +1249,15 @@ int oversubscribed_ticks(const std::vector<OversubscribedRun>& runs, int passes)
 void time_oversubscribed(std::vector<OversubscribedRun>& runs, int pass, Progress& progress,
                          std::vector<std::string>& skipped) {
     for (OversubscribedRun& run : runs) {
-        std::vector<double> steps;
+        std::vector<double> steps, bubbles;
         runtime::SessionOptions so;
         so.join_launch = false;
         so.threads = 1;
         so.on_step = [&](const runtime::SessionStep& step) {
-            if (step.metrics.step > 2) steps.push_back(step.metrics.step_time_s);
+            if (step.metrics.step > 2) {
+                steps.push_back(step.metrics.step_time_s);
+                if (!step.timings.empty()) bubbles.push_back(step.bubble);
+            }
             return true;
         };
         if (std::string e = train_probe(run.program, run.graph, so); !e.empty()) {
@@ -1263,6 +1267,7 @@ void time_oversubscribed(std::vector<OversubscribedRun>& runs, int pass, Progres
         }
         progress.tick("ranks beyond the cores");
         if (!steps.empty()) run.passes.push_back({pass, median_of(steps)});
+        if (!bubbles.empty()) run.bubbles.push_back(median_of(bubbles));
     }
 }
 
@@ -1307,15 +1312,19 @@ std::vector<Oversubscribed> fit_oversubscribed(std::vector<OversubscribedRun>& r
             o.pace.push_back(at);
         }
         o.measured = median_of(steps);
-        auto simulated = [&] {
+        if (!run.bubbles.empty()) o.bubble_measured = median_of(run.bubbles);
+        // The step at `o.work` into o.simulated and o.bubble_simulated; whether it was.
+        auto simulate = [&] {
             priced.mesh.profile.calibration.oversubscribed = {
                 {1.0 * run.per_core, 1.0 * run.width, o.work}};
             sim::SimResult r = sim::simulate(run.graph, priced);
-            return r.ok() ? r.timeline->step_time_s : 0.0;
+            o.simulated = r.ok() ? r.timeline->step_time_s : 0.0;
+            o.bubble_simulated = r.ok() ? r.timeline->bubble_fraction : 0.0;
+            return o.simulated > 0;
         };
-        for (int round = 0; round < 4 && (o.simulated = simulated()) > 0; ++round)
+        for (int round = 0; round < 4 && simulate(); ++round)
             o.work = std::clamp(o.work * o.measured / o.simulated, 0.5, 4.0);
-        if (o.simulated > 0 && (o.simulated = simulated()) > 0) out.push_back(o);
+        if (simulate()) out.push_back(o);
     }
     std::filesystem::remove_all(dir, ec);
     return out;
@@ -1614,12 +1623,18 @@ std::string profile_text(const std::string& name, const std::string& command, in
           << "# core, " << 2 * cores << " and " << 4 * cores
           << " here, two blocks a stage, 128 tokens a microbatch, trained after\n"
           << "# the passes of the one-thread probes: the median of their passes' median\n"
-          << "# steps, each over the probes' pace in its pass, against the simulated step):\n"
+          << "# steps, each over the probes' pace in its pass, against the simulated step;\n"
+          << "# beside it the pipeline's bubble, the median of its passes' median, and the\n"
+          << "# simulated one):\n"
           << "oversubscribed = [\n";
         for (const Oversubscribed& v : over) {
             o << "  { ranks_per_core = " << v.ranks_per_core << ", width = " << v.width
               << ", work = " << number(v.work) << " }, # step " << number(1e3 * v.measured)
-              << " ms measured, " << number(1e3 * v.simulated) << " ms simulated; passes";
+              << " ms measured, " << number(1e3 * v.simulated) << " ms simulated;";
+            if (v.bubble_measured >= 0)
+                o << " bubble " << number(100 * v.bubble_measured) << "% measured, "
+                  << number(100 * v.bubble_simulated) << "% simulated;";
+            o << " passes";
             for (size_t p = 0; p < v.passes.size(); ++p)
                 o << (p ? ", " : " ") << number(1e3 * v.passes[p]) << " ms"
                   << (p < v.pace.size() ? " at " + number(v.pace[p]) : "");
@@ -1644,8 +1659,9 @@ std::string profile_text(const std::string& name, const std::string& command, in
           << "# blocks), one a core on one thread each, trained after every other pass of the\n"
           << "# probes; in each such pass the median over the steps of the replicas' compute's\n"
           << "# sample variance (against its mean), at the median of a normal sample variance;\n"
-          << "# the mean of the passes. The ranks of a stage that hold a core each are priced at the expected\n"
-          << "# paces of as many cores, and their collectives wait for the slowest.\n"
+          << "# the mean of the passes. The ranks of a stage that hold a core each are priced\n"
+          << "# at the expected paces of as many cores, and their collectives wait for the\n"
+          << "# slowest.\n"
           << "core_spread = " << number(core_spread) << "\n";
     write_rows(o,
                "One-way seconds of a message (half an activation's round trip with its "

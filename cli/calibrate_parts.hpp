@@ -73,6 +73,9 @@ struct Oversubscribed {
     int ranks_per_core = 2, width = 0;
     double work = 1, measured = 0, simulated = 0;
     std::vector<double> passes{}, pace{}; // each pass's median step, and the probes' pace
+    // The pipeline's idle time, measured (the median of its passes' median bubbles; -1: not
+    // timed) and simulated at `work`.
+    double bubble_measured = -1, bubble_simulated = 0;
 };
 
 /// A small GPT (vocab 256, context 64) trained 1F1B on synthetic data, for the calibration.

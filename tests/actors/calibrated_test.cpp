@@ -25,6 +25,7 @@
 #include <map>
 #include <pthread.h>
 #include <random>
+#include <regex>
 #include <sched.h>
 #include <set>
 #include <sstream>
@@ -1396,6 +1397,22 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         for (double s : a.scales) EXPECT_GT(s, 0);
         for (double o : a.block_overhead_s) EXPECT_GE(o, 0);
     }
+    // Each pipeline of ranks beyond the cores says what share of its step it idled, measured
+    // and simulated at its fitted work.
+    std::ifstream written(file);
+    const std::regex row(R"(^  \{ ranks_per_core = [0-9]+, width = [0-9]+, work = [^ ]+ \}, # )"
+                         R"(step .* bubble ([^ ]+)% measured, ([^ ]+)% simulated; passes )");
+    size_t rows = 0;
+    for (std::string line; std::getline(written, line);)
+        if (std::smatch m; std::regex_search(line, m, row)) {
+            ++rows;
+            for (size_t k : {1, 2}) {
+                EXPECT_GE(std::stod(m[k].str()), 0) << line;
+                EXPECT_LT(std::stod(m[k].str()), 100) << line;
+            }
+        }
+    EXPECT_EQ(rows, c.oversubscribed.size());
+    EXPECT_EQ(rows, c.cores > 1 ? 2u : 0u);
     // The probes' one width probed twice: its fit alone, on each thread count, which prices a
     // rank of that count at that width.
     ASSERT_EQ(c.by_width.size(), c.cores > 1 ? 2u : 1u);
