@@ -752,7 +752,9 @@ bool after_probe_pass(int pass, int passes) {
 }
 
 int side_passes(int passes) {
-    return (passes + 1) / 2;
+    int n = 0;
+    for (int pass = 0; pass < passes; ++pass) n += after_probe_pass(pass, passes) ? 1 : 0;
+    return n;
 }
 
 // Trains a probe's plan in this process; what went wrong, or "".
@@ -887,8 +889,9 @@ std::pair<double, double> ends_share(const Program& program, int rows, int32_t t
     const ModelSpec& spec = program.model;
     const auto [pre, post] = end_units(spec);
     models::Model model(spec, 1);
-    const int64_t tokens = static_cast<int64_t>(rows) * 64;
-    kernels::Tensor in({rows, 64}, kernels::DType::i32), out({rows, 64}, kernels::DType::i32);
+    const int64_t tokens = rows * spec.context;
+    kernels::Tensor in({rows, spec.context}, kernels::DType::i32),
+        out({rows, spec.context}, kernels::DType::i32);
     for (int64_t i = 0; i < tokens; ++i) {
         in.data<int32_t>()[i] = static_cast<int32_t>((7 * i + 3) % spec.vocab);
         out.data<int32_t>()[i] = static_cast<int32_t>((11 * i + 5) % spec.vocab);

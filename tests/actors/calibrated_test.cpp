@@ -1105,7 +1105,8 @@ TEST(Calibrate, ACoresPaceIsItsHeldRunsAgainstTheCoresMean) {
 // are not held. Each probe runs on both thread counts before the next one starts, and the work
 // after a pass follows every other pass and the last.
 // The work that follows the probes' passes (pipelines beyond the cores, replicas a core) runs
-// after every other pass and the last, as many times as side_passes says.
+// after every other pass and the last, as many times as side_passes says: three times in a
+// calibration's six passes, once in a quick one's one.
 TEST(Calibrate, SideWorkFollowsEveryOtherProbePassAndTheLast) {
     for (int passes = 1; passes <= 8; ++passes) {
         int n = 0;
@@ -1115,6 +1116,9 @@ TEST(Calibrate, SideWorkFollowsEveryOtherProbePassAndTheLast) {
         EXPECT_TRUE(cli::calibration::after_probe_pass(passes - 1, passes));
         EXPECT_EQ(cli::calibration::after_probe_pass(0, passes), passes == 1);
     }
+    EXPECT_EQ(cli::calibration::side_passes(6), 3);
+    EXPECT_EQ(cli::calibration::side_passes(3), 2);
+    EXPECT_EQ(cli::calibration::side_passes(1), 1);
 }
 
 TEST(Calibrate, OneThreadProbesRunOnEachCoreInTurn) {
