@@ -556,20 +556,22 @@ ExecTimes execute_devices(const Graph& g, const ExecCosts& costs) {
 }
 
 // Single-threaded ranks that outnumber a host's cores, run as the OS scheduler runs their
-// threads: a host's busy threads in one queue, the first ones on a core each, taking turns of
-// one time slice (ExecCosts::slice; none: every busy thread has an equal share of the cores).
-// When a running thread's slice is over and another waits, the one that has held its core the
-// longest goes to the back of the queue and the first waiting takes the core; a thread that
-// stops being busy hands its core to the first waiting at once. An action shorter than a slice
+// threads (Linux's per-core run queues). Each core runs one thread at a time and keeps a queue
+// of those waiting for it. A thread that becomes busy goes to its last core if that core is
+// idle, else to any idle core, else to its last core's queue (one it never ran on: the core
+// with the fewest threads). A core whose thread stops being busy takes the first of its own
+// queue, or, with none, the longest-waiting thread of the longest queue elsewhere. While a
+// core's queue is not empty its thread runs for one time slice (ExecCosts::slice), then goes to
+// the back of that queue and the first waiting takes the core. An action shorter than a slice
 // thus runs whole once it has a core, after a wait in the queue that is idle time, not part of
-// its span; long ones take turns, each at cores / threads of a core on average, as Linux spreads
-// them by moving threads between its cores' queues.
+// its span; threads stay on their cores while the cores are busy. Without a slice every busy
+// thread has an equal share of the cores.
 class CoreQueues {
   public:
     CoreQueues(const Graph& g, const ExecCosts& costs)
         : cores_(static_cast<size_t>(costs.cores)), slice_(costs.slice), host_(g.ranks.size()),
           busy_(g.ranks.size(), false), on_core_(g.ranks.size(), false),
-          covered_(g.ranks.size(), false) {
+          covered_(g.ranks.size(), false), last_(g.ranks.size(), kNone) {
         std::map<int32_t, size_t> ranks;
         std::map<int32_t, bool> single;
         for (const PlanRank& r : g.ranks) {
@@ -578,7 +580,7 @@ class CoreQueues {
             it->second = it->second && costs.threads(r) == 1.0;
         }
         for (const auto& [host, count] : ranks)
-            if (count > cores_ && single[host]) hosts_[host] = {};
+            if (count > cores_ && single[host]) hosts_[host].cores.resize(cores_);
         for (size_t r = 0; r < covered_.size(); ++r) {
             host_[r] = g.ranks[r].host;
             covered_[r] = hosts_.count(host_[r]) > 0;
@@ -591,49 +593,55 @@ class CoreQueues {
     /// ranks that got a core for the first time since they became busy.
     std::vector<size_t> place(const std::vector<bool>& busy, double now) {
         std::vector<size_t> first;
-        std::map<int32_t, bool> waited; // hosts with a thread waiting before now
         for (auto& [host, h] : hosts_) {
-            std::erase_if(h.waiting, [&](size_t r) { return !busy[r]; });
-            std::erase_if(h.running, [&](const Held& x) { return !busy[x.rank]; });
-            waited[host] = !h.waiting.empty();
+            for (Core& c : h.cores) {
+                std::erase_if(c.waiting, [&](size_t r) { return !busy[r]; });
+                if (c.rank != kNone && !busy[c.rank]) c.rank = kNone;
+                c.waited = !c.waiting.empty();
+            }
         }
         for (size_t r = 0; r < busy.size(); ++r) {
             if (!covers(r) || busy_[r] == busy[r]) continue;
             busy_[r] = busy[r];
             on_core_[r] = false;
-            if (busy[r])
-                hosts_[host_[r]].waiting.push_back(r);
-            else
+            Host& h = hosts_[host_[r]];
+            if (!busy[r]) {
+                --h.busy;
                 started_.erase(r); // its next action waits for a core anew
-        }
-        for (auto& [host, h] : hosts_) {
-            // Idle cores (every busy thread, sharing them evenly, without a slice).
-            while (!h.waiting.empty() && (slice_ <= 0 || h.running.size() < cores_)) {
-                give(h, h.waiting.front(), now, first);
-                h.waiting.pop_front();
+                continue;
             }
-            if (slice_ <= 0 || h.waiting.empty()) continue;
-            // The ones that ran alone have had slice after slice; each finishes its current one.
-            if (!waited[host])
-                for (Held& x : h.running) x.since += std::floor((now - x.since) / slice_) * slice_;
-            std::vector<Held*> over;
-            for (Held& x : h.running)
-                if (now >= x.since + slice_ * (1 - 1e-9)) over.push_back(&x);
-            std::stable_sort(over.begin(), over.end(),
-                             [](const Held* a, const Held* b) { return a->held < b->held; });
-            const size_t waiting = h.waiting.size(); // those that wait for one of these
-            for (size_t k = 0; k < over.size(); ++k) {
-                if (k >= waiting) {
-                    over[k]->since = now; // no one else waits: another slice
-                    continue;
-                }
-                const size_t r = over[k]->rank;
-                on_core_[r] = false;
-                h.waiting.push_back(r);
-                *over[k] = Held{h.waiting.front(), now, now};
-                h.waiting.pop_front();
-                on_core_[over[k]->rank] = true;
-                begin(over[k]->rank, first);
+            ++h.busy;
+            if (slice_ > 0)
+                h.cores[wake_core(h, r)].waiting.push_back(r);
+            else
+                begin(r, first); // sharing evenly: it runs at once
+        }
+        if (slice_ <= 0) return first;
+        for (auto& [host, h] : hosts_) {
+            // Idle cores take their own first waiting, or pull one from the longest queue.
+            for (size_t k = 0; k < h.cores.size(); ++k) {
+                if (h.cores[k].rank != kNone) continue;
+                size_t from = k;
+                if (h.cores[k].waiting.empty())
+                    for (size_t j = 0; j < h.cores.size(); ++j)
+                        if (h.cores[j].waiting.size() > h.cores[from].waiting.size()) from = j;
+                if (h.cores[from].waiting.empty()) continue;
+                const size_t r = h.cores[from].waiting.front();
+                h.cores[from].waiting.pop_front();
+                run(h.cores[k], k, r, now, first);
+            }
+            // Turns on the cores where a thread waits.
+            for (size_t k = 0; k < h.cores.size(); ++k) {
+                Core& c = h.cores[k];
+                if (c.rank == kNone || c.waiting.empty()) continue;
+                // One that ran alone has had slice after slice; it finishes its current one.
+                if (!c.waited) c.since += std::floor((now - c.since) / slice_) * slice_;
+                if (now < c.since + slice_ * (1 - 1e-9)) continue;
+                on_core_[c.rank] = false;
+                c.waiting.push_back(c.rank);
+                const size_t r = c.waiting.front();
+                c.waiting.pop_front();
+                run(c, k, r, now, first);
             }
         }
         return first;
@@ -642,34 +650,57 @@ class CoreQueues {
     /// Rank r's share of a core now (it is covered and busy).
     double share(size_t r) const {
         if (slice_ > 0) return on_core_[r] ? 1.0 : 0.0;
-        const size_t busy = hosts_.at(host_[r]).running.size();
+        const size_t busy = hosts_.at(host_[r]).busy;
         return std::min(1.0, static_cast<double>(cores_) / static_cast<double>(busy));
     }
 
-    /// When the next slice ends on a host where a thread waits (infinity: none).
+    /// When the next slice ends on a core where a thread waits (infinity: none).
     double next_turn() const {
         double t = std::numeric_limits<double>::infinity();
         if (slice_ <= 0) return t;
         for (const auto& [host, h] : hosts_)
-            if (!h.waiting.empty())
-                for (const Held& x : h.running) t = std::min(t, x.since + slice_);
+            for (const Core& c : h.cores)
+                if (c.rank != kNone && !c.waiting.empty()) t = std::min(t, c.since + slice_);
         return t;
     }
 
   private:
-    struct Held {
-        size_t rank = SIZE_MAX;
-        double held = 0;  // since when it has had its core
-        double since = 0; // when its current slice began
+    static constexpr size_t kNone = SIZE_MAX;
+    struct Core {
+        size_t rank = kNone;        // the thread it runs
+        double since = 0;           // when that thread's current slice began
+        std::deque<size_t> waiting; // for this core
+        bool waited = false;        // a thread waited before the placement now
     };
     struct Host {
-        std::vector<Held> running; // a core each (without a slice: all that are busy)
-        std::deque<size_t> waiting;
+        std::vector<Core> cores;
+        size_t busy = 0; // its busy threads
     };
 
-    // Busy rank r takes a core now.
-    void give(Host& h, size_t r, double now, std::vector<size_t>& first) {
-        h.running.push_back(Held{r, now, now});
+    // The core rank r goes to as it becomes busy: its last one if idle, else an idle one, else
+    // its last one's queue (never run: the core with the fewest threads).
+    size_t wake_core(const Host& h, size_t r) const {
+        auto idle = [&](size_t k) {
+            return h.cores[k].rank == kNone && h.cores[k].waiting.empty();
+        };
+        const size_t last = last_[r];
+        if (last != kNone && idle(last)) return last;
+        for (size_t k = 0; k < h.cores.size(); ++k)
+            if (idle(k)) return k;
+        if (last != kNone) return last;
+        size_t best = 0, fewest = kNone;
+        for (size_t k = 0; k < h.cores.size(); ++k) {
+            const size_t load = h.cores[k].waiting.size() + (h.cores[k].rank != kNone ? 1 : 0);
+            if (load < fewest) fewest = load, best = k;
+        }
+        return best;
+    }
+
+    // Busy rank r takes core k now.
+    void run(Core& c, size_t k, size_t r, double now, std::vector<size_t>& first) {
+        c.rank = r;
+        c.since = now;
+        last_[r] = k;
         on_core_[r] = true;
         begin(r, first);
     }
@@ -685,6 +716,7 @@ class CoreQueues {
     std::vector<bool> busy_;    // at the last placement
     std::vector<bool> on_core_; // has a core now (with a slice)
     std::vector<bool> covered_; // on a host in hosts_
+    std::vector<size_t> last_;  // the core each rank last ran on (kNone: none yet)
     std::map<int32_t, Host> hosts_;
     std::set<size_t> started_; // busy ranks that have had a core
 };

@@ -339,15 +339,15 @@ TEST(SharedCores, OnlyOverlappingWorkIsStretched) {
     EXPECT_GE(end, 12.0 - 1e-9);
 }
 
-// Three single-threaded ranks on two cores, as the OS runs them: one queue, two on a core at a
-// time, turns of one slice (0.25), the one that has held its core longest giving it up. Worked by
-// hand, F 1 and B 2 each (twelve slices of work): ranks 0 and 1 run the first slice; at 0.25
-// rank 0 gives its core to rank 2 and rank 1, with no one else waiting, keeps its own; from then
-// on the pairs run {1, 2}, {2, 0}, {0, 1}, ... one slice each, every rank two slices in three.
-// Rank 1 has its fourth slice at 1.25, ranks 0 and 2 theirs at 1.5: their F's end there, and
-// each thread goes on to its B without waiting. Rank 1 has its twelfth at 4.25; rank 0 takes
-// its core then, and ranks 0 and 2 end at 4.5. A span begins when its thread first has a core:
-// rank 2's F at 0.25, not at 0.
+// Three single-threaded ranks on two cores, as the OS runs them: a queue a core, turns of one
+// slice (0.25) where a thread waits. Worked by hand, F 1 and B 2 each: rank 0 takes idle core 0,
+// rank 1 idle core 1, rank 2 finds no idle core and queues at core 0 (as few threads as core 1,
+// the first). Rank 1 runs alone: F 0-1, B 1-3. Ranks 0 and 2 take turns on core 0, rank 2's
+// first at 0.25: rank 0's F has its fourth slice at 1.5-1.75, rank 2's at 1.75-2, and each
+// goes on to its B without waiting. At 3 rank 1 is done and core 1, idle, pulls the thread
+// waiting at core 0 (rank 0); each of ranks 0 and 2 has had two slices of its B and runs the
+// other 1.5 s alone: both end at 4.5. A span begins when its thread first has a core: rank 2's
+// F at 0.25, not at 0.
 TEST(SharedCores, RanksBeyondTheCoresQueueForThemAndTakeTurnsOfASlice) {
     Graph g = planned(
         checked("gpt_tiny.dist", {"mesh.dp=3", "train.batch=18", "schedule.microbatches=1"}));
@@ -370,7 +370,7 @@ TEST(SharedCores, RanksBeyondTheCoresQueueForThemAndTakeTurnsOfASlice) {
         return std::pair{-1.0, -1.0};
     };
     const std::vector<std::array<double, 4>> expect = {
-        {0.0, 1.5, 1.5, 4.5}, {0.0, 1.25, 1.25, 4.25}, {0.25, 1.5, 1.5, 4.5}};
+        {0.0, 1.75, 1.75, 4.5}, {0.0, 1.0, 1.0, 3.0}, {0.25, 2.0, 2.0, 4.5}};
     for (size_t r = 0; r < 3; ++r) {
         auto [fs, fe] = span(r, ActionKind::forward);
         auto [bs, be] = span(r, ActionKind::backward);
