@@ -42,6 +42,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -51,6 +52,7 @@
 #include <future>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <regex>
@@ -492,6 +494,52 @@ double measure_slice(Progress& progress) {
     all.insert(all.end(), turns[1].begin(), turns[1].end());
     if (all.size() < 4) return 0.0; // the two never took turns: no slice seen
     return median_of(all);
+}
+
+// How long a thread blocked on a message takes to run once it is signalled, its core idle
+// meanwhile (a pipeline's rank waiting for its activations): one thread works 1, 3 or 10 ms and
+// then signals the other, which notes the time from the signal to its running again. The mean
+// of 120 wake-ups, the two slowest left out (the host taking the core for longer, not a
+// wake-up). Seconds.
+double measure_wake(Progress& progress) {
+    std::mutex m;
+    std::condition_variable cv;
+    bool signalled = false;
+    Clock::time_point sent;
+    const int n = 120;
+    std::vector<double> delays;
+    std::thread sleeper([&] {
+        std::unique_lock lock(m);
+        for (int i = 0; i < n; ++i) {
+            cv.wait(lock, [&] { return signalled; });
+            delays.push_back(since(sent));
+            signalled = false;
+            cv.notify_all();
+        }
+    });
+    const std::array<double, 3> work_ms{1.0, 3.0, 10.0};
+    for (int i = 0; i < n; ++i) {
+        {
+            std::unique_lock lock(m);
+            cv.wait(lock, [&] { return !signalled; });
+        }
+        const auto t0 = Clock::now();
+        while (since(t0) * 1e3 < work_ms[static_cast<size_t>(i) % work_ms.size()]) {
+        }
+        {
+            std::lock_guard lock(m);
+            signalled = true;
+            sent = Clock::now();
+        }
+        cv.notify_all();
+    }
+    sleeper.join();
+    progress.tick("a blocked thread's wake-up");
+    std::sort(delays.begin(), delays.end());
+    delays.resize(delays.size() - 2);
+    double sum = 0;
+    for (double d : delays) sum += d;
+    return sum / static_cast<double>(delays.size());
 }
 
 // ----- communication ------------------------------------------------------------------------
@@ -1548,7 +1596,7 @@ std::string profile_text(const std::string& name, const std::string& command, in
                          const std::vector<ActionFit>& by_width, const std::vector<MatmulRate>& mm,
                          const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt,
                          const std::vector<SharingPoint>& sharing,
-                         const std::vector<Oversubscribed>& over, double slice,
+                         const std::vector<Oversubscribed>& over, double slice, double wake,
                          double collective_wait, double core_spread, int spread_width,
                          const std::vector<TransferSample>& transfers,
                          const std::vector<CollectiveSample>& collectives,
@@ -1649,6 +1697,10 @@ std::string profile_text(const std::string& name, const std::string& command, in
         o << "# How long a thread runs before another waiting for its core has a turn (seconds):\n"
           << "# the OS scheduler's time slice, seen by two threads held to one core.\n"
           << "slice = " << number(slice) << "\n";
+    if (wake > 0)
+        o << "# How long a thread blocked on a message takes to run once it is in (seconds): its\n"
+          << "# idle core's wake-up, the mean of 120 after 1-10 ms of work on another thread.\n"
+          << "wake = " << number(wake) << "\n";
     if (collective_wait > 0)
         o << "# How much longer each step of a Gloo collective takes when other threads fill the\n"
           << "# cores (seconds): its woken member's wait for a core, and its own work slowed. Two\n"
@@ -1745,7 +1797,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
                                  13 * static_cast<int>(plan.elements.size())) +
                       probe_runs + sharing_sets * static_cast<int>(sharing_counts(cores).size()) +
                       oversubscribed_ticks(beyond, side_passes(passes)) +
-                      (spread ? side_passes(passes) : 0) + 1 + 3 * messages +
+                      (spread ? side_passes(passes) : 0) + 1 + 1 + 3 * messages +
                       4 * messages * (cores >= 4 ? 2 : 1) + 1;
     Progress progress(err, total);
     auto t0 = Clock::now();
@@ -1768,6 +1820,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     omp_set_num_threads(cores);
     auto sharing = measure_sharing(cores, plan, progress);
     const double slice = measure_slice(progress);
+    const double wake = measure_wake(progress);
     auto transfers = measure_transfers(plan.message, progress, skipped);
     auto collectives = measure_collectives(cores, plan, progress, skipped);
     const double collective_wait = measure_collective_wait(cores, progress, skipped);
@@ -1778,6 +1831,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     measured.elementwise = elt;
     measured.sharing = sharing;
     measured.slice_s = slice;
+    measured.wake_s = wake;
     ActionFit fit = fit_actions(probes, measured, cores);
     std::vector<ActionFit> fewer;
     if (!probes_one.empty()) fewer.push_back(fit_actions(probes_one, measured, 1));
@@ -1794,7 +1848,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     }
     auto text_with = [&](const std::vector<Oversubscribed>& over) {
         return profile_text(name, command, cores, since(t0), fit, fewer, by_width, mm, att, elt,
-                            sharing, over, slice, collective_wait, core_spread,
+                            sharing, over, slice, wake, collective_wait, core_spread,
                             spread ? spread->width : 0, transfers, collectives, skipped);
     };
     // Ranks beyond the cores, priced by the profile measured so far (one core: none beyond).

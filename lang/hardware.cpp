@@ -139,6 +139,7 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
     }
     c.cores = count(r, "calibration.cores");
     c.slice_s = r.number("calibration.slice", false);
+    c.wake_s = r.number("calibration.wake", false);
     c.cache_bytes = r.whole("calibration.cache_bytes", false);
     c.collective_wait_s = r.number("calibration.collective_wait", false);
     c.core_spread = r.number("calibration.core_spread", false);

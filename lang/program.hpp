@@ -222,6 +222,9 @@ struct Calibration {
     /// The OS scheduler's time slice: how long a thread runs before another that waits for its
     /// core has a turn (seconds; 0: not measured, threads on a core share it evenly).
     double slice_s = 0;
+    /// How long a thread blocked on a message takes to run once the message is in (seconds;
+    /// 0: not measured, at once): the wake-up of its idle core, the hypervisor's on a VM.
+    double wake_s = 0;
     /// Seconds more that each step of a Gloo collective takes when other threads fill the
     /// cores: its woken member's wait for a core and its own work slowed (0: not measured; the
     /// model takes half the slice).

@@ -749,6 +749,9 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
     std::vector<Cut> cut(n);
     std::vector<double> at_step(n, -1.0); // when each rank reached STEP
     std::set<double> wakes;               // future times at which a waiting rank may go on
+    // Where each rank first came to the receive it waits at, and when.
+    std::vector<size_t> blocked_at(n, SIZE_MAX);
+    std::vector<double> blocked_since(n, 0.0);
     std::unique_ptr<CoreQueues> queues;
     if (costs.cores >= 1) queues = std::make_unique<CoreQueues>(g, costs);
     // A tensor-parallel group's members meet inside their actions where they queue for cores.
@@ -861,8 +864,16 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                         if (at > now) wakes.insert(at);
                     } else if (a.kind == ActionKind::recv_forward ||
                                a.kind == ActionKind::recv_backward) {
+                        if (blocked_at[r] != pos) blocked_at[r] = pos, blocked_since[r] = now;
                         auto it = arrived.find(recv_key(rank.rank, a));
-                        if (it == arrived.end() || it->second > now) break;
+                        if (it == arrived.end()) break;
+                        // A thread that blocked for it runs once woken (ExecCosts::wake).
+                        const double go =
+                            it->second + (blocked_since[r] < it->second ? costs.wake : 0.0);
+                        if (go > now) {
+                            wakes.insert(go);
+                            break;
+                        }
                         arrived.erase(it);
                     } else if (is_dp_collective(a.kind)) {
                         double end = dp.enter(rank, a, pos, now);

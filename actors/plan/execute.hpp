@@ -47,6 +47,10 @@ struct ExecCosts {
     /// by `speed`.
     double cores = 0;
     double slice = 0;
+    /// Where cores are shared: seconds a rank blocked at a receive takes to run again once the
+    /// message has arrived (its core's wake-up). A message in before the rank comes to the
+    /// receive costs none. 0: none.
+    double wake = 0;
     /// STEP computes the global gradient norm first, as the runtime does: an all-reduce over
     /// the ranks of a model replica (over every rank under ZeRO), so a rank's STEP starts when
     /// the rank gets there and its update once all of them have. Off for the verifier.

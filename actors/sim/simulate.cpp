@@ -587,6 +587,7 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     c.cores = cal.cores;
     c.meets = tp_meetings(g);
     c.slice = g.cp == 1 ? cal.slice_s : 0.0;
+    c.wake = cal.wake_s;
     return c;
 }
 

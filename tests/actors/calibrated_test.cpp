@@ -339,6 +339,52 @@ TEST(SharedCores, OnlyOverlappingWorkIsStretched) {
     EXPECT_GE(end, 12.0 - 1e-9);
 }
 
+// A rank blocked at a receive runs once its thread is woken (ExecCosts::wake), after the message
+// is in; one that comes to the receive after its message pays nothing. pp 2 (1F1B), two
+// microbatches, F 1 and B 2, messages of 0.5, a wake-up of 0.1, a core each. Worked by hand:
+// rank 0 runs F0 0-1 and F1 1-2; rank 1, waiting since 0, has F0 in at 1.5 and runs it at 1.6,
+// B0 to 4.6 (its gradient in at 5.1); F1 was in at 2.5, before rank 1 came to it: 4.6-5.6, B1
+// to 7.6 (in at 8.1). Rank 0, waiting since 2, runs B0 at 5.2 to 7.2 and B1 at 8.2 to 10.2.
+TEST(SharedCores, ABlockedRankRunsOnceWoken) {
+    Graph g = planned(checked("gpt_tiny.dist", {"mesh.pp=2", "schedule.microbatches=2"}));
+    ExecCosts c = distinct_costs();
+    c.compute = [](const PlanRank&, const PlanAction& a) {
+        return a.kind == ActionKind::forward ? 1.0 : a.kind == ActionKind::backward ? 2.0 : 0.0;
+    };
+    c.transfer = [](const PlanRank&, const PlanRank&, const PlanAction&) { return 0.5; };
+    c.reduction = [](const PlanRank&, const PlanAction&) { return 0.0; };
+    c.threads = [](const PlanRank&) { return 1.0; };
+    c.speed = [](double) { return 1.0; };
+    c.cores = 2;
+    c.wake = 0.1;
+    ExecTimes t = execute(g, c);
+    ASSERT_TRUE(t.complete);
+    auto span = [&](size_t r, ActionKind kind, int32_t microbatch) {
+        const auto& actions = g.ranks[r].actions;
+        for (size_t i = 0; i < actions.size(); ++i)
+            if (actions[i].kind == kind && actions[i].microbatch == microbatch)
+                return std::pair{t.start[r][i], t.end[r][i]};
+        ADD_FAILURE() << "rank " << r << " has no " << plan::op_name(kind) << microbatch;
+        return std::pair{-1.0, -1.0};
+    };
+    using K = ActionKind;
+    const std::vector<std::tuple<size_t, K, int32_t, double, double>> expect = {
+        {0, K::forward, 0, 0.0, 1.0},  {0, K::forward, 1, 1.0, 2.0},  {1, K::forward, 0, 1.6, 2.6},
+        {1, K::backward, 0, 2.6, 4.6}, {1, K::forward, 1, 4.6, 5.6},  {1, K::backward, 1, 5.6, 7.6},
+        {0, K::backward, 0, 5.2, 7.2}, {0, K::backward, 1, 8.2, 10.2}};
+    for (const auto& [r, kind, mb, from, to] : expect) {
+        auto [s, e] = span(r, kind, mb);
+        EXPECT_NEAR(s, from, 1e-9) << "rank " << r << " " << plan::op_name(kind) << mb;
+        EXPECT_NEAR(e, to, 1e-9) << "rank " << r << " " << plan::op_name(kind) << mb;
+    }
+    // Without the wake-up every blocked start is 0.1 sooner per wait before it.
+    c.wake = 0;
+    t = execute(g, c);
+    ASSERT_TRUE(t.complete);
+    EXPECT_NEAR(span(1, K::forward, 0).first, 1.5, 1e-9);
+    EXPECT_NEAR(span(0, K::backward, 1).second, 10.0, 1e-9);
+}
+
 // Three single-threaded ranks on two cores, as the OS runs them: a queue a core, turns of one
 // slice (0.25) where a thread waits. Worked by hand, F 1 and B 2 each: rank 0 takes idle core 0,
 // rank 1 idle core 1, rank 2 finds no idle core and queues at core 0 (as few threads as core 1,
@@ -1355,6 +1401,9 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     // Two threads held to one core took turns: the scheduler's slice, milliseconds long.
     EXPECT_GT(c.slice_s, 0);
     EXPECT_LT(c.slice_s, 0.5);
+    // A blocked thread woke on its idle core within a slice (or 10 ms) on average.
+    EXPECT_GT(c.wake_s, 0);
+    EXPECT_LT(c.wake_s, std::max(c.slice_s, 0.01));
     std::set<std::string> transports;
     for (const TransferSample& t : c.transfers) transports.insert(t.transport);
     EXPECT_TRUE(transports.count("inprocess"));
