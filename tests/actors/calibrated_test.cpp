@@ -69,6 +69,23 @@ ExecCosts distinct_costs() {
     return c;
 }
 
+// F 1 s and B 2 s, nothing else: the costs the hand-worked tests below use.
+double forward_one_backward_two(const PlanRank&, const PlanAction& a) {
+    return a.kind == ActionKind::forward ? 1.0 : a.kind == ActionKind::backward ? 2.0 : 0.0;
+}
+
+// Single-threaded ranks on `cores` cores, each as fast whatever runs beside it, F 1 s and B 2 s,
+// reductions free.
+ExecCosts single_threaded_on(double cores) {
+    ExecCosts c = distinct_costs();
+    c.compute = forward_one_backward_two;
+    c.reduction = [](const PlanRank&, const PlanAction&) { return 0.0; };
+    c.threads = [](const PlanRank&) { return 1.0; };
+    c.speed = [](double) { return 1.0; };
+    c.cores = cores;
+    return c;
+}
+
 struct TempDir {
     fs::path path;
     explicit TempDir(const std::string& tag)
@@ -265,9 +282,7 @@ TEST(ZeroUnits, ComputeBesideTheRanksCollectivesRunsSlowerForThatTime) {
 TEST(SharedCores, TwoRanksOnOneCoreTakeTwiceAsLong) {
     Graph g = planned(checked("gpt_tiny.dist", {"mesh.dp=2", "schedule.microbatches=2"}));
     ExecCosts alone = distinct_costs();
-    alone.compute = [](const PlanRank&, const PlanAction& a) {
-        return a.kind == ActionKind::forward ? 1.0 : a.kind == ActionKind::backward ? 2.0 : 0.0;
-    };
+    alone.compute = forward_one_backward_two;
     alone.reduction = [](const PlanRank&, const PlanAction&) { return 0.0; };
     ExecCosts one_core = alone;
     one_core.threads = [](const PlanRank&) { return 1.0; };
@@ -322,9 +337,7 @@ TEST(SharedCores, AWaitInsideAnActionLeavesTheCoreToTheOthers) {
 TEST(SharedCores, OnlyOverlappingWorkIsStretched) {
     Graph g = planned(checked("gpt_tiny.dist", {"mesh.pp=2", "schedule.microbatches=2"}));
     ExecCosts c = distinct_costs();
-    c.compute = [](const PlanRank&, const PlanAction& a) {
-        return a.kind == ActionKind::forward ? 1.0 : a.kind == ActionKind::backward ? 2.0 : 0.0;
-    };
+    c.compute = forward_one_backward_two;
     c.transfer = [](const PlanRank&, const PlanRank&, const PlanAction&) { return 0.0; };
     c.threads = [](const PlanRank&) { return 1.0; };
     c.speed = [](double threads) { return 1.0 / std::max(1.0, threads); };
@@ -347,15 +360,8 @@ TEST(SharedCores, OnlyOverlappingWorkIsStretched) {
 // to 7.6 (in at 8.1). Rank 0, waiting since 2, runs B0 at 5.2 to 7.2 and B1 at 8.2 to 10.2.
 TEST(SharedCores, ABlockedRankRunsOnceWoken) {
     Graph g = planned(checked("gpt_tiny.dist", {"mesh.pp=2", "schedule.microbatches=2"}));
-    ExecCosts c = distinct_costs();
-    c.compute = [](const PlanRank&, const PlanAction& a) {
-        return a.kind == ActionKind::forward ? 1.0 : a.kind == ActionKind::backward ? 2.0 : 0.0;
-    };
+    ExecCosts c = single_threaded_on(2);
     c.transfer = [](const PlanRank&, const PlanRank&, const PlanAction&) { return 0.5; };
-    c.reduction = [](const PlanRank&, const PlanAction&) { return 0.0; };
-    c.threads = [](const PlanRank&) { return 1.0; };
-    c.speed = [](double) { return 1.0; };
-    c.cores = 2;
     c.wake = 0.1;
     ExecTimes t = execute(g, c);
     ASSERT_TRUE(t.complete);
@@ -397,14 +403,7 @@ TEST(SharedCores, ABlockedRankRunsOnceWoken) {
 TEST(SharedCores, RanksBeyondTheCoresQueueForThemAndTakeTurnsOfASlice) {
     Graph g = planned(
         checked("gpt_tiny.dist", {"mesh.dp=3", "train.batch=18", "schedule.microbatches=1"}));
-    ExecCosts c = distinct_costs();
-    c.compute = [](const PlanRank&, const PlanAction& a) {
-        return a.kind == ActionKind::forward ? 1.0 : a.kind == ActionKind::backward ? 2.0 : 0.0;
-    };
-    c.reduction = [](const PlanRank&, const PlanAction&) { return 0.0; };
-    c.threads = [](const PlanRank&) { return 1.0; };
-    c.speed = [](double) { return 1.0; };
-    c.cores = 2;
+    ExecCosts c = single_threaded_on(2);
     c.slice = 0.25;
     ExecTimes t = execute(g, c);
     ASSERT_TRUE(t.complete);
