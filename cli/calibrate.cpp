@@ -1792,12 +1792,13 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     // run_probes: every probe in every pass, on all the cores and on one.
     const int probe_runs =
         static_cast<int>(probe_shapes(c.quick).size()) * passes * (cores > 1 ? 2 : 1);
+    const int scheduler = 2; // the time slice and the wake-up, a tick each
     const int total = threads * (3 * sizes * sizes * sizes +
                                  static_cast<int>(plan.seqs.size() * plan.head_dims.size()) +
                                  13 * static_cast<int>(plan.elements.size())) +
                       probe_runs + sharing_sets * static_cast<int>(sharing_counts(cores).size()) +
                       oversubscribed_ticks(beyond, side_passes(passes)) +
-                      (spread ? side_passes(passes) : 0) + 1 + 1 + 3 * messages +
+                      (spread ? side_passes(passes) : 0) + scheduler + 3 * messages +
                       4 * messages * (cores >= 4 ? 2 : 1) + 1;
     Progress progress(err, total);
     auto t0 = Clock::now();

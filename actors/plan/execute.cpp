@@ -864,7 +864,10 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                         if (at > now) wakes.insert(at);
                     } else if (a.kind == ActionKind::recv_forward ||
                                a.kind == ActionKind::recv_backward) {
-                        if (blocked_at[r] != pos) blocked_at[r] = pos, blocked_since[r] = now;
+                        if (blocked_at[r] != pos) {
+                            blocked_at[r] = pos;
+                            blocked_since[r] = now;
+                        }
                         auto it = arrived.find(recv_key(rank.rank, a));
                         if (it == arrived.end()) break;
                         // A thread that blocked for it runs once woken (ExecCosts::wake).
