@@ -1714,9 +1714,9 @@ std::string profile_text(const std::string& name, const std::string& command, in
           << "# blocks), one a core on one thread each, trained after every other pass of the\n"
           << "# probes; in each such pass the median over the steps of the replicas' compute's\n"
           << "# sample variance (against its mean), at the median of a normal sample variance;\n"
-          << "# the mean of the passes. The ranks of a stage that hold a core each are priced\n"
-          << "# at the expected paces of as many cores, and their collectives wait for the\n"
-          << "# slowest.\n"
+          << "# the mean of the passes. Ranks that hold a core each are priced at the expected\n"
+          << "# paces of as many cores, the slowest to each in turn: a stage's members wait in\n"
+          << "# their collectives for the slowest, a pipeline's stages for each other.\n"
           << "core_spread = " << number(core_spread) << "\n";
     write_rows(o,
                "One-way seconds of a message (half an activation's round trip with its "

@@ -379,24 +379,32 @@ double normal_order_statistic(int32_t i, int32_t n) {
     return sum * h / 3;
 }
 
-std::vector<double> core_paces(const plan::Graph& g, int32_t cores, double core_spread) {
-    std::vector<double> pace(g.ranks.size(), 1.0);
-    if (!(core_spread > 0)) return pace;
-    std::map<int32_t, int32_t> on_host;
-    std::map<std::pair<int32_t, int32_t>, std::vector<size_t>> meeting; // (host, pp): ranks
-    for (size_t r = 0; r < g.ranks.size(); ++r) {
-        ++on_host[g.ranks[r].host];
-        meeting[{g.ranks[r].host, g.ranks[r].pp}].push_back(r);
+std::vector<std::vector<double>> core_paces(const plan::Graph& g, int32_t cores,
+                                            double core_spread) {
+    std::map<int32_t, std::vector<size_t>> on_host; // its ranks, in rank order
+    for (size_t r = 0; r < g.ranks.size(); ++r) on_host[g.ranks[r].host].push_back(r);
+    // The hosts whose ranks hold cores of their own: as many draws as the most ranks of one,
+    // at most kMostPaceDraws.
+    size_t draws = 1;
+    if (core_spread > 0)
+        for (const auto& [host, ranks] : on_host)
+            if (ranks.size() >= 2 && ranks.size() <= static_cast<size_t>(cores))
+                draws = std::max(draws, std::min(ranks.size(), kMostPaceDraws));
+    std::vector<std::vector<double>> paces(draws, std::vector<double>(g.ranks.size(), 1.0));
+    if (draws == 1) return paces;
+    for (const auto& [host, ranks] : on_host) {
+        const auto n = static_cast<int32_t>(ranks.size());
+        if (n < 2 || n > cores) continue;
+        const double sigma = core_spread / std::sqrt(static_cast<double>(cores / n));
+        for (size_t d = 0; d < draws; ++d) {
+            // This draw's turn of the host's paces: spread evenly over the n where fewer.
+            const auto turn = static_cast<int32_t>(d * ranks.size() / draws);
+            for (int32_t i = 0; i < n; ++i)
+                paces[d][ranks[static_cast<size_t>(i)]] =
+                    std::max(0.5, 1.0 + sigma * normal_order_statistic((i + turn) % n + 1, n));
+        }
     }
-    for (const auto& [key, ranks] : meeting) {
-        const int32_t host_ranks = on_host[key.first], n = static_cast<int32_t>(ranks.size());
-        if (n < 2 || host_ranks > cores) continue;
-        const double sigma = core_spread / std::sqrt(static_cast<double>(cores / host_ranks));
-        for (int32_t i = 0; i < n; ++i)
-            pace[ranks[static_cast<size_t>(i)]] =
-                std::max(0.5, 1.0 + sigma * normal_order_statistic(i + 1, n));
-    }
-    return pace;
+    return paces;
 }
 
 } // namespace dist::sim

@@ -74,14 +74,18 @@ int32_t rank_threads(const plan::Graph& g, int32_t cores);
 /// The expected `i`-th largest of `n` independent standard normal draws (i from 1): the
 /// expected order statistic, integrated numerically (n = 2: 1/sqrt(pi) and its negative).
 double normal_order_statistic(int32_t i, int32_t n);
-/// Each rank's pace on the host's cores, a factor on its compute's time (1: the cores' mean).
-/// Where a host's ranks each hold a core or more of their own, they run at their cores' paces,
-/// which spread by `core_spread` (one core's standard deviation against the mean; a rank's of
-/// t threads sqrt(t) times less). The ranks of one pipeline stage on a host (its data-, tensor-
-/// and context-parallel members) meet in its collectives, where the slowest sets the time: they
-/// take the expected paces of as many draws, slowest first in rank order. A pipeline's stages
-/// do not meet so: which of them drew the slower core changes its step by as much either way,
-/// and they keep the mean. Ranks beyond the cores take turns on them: 1 each.
-std::vector<double> core_paces(const plan::Graph& g, int32_t cores, double core_spread);
+/// Each rank's pace on the host's cores (a factor on its compute's time; 1: the cores' mean), in
+/// each of the draws a simulation averages over. Where a host's n ranks each hold a core or more
+/// of their own, they run at their cores' paces, which spread by `core_spread` (one core's
+/// standard deviation against the mean; a rank's of t threads sqrt(t) times less): the expected
+/// paces of n draws, slowest first, in turn from each of its ranks in rank order (the first
+/// draw gives rank order's first the slowest, the next the second, ...), for at most
+/// kMostPaceDraws turns evenly spread. Ranks that meet in a collective wait there for the
+/// slowest of them; a pipeline's stages wait for each other's activations and gradients
+/// whichever drew the slower core. Ranks beyond the cores take turns on them: 1 each. Without a
+/// spread, or with no such host: one draw.
+inline constexpr size_t kMostPaceDraws = 8;
+std::vector<std::vector<double>> core_paces(const plan::Graph& g, int32_t cores,
+                                            double core_spread);
 
 } // namespace dist::sim

@@ -354,9 +354,11 @@ std::function<int32_t(const PlanRank&, const PlanAction&)> tp_meetings(const Gra
 // at their measured times (in-process within a process; between the `processes` processes of
 // a host UCX over shared memory and Gloo; UCX over TCP and Gloo between hosts). A calibrated
 // GPU: each rank has its device, its kernels at the device's rates, collectives within a host
-// at NCCL's measured times, the rest by the profile's links.
+// at NCCL's measured times, the rest by the profile's links. `paces`: each rank's pace on its
+// cores (core_paces), a factor on its compute.
 plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile& pr,
-                                 int32_t processes, int32_t shared_gpus) {
+                                 int32_t processes, int32_t shared_gpus,
+                                 const std::vector<double>& paces) {
     plan::ExecCosts c = profile_costs(g, pr, axes_of(g));
     const Calibration& cal = p.mesh.profile.calibration;
     const bool gpu = cal.gpu();
@@ -431,10 +433,7 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         return collective(g.tensor_group(r), "all_reduce", bytes, -1.0);
     };
     const double mem_bw = pr.mem_bw;
-    // Ranks that each hold cores of their own run at their cores' paces: those of a stage meet
-    // in its collectives, at the expected paces of as many cores (actors/sim/calibrated.hpp).
-    auto pace = std::make_shared<std::vector<double>>(
-        gpu ? std::vector<double>(g.ranks.size(), 1.0) : core_paces(g, cal.cores, cal.core_spread));
+    auto pace = std::make_shared<std::vector<double>>(paces);
     c.compute = [&g, fallback, seconds, rates, threads, tp_all_reduce, mem_bw, norm_pass,
                  pace](const PlanRank& r, const PlanAction& a) {
         if (a.kind == ActionKind::step) {
@@ -721,6 +720,45 @@ int64_t shared_peak(const Timeline& t) {
     return fixed + most;
 }
 
+namespace {
+
+// The mean of executions of one graph under different costs, time by time: each action's
+// start and end, its wait for a core, and each collective's run where every draw ran as many.
+plan::ExecTimes mean_of(std::vector<plan::ExecTimes> draws) {
+    plan::ExecTimes out = std::move(draws.front());
+    if (draws.size() == 1) return out;
+    const double n = static_cast<double>(draws.size());
+    auto add = [n](std::vector<std::vector<double>>& to, const std::vector<std::vector<double>>& x,
+                   bool first) {
+        for (size_t r = 0; r < to.size(); ++r)
+            for (size_t i = 0; i < to[r].size(); ++i)
+                to[r][i] = (first ? to[r][i] / n : to[r][i]) + x[r][i] / n;
+    };
+    for (size_t d = 1; d < draws.size(); ++d) {
+        add(out.start, draws[d].start, d == 1);
+        add(out.end, draws[d].end, d == 1);
+        add(out.core_wait, draws[d].core_wait, d == 1);
+    }
+    for (size_t r = 0; r < out.collectives.size(); ++r) {
+        bool same = true;
+        for (size_t d = 1; d < draws.size(); ++d)
+            same = same && draws[d].collectives[r].size() == out.collectives[r].size();
+        if (!same) continue; // the first draw's
+        for (size_t i = 0; i < out.collectives[r].size(); ++i) {
+            plan::ExecTimes::CollectiveRun& c = out.collectives[r][i];
+            c.start /= n;
+            c.end /= n;
+            for (size_t d = 1; d < draws.size(); ++d) {
+                c.start += draws[d].collectives[r][i].start / n;
+                c.end += draws[d].collectives[r][i].end / n;
+            }
+        }
+    }
+    return out;
+}
+
+} // namespace
+
 SimResult simulate(const Graph& graph, const Program& p, const SimOptions& o) {
     SimResult res;
     // Ranks sharing a host's GPUs are all on that host, whatever the profile's devices per host.
@@ -736,16 +774,28 @@ SimResult simulate(const Graph& graph, const Program& p, const SimOptions& o) {
     if (!res.errors.empty()) return res;
     Profile pr = profile_of(g, p, o);
     const std::vector<Profile> kinds = kinds_of(g, p, o);
-    const bool calibrated = p.mesh.profile.calibration.cores > 0;
-    plan::ExecCosts costs =
-        o.cost == CostModel::unit ? unit_costs()
-        : calibrated ? calibrated_costs(g, p, pr, o.processes, shared ? o.shared_gpus : 0)
-                     : profile_costs(g, pr, axes_of(g), kinds);
-    plan::ExecTimes times = plan::execute(g, costs);
-    if (!times.complete) {
-        res.errors.push_back({{}, "the simulation stopped before the end of the step", ""});
-        return res;
+    const Calibration& cal = p.mesh.profile.calibration;
+    const bool calibrated = o.cost == CostModel::profile && cal.cores > 0;
+    // Ranks that each hold cores of their own run at their cores' paces: the step is the mean
+    // of the simulations of each draw of the paces (actors/sim/calibrated.hpp).
+    const std::vector<std::vector<double>> paces = calibrated && !cal.gpu()
+                                                       ? core_paces(g, cal.cores, cal.core_spread)
+                                                       : std::vector<std::vector<double>>{{}};
+    std::vector<plan::ExecTimes> draws;
+    for (const std::vector<double>& pace : paces) {
+        plan::ExecTimes times = plan::execute(
+            g, o.cost == CostModel::unit ? unit_costs()
+               : calibrated              ? calibrated_costs(
+                                               g, p, pr, o.processes, shared ? o.shared_gpus : 0,
+                                  pace.empty() ? std::vector<double>(g.ranks.size(), 1.0) : pace)
+                            : profile_costs(g, pr, axes_of(g), kinds));
+        if (!times.complete) {
+            res.errors.push_back({{}, "the simulation stopped before the end of the step", ""});
+            return res;
+        }
+        draws.push_back(std::move(times));
     }
+    const plan::ExecTimes times = mean_of(std::move(draws));
     Timeline t;
     t.graph = g;
     t.cost = o.cost;

@@ -637,34 +637,53 @@ TEST(SharedCores, NormalOrderStatisticsAreTheTabulatedOnes) {
     EXPECT_EQ(sim::normal_order_statistic(1, 1), 0.0);
 }
 
-// Ranks that hold cores of their own run at those cores' paces: a stage's data-parallel
-// replicas (or tensor-parallel shards) meet in its collectives, where the slowest sets the
-// time, and take the expected paces of as many cores, slowest first; a pipeline's stages keep
-// the mean, as do ranks that take turns on the cores.
+// Ranks that hold cores of their own run at those cores' paces, the expected paces of as many
+// draws, slowest first, given in turn from each rank: the simulation averages the draws. Ranks
+// that take turns on the cores run at 1.
 TEST(SharedCores, RanksOnCoresOfTheirOwnRunAtTheCoresPaces) {
     constexpr double spread = 0.1, two = 0.56419 * spread;
+    using Draws = std::vector<std::vector<double>>;
     auto paces = [](std::vector<std::string> overrides, int32_t cores, double s) {
         return sim::core_paces(planned(checked("gpt_tiny.dist", std::move(overrides))), cores, s);
     };
-    auto near = [](const std::vector<double>& got, const std::vector<double>& want) {
+    auto near = [](const Draws& got, const Draws& want) {
         if (got.size() != want.size()) return false;
-        for (size_t i = 0; i < got.size(); ++i)
-            if (std::abs(got[i] - want[i]) > 1e-5) return false;
+        for (size_t d = 0; d < got.size(); ++d) {
+            if (got[d].size() != want[d].size()) return false;
+            for (size_t i = 0; i < got[d].size(); ++i)
+                if (std::abs(got[d][i] - want[d][i]) > 1e-5) return false;
+        }
         return true;
     };
-    EXPECT_TRUE(near(paces({"mesh.dp=2"}, 2, spread), {1 + two, 1 - two}));
-    EXPECT_TRUE(near(paces({"mesh.tp=2"}, 2, spread), {1 + two, 1 - two}));
-    EXPECT_TRUE(near(paces({"mesh.dp=2"}, 2, 0.0), {1, 1}));
-    // A pipeline's two stages: whichever drew the slower core, the mean.
-    EXPECT_TRUE(near(paces({"mesh.pp=2"}, 2, spread), {1, 1}));
+    // Two replicas, two tensor-parallel shards or two pipeline stages on two cores: the slower
+    // core to one, then to the other.
+    for (const char* mesh : {"mesh.dp=2", "mesh.tp=2", "mesh.pp=2"})
+        EXPECT_TRUE(near(paces({mesh}, 2, spread), {{1 + two, 1 - two}, {1 - two, 1 + two}}))
+            << mesh;
+    EXPECT_TRUE(near(paces({"mesh.pp=2"}, 2, 0.0), {{1, 1}}));
     // Two threads a rank: their cores' spread sqrt(2) times less.
+    const double two_threads = two / std::sqrt(2.0);
     EXPECT_TRUE(near(paces({"mesh.dp=2"}, 4, spread),
-                     {1 + two / std::sqrt(2.0), 1 - two / std::sqrt(2.0)}));
-    // dp 2 x pp 2 on four cores: each stage's replicas (ranks 0 and 2, 1 and 3) meet.
-    EXPECT_TRUE(
-        near(paces({"mesh.dp=2", "mesh.pp=2"}, 4, spread), {1 + two, 1 + two, 1 - two, 1 - two}));
+                     {{1 + two_threads, 1 - two_threads}, {1 - two_threads, 1 + two_threads}}));
+    // dp 2 x pp 2 on four cores: the four expected paces in four turns, each rank each once.
+    std::vector<double> four;
+    for (int32_t i = 1; i <= 4; ++i) four.push_back(1 + spread * sim::normal_order_statistic(i, 4));
+    Draws turns;
+    for (size_t d = 0; d < 4; ++d) {
+        turns.emplace_back();
+        for (size_t r = 0; r < 4; ++r) turns.back().push_back(four[(r + d) % 4]);
+    }
+    EXPECT_TRUE(near(paces({"mesh.dp=2", "mesh.pp=2"}, 4, spread), turns));
+    // Sixteen ranks on sixteen cores: eight draws, every other turn.
+    const Draws sixteen =
+        paces({"mesh.dp=16", "train.batch=16", "schedule.microbatches=1"}, 16, spread);
+    ASSERT_EQ(sixteen.size(), sim::kMostPaceDraws);
+    for (size_t d = 0; d < sixteen.size(); ++d)
+        EXPECT_NEAR(sixteen[d][0],
+                    1 + spread * sim::normal_order_statistic(static_cast<int32_t>(2 * d + 1), 16),
+                    1e-9);
     // Four ranks on two cores take turns on them.
-    EXPECT_TRUE(near(paces({"mesh.dp=4"}, 2, spread), {1, 1, 1, 1}));
+    EXPECT_TRUE(near(paces({"mesh.dp=4"}, 2, spread), {{1, 1, 1, 1}}));
 }
 
 TEST(Rates, InterpolateBetweenMeasuredShapesAndClampOutside) {
@@ -1534,25 +1553,44 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
 
     // The cores' spread, where there are several: a fraction of a core's pace. Replicas a core
     // each meet at their reduction, where the slowest sets the time: their step is longer than
-    // at the mean pace. A pipeline's stages are priced at the mean either way.
-    // (A spread beyond what a profile holds is said, not written.)
+    // at the mean pace. (A spread beyond what a profile holds is said, not written.)
     std::stringstream text;
     text << std::ifstream(file).rdbuf();
     const bool said = text.str().find("# not measured: the cores' spread") != std::string::npos;
     EXPECT_EQ(c.core_spread > 0 || said, c.cores > 1);
     EXPECT_LT(c.core_spread, 0.5);
     if (c.core_spread > 0) {
-        auto step_of = [&](const std::string& mesh, double spread) {
-            Program q = checked("gpt_tiny.dist", {mesh + "=" + std::to_string(c.cores)});
+        auto priced = [&](std::vector<std::string> mesh, double spread) {
+            Program q = checked("gpt_tiny.dist", std::move(mesh));
             q.mesh.profile = *p;
             q.mesh.profile.calibration.core_spread = spread;
-            sim::SimResult r = sim::simulate(*lower(q).graph, q);
+            return sim::simulate(*lower(q).graph, q);
+        };
+        const std::string each = std::to_string(c.cores);
+        auto step_of = [&](double spread) {
+            sim::SimResult r = priced({"mesh.dp=" + each}, spread);
             return r.ok() ? r.timeline->step_time_s : -1.0;
         };
-        const double mean = step_of("mesh.dp", 0.0), spread = step_of("mesh.dp", c.core_spread);
+        const double mean = step_of(0.0), spread = step_of(c.core_spread);
         ASSERT_GT(mean, 0);
         EXPECT_GT(spread, mean);
-        EXPECT_EQ(step_of("mesh.pp", c.core_spread), step_of("mesh.pp", 0.0));
+        // The mean of the draws, in which each replica drew each pace once: alike.
+        if (sim::SimResult r = priced({"mesh.dp=" + each}, c.core_spread); r.ok()) {
+            for (const sim::RankReport& rank : r.timeline->ranks)
+                EXPECT_NEAR(rank.busy, r.timeline->ranks[0].busy, 1e-9 * rank.busy);
+        }
+        // A pipeline's stages a core each: whichever drew the slower core, the other waits for
+        // it, in every draw (ZBV, whose ranks hand each other work both ways).
+        auto bubble_of = [&](double spread) {
+            sim::SimResult r =
+                priced({"mesh.pp=" + each, "model.layers=" + std::to_string(2 * c.cores),
+                        "schedule.kind=zbv", "schedule.virtual_stages=2",
+                        "schedule.microbatches=" + std::to_string(2 * c.cores)},
+                       spread);
+            return r.ok() ? r.timeline->bubble_fraction : -1.0;
+        };
+        ASSERT_GE(bubble_of(0.0), 0);
+        EXPECT_GT(bubble_of(c.core_spread), bubble_of(0.0));
     }
 
     // On two data-parallel ranks the gradient buckets are reduced after the last backward, on
