@@ -404,6 +404,20 @@ std::vector<std::vector<double>> core_paces(const plan::Graph& g, int32_t cores,
                     std::max(0.5, 1.0 + sigma * normal_order_statistic((i + turn) % n + 1, n));
         }
     }
+    // A (dp, pp) position's tensor- and context-parallel ranks meet inside every layer: all go
+    // at the slowest one's pace.
+    std::map<std::pair<int32_t, int32_t>, std::vector<size_t>> layer_groups;
+    for (size_t r = 0; r < g.ranks.size(); ++r)
+        layer_groups[{g.ranks[r].dp, g.ranks[r].pp}].push_back(r);
+    for (std::vector<double>& pace : paces)
+        for (const auto& [position, ranks] : layer_groups) {
+            double slowest = 0;
+            for (size_t r : ranks) slowest = std::max(slowest, pace[r]);
+            for (size_t r : ranks) pace[r] = slowest;
+        }
+    // Draws all alike (a single such group) are one.
+    if (std::all_of(paces.begin(), paces.end(), [&](const auto& d) { return d == paces[0]; }))
+        paces.resize(1);
     return paces;
 }
 

@@ -80,10 +80,11 @@ double normal_order_statistic(int32_t i, int32_t n);
 /// standard deviation against the mean; a rank's of t threads sqrt(t) times less): the expected
 /// paces of n draws, slowest first, in turn from each of its ranks in rank order (the first
 /// draw gives rank order's first the slowest, the next the second, ...), for at most
-/// kMostPaceDraws turns evenly spread. Ranks that meet in a collective wait there for the
-/// slowest of them; a pipeline's stages wait for each other's activations and gradients
-/// whichever drew the slower core. Ranks beyond the cores take turns on them: 1 each. Without a
-/// spread, or with no such host: one draw.
+/// kMostPaceDraws turns evenly spread. The tensor- and context-parallel ranks of a (dp, pp)
+/// position, which meet inside every layer, all go at their slowest's pace; a stage's
+/// replicas wait for the slowest in their gradients' collectives, and a pipeline's stages for
+/// each other's activations and gradients, whichever drew the slower core. Ranks beyond the
+/// cores take turns on them: 1 each. Without a spread, or where the draws are all alike: one.
 inline constexpr size_t kMostPaceDraws = 8;
 std::vector<std::vector<double>> core_paces(const plan::Graph& g, int32_t cores,
                                             double core_spread);

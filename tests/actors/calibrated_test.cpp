@@ -655,11 +655,13 @@ TEST(SharedCores, RanksOnCoresOfTheirOwnRunAtTheCoresPaces) {
         }
         return true;
     };
-    // Two replicas, two tensor-parallel shards or two pipeline stages on two cores: the slower
-    // core to one, then to the other.
-    for (const char* mesh : {"mesh.dp=2", "mesh.tp=2", "mesh.pp=2"})
+    // Two replicas or two pipeline stages on two cores: the slower core to one, then to the
+    // other.
+    for (const char* mesh : {"mesh.dp=2", "mesh.pp=2"})
         EXPECT_TRUE(near(paces({mesh}, 2, spread), {{1 + two, 1 - two}, {1 - two, 1 + two}}))
             << mesh;
+    // Two tensor-parallel shards meet inside every layer: both at the slower core's pace.
+    EXPECT_TRUE(near(paces({"mesh.tp=2"}, 2, spread), {{1 + two, 1 + two}}));
     EXPECT_TRUE(near(paces({"mesh.pp=2"}, 2, 0.0), {{1, 1}}));
     // Two threads a rank: their cores' spread sqrt(2) times less.
     const double two_threads = two / std::sqrt(2.0);
@@ -674,6 +676,13 @@ TEST(SharedCores, RanksOnCoresOfTheirOwnRunAtTheCoresPaces) {
         for (size_t r = 0; r < 4; ++r) turns.back().push_back(four[(r + d) % 4]);
     }
     EXPECT_TRUE(near(paces({"mesh.dp=2", "mesh.pp=2"}, 4, spread), turns));
+    // dp 2 x tp 2 on four cores: each replica's shards (ranks 0 and 1, 2 and 3) at the slower
+    // of their two.
+    for (std::vector<double>& d : turns) {
+        d[0] = d[1] = std::max(d[0], d[1]);
+        d[2] = d[3] = std::max(d[2], d[3]);
+    }
+    EXPECT_TRUE(near(paces({"mesh.dp=2", "mesh.tp=2"}, 4, spread), turns));
     // Sixteen ranks on sixteen cores: eight draws, every other turn.
     const Draws sixteen =
         paces({"mesh.dp=16", "train.batch=16", "schedule.microbatches=1"}, 16, spread);
