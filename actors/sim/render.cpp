@@ -67,6 +67,13 @@ std::string text_report(const Timeline& t, int width) {
         std::snprintf(buf, sizeof buf, "step      %.4f s, %.0f tokens/s, MFU %.1f%%\n",
                       t.step_time_s, t.tokens_per_s, 100 * t.mfu);
         out += buf;
+        if (t.pace_draws > 1) {
+            std::snprintf(buf, sizeof buf,
+                          "paces     the mean of %d draws: ranks a core each at the expected paces "
+                          "of their cores (spread %.3g), the slowest to each in turn\n",
+                          t.pace_draws, t.core_spread);
+            out += buf;
+        }
         out += "memory    " + std::string(t.fits ? "fits" : "DOES NOT FIT") + " (" +
                bytes(t.memory_limit_bytes) +
                (t.shared_memory ? "B shared by all ranks)\n" : "B per device)\n");
@@ -151,6 +158,8 @@ nlohmann::json to_json(const Timeline& t) {
             {"fits", t.fits},
             {"shared_memory", t.shared_memory},
             {"shared_peak_bytes", t.shared_peak_bytes},
+            {"pace_draws", t.pace_draws},
+            {"core_spread", t.core_spread},
             {"ranks", ranks}};
 }
 

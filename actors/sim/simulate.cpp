@@ -799,6 +799,8 @@ SimResult simulate(const Graph& graph, const Program& p, const SimOptions& o) {
     Timeline t;
     t.graph = g;
     t.cost = o.cost;
+    t.pace_draws = static_cast<int32_t>(paces.size());
+    if (t.pace_draws > 1) t.core_spread = cal.core_spread;
     for (const auto& ends : times.end)
         for (double e : ends) t.makespan = std::max(t.makespan, e);
     double idle_total = 0;

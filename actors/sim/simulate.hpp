@@ -88,6 +88,10 @@ struct Timeline {
     /// The most all ranks hold at once: what ranks sharing one machine's memory need together
     /// (no more than the sum of their peaks, which come at different times).
     int64_t shared_peak_bytes = 0;
+    /// The draws of the cores' paces whose mean the timeline is (sim::core_paces), and the
+    /// spread they were drawn with: 1 and 0 where every rank ran at the cores' mean pace.
+    int32_t pace_draws = 1;
+    double core_spread = 0;
     std::vector<RankReport> ranks;
 };
 

@@ -1583,8 +1583,15 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         const double mean = step_of(0.0), spread = step_of(c.core_spread);
         ASSERT_GT(mean, 0);
         EXPECT_GT(spread, mean);
-        // The mean of the draws, in which each replica drew each pace once: alike.
+        // The mean of the draws, in which each replica drew each pace once: alike. The report
+        // says how many draws and at what spread.
         if (sim::SimResult r = priced({"mesh.dp=" + each}, c.core_spread); r.ok()) {
+            EXPECT_EQ(r.timeline->pace_draws,
+                      std::min<int32_t>(c.cores, static_cast<int32_t>(sim::kMostPaceDraws)));
+            EXPECT_EQ(r.timeline->core_spread, c.core_spread);
+            EXPECT_NE(sim::text_report(*r.timeline)
+                          .find("the mean of " + std::to_string(r.timeline->pace_draws) + " draws"),
+                      std::string::npos);
             for (const sim::RankReport& rank : r.timeline->ranks)
                 EXPECT_NEAR(rank.busy, r.timeline->ranks[0].busy, 1e-9 * rank.busy);
         }
