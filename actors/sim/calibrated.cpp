@@ -383,18 +383,19 @@ std::vector<std::vector<double>> core_paces(const plan::Graph& g, int32_t cores,
                                             double core_spread) {
     std::map<int32_t, std::vector<size_t>> on_host; // its ranks, in rank order
     for (size_t r = 0; r < g.ranks.size(); ++r) on_host[g.ranks[r].host].push_back(r);
-    // The hosts whose ranks hold cores of their own: as many draws as the most ranks of one,
-    // at most kMostPaceDraws.
+    // Hosts of several ranks that each hold cores of their own: as many draws as the most ranks
+    // of one, at most kMostPaceDraws.
+    auto drawn = [&](const std::vector<size_t>& ranks) {
+        return core_spread > 0 && ranks.size() >= 2 && ranks.size() <= static_cast<size_t>(cores);
+    };
     size_t draws = 1;
-    if (core_spread > 0)
-        for (const auto& [host, ranks] : on_host)
-            if (ranks.size() >= 2 && ranks.size() <= static_cast<size_t>(cores))
-                draws = std::max(draws, std::min(ranks.size(), kMostPaceDraws));
+    for (const auto& [host, ranks] : on_host)
+        if (drawn(ranks)) draws = std::max(draws, std::min(ranks.size(), kMostPaceDraws));
     std::vector<std::vector<double>> paces(draws, std::vector<double>(g.ranks.size(), 1.0));
     if (draws == 1) return paces;
     for (const auto& [host, ranks] : on_host) {
+        if (!drawn(ranks)) continue;
         const auto n = static_cast<int32_t>(ranks.size());
-        if (n < 2 || n > cores) continue;
         const double sigma = core_spread / std::sqrt(static_cast<double>(cores / n));
         for (size_t d = 0; d < draws; ++d) {
             // This draw's turn of the host's paces: spread evenly over the n where fewer.

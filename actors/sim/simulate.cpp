@@ -724,34 +724,29 @@ namespace {
 
 // The mean of executions of one graph under different costs, time by time: each action's
 // start and end, its wait for a core, and each collective's run where every draw ran as many.
-plan::ExecTimes mean_of(std::vector<plan::ExecTimes> draws) {
-    plan::ExecTimes out = std::move(draws.front());
-    if (draws.size() == 1) return out;
+plan::ExecTimes mean_of(const std::vector<plan::ExecTimes>& draws) {
+    plan::ExecTimes out = draws.front();
     const double n = static_cast<double>(draws.size());
-    auto add = [n](std::vector<std::vector<double>>& to, const std::vector<std::vector<double>>& x,
-                   bool first) {
-        for (size_t r = 0; r < to.size(); ++r)
-            for (size_t i = 0; i < to[r].size(); ++i)
-                to[r][i] = (first ? to[r][i] / n : to[r][i]) + x[r][i] / n;
-    };
-    for (size_t d = 1; d < draws.size(); ++d) {
-        add(out.start, draws[d].start, d == 1);
-        add(out.end, draws[d].end, d == 1);
-        add(out.core_wait, draws[d].core_wait, d == 1);
-    }
-    for (size_t r = 0; r < out.collectives.size(); ++r) {
-        bool same = true;
-        for (size_t d = 1; d < draws.size(); ++d)
-            same = same && draws[d].collectives[r].size() == out.collectives[r].size();
-        if (!same) continue; // the first draw's
-        for (size_t i = 0; i < out.collectives[r].size(); ++i) {
-            plan::ExecTimes::CollectiveRun& c = out.collectives[r][i];
-            c.start /= n;
-            c.end /= n;
-            for (size_t d = 1; d < draws.size(); ++d) {
-                c.start += draws[d].collectives[r][i].start / n;
-                c.end += draws[d].collectives[r][i].end / n;
+    for (auto field : {&plan::ExecTimes::start, &plan::ExecTimes::end, &plan::ExecTimes::core_wait})
+        for (size_t r = 0; r < (out.*field).size(); ++r)
+            for (size_t i = 0; i < (out.*field)[r].size(); ++i) {
+                double sum = 0;
+                for (const plan::ExecTimes& d : draws) sum += (d.*field)[r][i];
+                (out.*field)[r][i] = sum / n;
             }
+    for (size_t r = 0; r < out.collectives.size(); ++r) {
+        const size_t runs = out.collectives[r].size();
+        if (!std::all_of(draws.begin(), draws.end(),
+                         [&](const plan::ExecTimes& d) { return d.collectives[r].size() == runs; }))
+            continue; // the first draw's
+        for (size_t i = 0; i < runs; ++i) {
+            double start = 0, end = 0;
+            for (const plan::ExecTimes& d : draws) {
+                start += d.collectives[r][i].start;
+                end += d.collectives[r][i].end;
+            }
+            out.collectives[r][i].start = start / n;
+            out.collectives[r][i].end = end / n;
         }
     }
     return out;
@@ -778,24 +773,25 @@ SimResult simulate(const Graph& graph, const Program& p, const SimOptions& o) {
     const bool calibrated = o.cost == CostModel::profile && cal.cores > 0;
     // Ranks that each hold cores of their own run at their cores' paces: the step is the mean
     // of the simulations of each draw of the paces (actors/sim/calibrated.hpp).
-    const std::vector<std::vector<double>> paces = calibrated && !cal.gpu()
-                                                       ? core_paces(g, cal.cores, cal.core_spread)
-                                                       : std::vector<std::vector<double>>{{}};
+    const std::vector<std::vector<double>> paces =
+        calibrated && !cal.gpu()
+            ? core_paces(g, cal.cores, cal.core_spread)
+            : std::vector<std::vector<double>>{std::vector<double>(g.ranks.size(), 1.0)};
+    auto costs = [&](const std::vector<double>& pace) {
+        if (o.cost == CostModel::unit) return unit_costs();
+        if (calibrated)
+            return calibrated_costs(g, p, pr, o.processes, shared ? o.shared_gpus : 0, pace);
+        return profile_costs(g, pr, axes_of(g), kinds);
+    };
     std::vector<plan::ExecTimes> draws;
     for (const std::vector<double>& pace : paces) {
-        plan::ExecTimes times = plan::execute(
-            g, o.cost == CostModel::unit ? unit_costs()
-               : calibrated              ? calibrated_costs(
-                                               g, p, pr, o.processes, shared ? o.shared_gpus : 0,
-                                  pace.empty() ? std::vector<double>(g.ranks.size(), 1.0) : pace)
-                            : profile_costs(g, pr, axes_of(g), kinds));
-        if (!times.complete) {
+        draws.push_back(plan::execute(g, costs(pace)));
+        if (!draws.back().complete) {
             res.errors.push_back({{}, "the simulation stopped before the end of the step", ""});
             return res;
         }
-        draws.push_back(std::move(times));
     }
-    const plan::ExecTimes times = mean_of(std::move(draws));
+    const plan::ExecTimes times = mean_of(draws);
     Timeline t;
     t.graph = g;
     t.cost = o.cost;
