@@ -390,6 +390,12 @@ std::vector<StreamRate> measure_elementwise(const Plan& plan, Progress& progress
     return out;
 }
 
+// The middle of `v` (its upper middle for an even count); 0 when empty.
+double median_of(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
 // The worker counts the cores' sharing is measured at: from two up to twice the cores, then
 // three and four times; for two working sets.
 std::vector<int32_t> sharing_counts(int32_t cores) {
@@ -405,7 +411,10 @@ constexpr int sharing_sets = 2;
 // working sets: a 256 x 256 product of a matrix with itself (512 KiB, within a core's cache),
 // and a linear layer's (256, 512) x (2048, 512)^T (6.5 MiB, beyond it), whose workers taking
 // turns on a core refill its cache at every turn. Up to twice as many workers as cores, then
-// three and four times.
+// three and four times. A shared machine's speed drifts by several percent within seconds, so
+// each count is timed right after one worker alone, in `sharing_rounds` rounds over all the
+// counts, and keeps the median of its rounds' ratios.
+constexpr int sharing_rounds = 5;
 std::vector<SharingPoint> measure_sharing(int32_t cores, const Plan& plan, Progress& progress) {
     const std::vector<int32_t> counts = sharing_counts(cores);
     std::vector<SharingPoint> out;
@@ -420,7 +429,7 @@ std::vector<SharingPoint> measure_sharing(int32_t cores, const Plan& plan, Progr
             std::atomic<int32_t> ready{0};
             std::atomic<bool> go{false};
             std::vector<double> rates(static_cast<size_t>(workers));
-            const double span = plan.min_s * 20;
+            const double span = plan.min_s * 10;
             std::vector<std::thread> threads;
             for (int32_t i = 0; i < workers; ++i)
                 threads.emplace_back([&, i] {
@@ -446,19 +455,18 @@ std::vector<SharingPoint> measure_sharing(int32_t cores, const Plan& plan, Progr
             for (double r : rates) sum += r;
             return sum / workers;
         };
-        const double alone = rate_with(1);
-        for (int32_t n : counts) {
-            out.push_back({n, rate_with(n) / alone, bytes});
+        std::vector<std::vector<double>> ratios(counts.size());
+        for (int round = 0; round < sharing_rounds; ++round)
+            for (size_t k = 0; k < counts.size(); ++k) {
+                const double alone = rate_with(1);
+                ratios[k].push_back(rate_with(counts[k]) / alone);
+            }
+        for (size_t k = 0; k < counts.size(); ++k) {
+            out.push_back({counts[k], median_of(ratios[k]), bytes});
             progress.tick("cores shared by ranks");
         }
     }
     return out;
-}
-
-// The middle of `v` (its upper middle for an even count); 0 when empty.
-double median_of(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 // The OS scheduler's time slice: two threads that never block, held to one core, each timing

@@ -737,9 +737,9 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
         // Pieces between the meetings of a tensor-parallel group (ExecCosts::meets): meetings
         // in the action and those passed, each later piece's seconds, the hand-over after each
         // meeting, and the earliest the last piece may end. Meeting: at one, off the core until
-        // every member is; handing: after one, off the core for the hand-over.
+        // every member is (since `met_at`); handing: after one, off the core for the hand-over.
         int32_t meets = 0, met = 0;
-        double piece = 0, hand_over = 0, end_not_before = 0;
+        double piece = 0, hand_over = 0, end_not_before = 0, met_at = 0;
         bool meeting = false, handing = false;
         // Its end waits for the rest of its units (ZeRO 2 and 3) to settle (Collectives::rest).
         bool rest = false;
@@ -968,6 +968,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
             if (run[r].meeting || run[r].met < run[r].meets) { // a meeting of its group
                 if (!run[r].meeting) {
                     run[r].meeting = true;
+                    run[r].met_at = now;
                     ++run[r].met;
                 }
                 const std::vector<int32_t> group = g.tensor_group(g.ranks[r]);
@@ -977,11 +978,18 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                            t.stopped_at[i] == t.stopped_at[r];
                 });
                 if (!all) continue;
+                // Every member but the last to come (of those that came at once, the last in
+                // the group) blocked there: it goes on once woken (ExecCosts::wake), as at a
+                // receive.
+                int32_t last = group.front();
+                for (int32_t m : group)
+                    if (run[static_cast<size_t>(m)].met_at >= run[static_cast<size_t>(last)].met_at)
+                        last = m;
                 for (int32_t m : group) {
                     Running& x = run[static_cast<size_t>(m)];
                     x.meeting = false;
                     x.handing = true;
-                    x.not_before = now + x.hand_over;
+                    x.not_before = now + x.hand_over + (m != last ? costs.wake : 0.0);
                 }
                 continue;
             }

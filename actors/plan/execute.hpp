@@ -48,8 +48,9 @@ struct ExecCosts {
     double cores = 0;
     double slice = 0;
     /// Where cores are shared: seconds a rank blocked at a receive takes to run again once the
-    /// message has arrived (its core's wake-up). A message in before the rank comes to the
-    /// receive costs none. 0: none.
+    /// message has arrived (its core's wake-up), and a tensor-parallel group's members at a
+    /// meeting (`meets`) but the last to come, once it is in. A message in before the rank comes
+    /// to the receive costs none. 0: none.
     double wake = 0;
     /// STEP computes the global gradient norm first, as the runtime does: an all-reduce over
     /// the ranks of a model replica (over every rank under ZeRO), so a rank's STEP starts when

@@ -365,13 +365,15 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     auto rates = std::make_shared<Rates>(cal);
     const double threads = gpu ? 1.0 : rank_threads(g, cal.cores);
     // Single-threaded ranks beyond a host's cores take turns on them, each turn finding another
-    // rank's data in the caches: their actions cost what the calibration measured them to.
+    // rank's data in the caches: their actions cost what the calibration measured them to, at
+    // the model's width, not a tensor-parallel shard's: a shard's activations (its input, its
+    // norms, the residual stream) are as wide as the model's, only its weights are split.
     const int32_t most = most_ranks_on_a_host(g);
     const bool beyond = most > cal.cores;
-    const double turns =
-        !gpu && threads == 1 && beyond
-            ? cal.oversubscribed_work(shard_width(p), static_cast<double>(most) / cal.cores)
-            : 1.0;
+    const double turns = !gpu && threads == 1 && beyond
+                             ? cal.oversubscribed_work(static_cast<double>(p.model.width),
+                                                       static_cast<double>(most) / cal.cores)
+                             : 1.0;
     auto seconds = std::make_shared<std::vector<StageSeconds>>();
     for (const PlanStage& s : g.stages) {
         StageSeconds t = stage_seconds(p, s, *rates, threads);
@@ -428,9 +430,15 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         }
         return norm_pass(r) + tied;
     };
-    // One all-reduce of the rank's tensor-parallel group, as measured (-1: not measured).
-    auto tp_all_reduce = [&g, collective](const PlanRank& r, double bytes) {
-        return collective(g.tensor_group(r), "all_reduce", bytes, -1.0);
+    // One all-reduce of the rank's tensor-parallel group, as measured (-1: not measured). The
+    // members reach it apart: the first blocks, its core idles, and it goes on once its core
+    // has woken (`wake`), where the measurement's calls, back to back, found every member at
+    // once. Where single-threaded ranks take turns on the cores the simulation meets them one
+    // by one, and wakes there those that came first (ExecCosts::meets).
+    const double meeting_wake = !gpu && !(threads == 1 && beyond) ? cal.wake_s : 0.0;
+    auto tp_all_reduce = [&g, collective, meeting_wake](const PlanRank& r, double bytes) {
+        const double t = collective(g.tensor_group(r), "all_reduce", bytes, -1.0);
+        return t >= 0 ? t + meeting_wake : t;
     };
     const double mem_bw = pr.mem_bw;
     auto pace = std::make_shared<std::vector<double>>(paces);
@@ -569,8 +577,9 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
             whole ? 1.0 : std::max(1, g.stages[static_cast<size_t>(a.stage)].units);
         return calls * (whole ? 2.0 : 1.0) * (n - 1) * step_wait;
     };
-    // A tensor-parallel all-reduce's hand-over (its time at the smallest size measured) is the
-    // members waiting for each other, off their cores; the rest is the copies and sums.
+    // A tensor-parallel all-reduce's hand-over (its time at the smallest size measured, with
+    // the wake-up) is the members waiting for each other, off their cores; the rest is the
+    // copies and sums.
     c.compute_wait = [&g, tp_all_reduce](const PlanRank& r, const PlanAction& a) {
         const PlanStage& s = g.stages[static_cast<size_t>(a.stage)];
         const int32_t meetings = tp_reductions_in(s, a.kind);

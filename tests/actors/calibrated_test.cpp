@@ -522,6 +522,14 @@ TEST(SharedCores, ATensorParallelGroupMeetsInsideItsActions) {
     EXPECT_NEAR(rank1[1], 4.5, 1e-9);
     EXPECT_NEAR(rank1[2], 1.0, 1e-9); // its wait for the core before its first piece only
     EXPECT_EQ(rank0[2], 0.0);
+    // Rank 0 came to the meeting first and blocked there: it goes on a wake-up (0.25 s) after
+    // the hand-over, at 2.75, and rank 1, the last to come, takes the core first: 2.5-3.5, then
+    // rank 0 3.5-4.5.
+    c.wake = 0.25;
+    ExecTimes woken = execute(g, c);
+    ASSERT_TRUE(woken.complete);
+    EXPECT_NEAR(forward(woken, 0)[1], 4.5, 1e-9);
+    EXPECT_NEAR(forward(woken, 1)[1], 3.5, 1e-9);
 }
 
 // A data-parallel reduction runs on communication threads that share the cores with the
@@ -1033,6 +1041,60 @@ TEST(Rates, OversubscribedWorkFollowsTheRanksACore) {
     ASSERT_EQ(loaded.oversubscribed.size(), 2u);
     EXPECT_DOUBLE_EQ(loaded.oversubscribed_work(128, 2), 1.2);
     EXPECT_DOUBLE_EQ(loaded.oversubscribed_work(128, 4), 1.5);
+}
+
+// A tensor-parallel stage beyond the cores pays the factor of the model's width, not its
+// shard's: tp 2 x pp 2 at width 512 on two cores (four single-threaded ranks, two a core) is
+// priced alike with a factor of 1.5 at 512 and 1 at 128 (a shard 256 wide would take 1.25
+// between them) as with 1.5 at every width, and above the same plan at 1.
+TEST(Rates, RanksBeyondTheCoresPayTheFactorAtTheModelsWidth) {
+    Calibration c;
+    c.cores = 2;
+    for (int32_t t : {1, 2})
+        for (const char* k : {"nt", "nn", "tn"}) c.matmul.push_back({k, 64, 64, 64, t, 1e10});
+    c.attention.push_back({64, 64, 1, 1e10, 1e10});
+    c.elementwise.push_back({"copy", 1024, 1, 1e9, 1e9});
+    Program p = checked("gpt_tiny.dist",
+                        {"model.width=512", "mesh.tp=2", "mesh.pp=2", "schedule.microbatches=4"});
+    const Graph g = planned(p);
+    auto step = [&](std::vector<OversubscribedRow> rows) {
+        c.oversubscribed = std::move(rows);
+        p.mesh.profile.calibration = c;
+        sim::SimResult r = sim::simulate(g, p);
+        EXPECT_TRUE(r.ok());
+        return r.ok() ? r.timeline->step_time_s : 0.0;
+    };
+    const double by_width = step({{2, 128, 1.0}, {2, 512, 1.5}});
+    EXPECT_NEAR(by_width, step({{2, 512, 1.5}}), 1e-9 * by_width);
+    EXPECT_GT(by_width, 1.3 * step({{2, 512, 1.0}}));
+}
+
+// The members of a tensor-parallel group reach each all-reduce apart: the first blocks and goes
+// on once its core has woken. tp 2 on two cores, each rank its own: every all-reduce of a
+// rank's step (its stage's forward, loss and backward ones, for each microbatch) lengthens the
+// step by the calibrated wake-up.
+TEST(Rates, ATensorParallelMeetingWaitsForTheWakeUp) {
+    Calibration c;
+    c.cores = 2;
+    for (const char* k : {"nt", "nn", "tn"}) c.matmul.push_back({k, 64, 64, 64, 1, 1e10});
+    c.attention.push_back({64, 64, 1, 1e10, 1e10});
+    c.elementwise.push_back({"copy", 1024, 1, 1e9, 1e9});
+    for (int64_t bytes : {256, 1 << 20})
+        c.collectives.push_back({"inprocess", "all_reduce", 2, bytes, 1e-5});
+    Program p = checked("gpt_tiny.dist", {"mesh.tp=2", "schedule.microbatches=2"});
+    const Graph g = planned(p);
+    ASSERT_EQ(g.stages.size(), 1u);
+    const PlanStage& s = g.stages[0];
+    const int32_t meetings = s.tp_reductions + s.tp_loss_reductions + s.tp_backward_reductions;
+    ASSERT_GT(meetings, 0);
+    auto step = [&](double wake) {
+        c.wake_s = wake;
+        p.mesh.profile.calibration = c;
+        sim::SimResult r = sim::simulate(g, p);
+        EXPECT_TRUE(r.ok());
+        return r.ok() ? r.timeline->step_time_s : 0.0;
+    };
+    EXPECT_NEAR(step(1e-3) - step(0), 2 * meetings * 1e-3, 1e-9);
 }
 
 // The whole-action probes of one width and token count differ only in their blocks: the blocks'
