@@ -1670,7 +1670,8 @@ std::string profile_text(const std::string& name, const std::string& command, in
                   "fit in its cores' `cache_bytes`)",
                   mm, att, elt);
     o << "# `threads` single-threaded matmul workers at once, each over `bytes` of operands:\n"
-      << "# each one's speed against one alone.\n"
+      << "# each one's speed against one alone timed just before, the median of " << sharing_rounds
+      << " rounds.\n"
       << "sharing = [\n";
     for (const SharingPoint& s : sharing)
         o << "  { threads = " << s.threads << ", bytes = " << static_cast<int64_t>(s.bytes)
