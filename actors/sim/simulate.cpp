@@ -369,11 +369,10 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     // the model's width, not a tensor-parallel shard's: a shard's activations (its input, its
     // norms, the residual stream) are as wide as the model's, only its weights are split.
     const int32_t most = most_ranks_on_a_host(g);
-    const bool beyond = most > cal.cores;
-    const double turns = !gpu && threads == 1 && beyond
-                             ? cal.oversubscribed_work(static_cast<double>(p.model.width),
-                                                       static_cast<double>(most) / cal.cores)
-                             : 1.0;
+    const bool queued = !gpu && threads == 1 && most > cal.cores; // CoreQueues covers them
+    const double turns = queued ? cal.oversubscribed_work(static_cast<double>(p.model.width),
+                                                          static_cast<double>(most) / cal.cores)
+                                : 1.0;
     auto seconds = std::make_shared<std::vector<StageSeconds>>();
     for (const PlanStage& s : g.stages) {
         StageSeconds t = stage_seconds(p, s, *rates, threads);
@@ -435,7 +434,7 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     // has woken (`wake`), where the measurement's calls, back to back, found every member at
     // once. Where single-threaded ranks take turns on the cores the simulation meets them one
     // by one, and wakes there those that came first (ExecCosts::meets).
-    const double meeting_wake = !gpu && !(threads == 1 && beyond) ? cal.wake_s : 0.0;
+    const double meeting_wake = !gpu && !queued ? cal.wake_s : 0.0;
     auto tp_all_reduce = [&g, collective, meeting_wake](const PlanRank& r, double bytes) {
         const double t = collective(g.tensor_group(r), "all_reduce", bytes, -1.0);
         return t >= 0 ? t + meeting_wake : t;
