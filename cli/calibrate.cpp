@@ -941,7 +941,7 @@ std::pair<size_t, size_t> end_units(const ModelSpec& spec) {
             models::Stage(spec, {0, 0, false, true}, 1).unit_parameters().size()};
 }
 
-std::pair<double, double> ends_share(const Program& program, int rows, int32_t threads) {
+EndsShare ends_share(const Program& program, int rows, int32_t threads) {
     const ModelSpec& spec = program.model;
     const auto [pre, post] = end_units(spec);
     models::Model model(spec, 1);
@@ -963,15 +963,18 @@ std::pair<double, double> ends_share(const Program& program, int rows, int32_t t
     model.set_hooks(nullptr);
     omp_set_num_threads(kept_threads);
     const size_t n = clock.seconds.size();
-    if (n <= pre + post) return {-1.0, -1.0};
-    std::array<double, 2> ends{0, 0}, all{0, 0};
+    if (n <= pre + post) return {};
+    std::array<double, 2> ends{0, 0}, first{0, 0}, all{0, 0};
     for (size_t u = 0; u < n; ++u)
         for (size_t k = 0; k < 2; ++k) {
             all[k] += clock.seconds[u][k];
             if (u < pre || u >= n - post) ends[k] += clock.seconds[u][k];
+            if (u < pre) first[k] += clock.seconds[u][k];
         }
-    auto share = [&](size_t k) { return all[k] > 0 ? ends[k] / all[k] : -1.0; };
-    return {share(0), share(1)};
+    auto share = [&](const std::array<double, 2>& part, size_t k) {
+        return all[k] > 0 ? part[k] / all[k] : -1.0;
+    };
+    return {share(ends, 0), share(ends, 1), share(first, 0), share(first, 1)};
 }
 
 std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int passes, bool quick,
@@ -1040,9 +1043,7 @@ std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int
     if (devices == "cpu")
         for (size_t t = 0; t < threads.size(); ++t)
             for (Probe& pr : out[t])
-                if (threads[t] > 0)
-                    std::tie(pr.ends_forward, pr.ends_backward) =
-                        ends_share(*pr.program, pr.rows, threads[t]);
+                if (threads[t] > 0) pr.ends = ends_share(*pr.program, pr.rows, threads[t]);
     for (size_t t = 0; t < threads.size(); ++t)
         for (size_t i = 0; i < planned.size(); ++i) {
             std::vector<std::pair<double, double>>& kept = timed[t][i];
@@ -1120,10 +1121,12 @@ ActionFit fit_actions(const std::vector<Probe>& probes, const Calibration& cal, 
                       1e3 * fwd.back().kernels, 1e3 * bwd.back().measured,
                       1e3 * bwd.back().kernels);
         std::string said = line;
-        if (pr.ends_forward >= 0 && pr.ends_backward >= 0) {
-            char ends[64];
-            std::snprintf(ends, sizeof ends, "; ends %.1f%% of F, %.1f%% of B",
-                          100 * pr.ends_forward, 100 * pr.ends_backward);
+        if (pr.ends.forward >= 0 && pr.ends.backward >= 0) {
+            char ends[96];
+            std::snprintf(ends, sizeof ends,
+                          "; ends %.1f%% of F, %.1f%% of B (the embeddings %.1f%%, %.1f%%)",
+                          100 * pr.ends.forward, 100 * pr.ends.backward,
+                          100 * pr.ends.first_forward, 100 * pr.ends.first_backward);
             said += ends;
         }
         fit.probes.push_back(said);
@@ -1221,19 +1224,65 @@ std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Cal
     for (const Probe& pr : probes) widths[{pr.width, pr.rows}].push_back(&pr);
     std::erase_if(widths, [](const auto& w) { return w.second.size() < 2; });
     sim::Rates rates(cal);
+    // Each probe's kernels: its blocks', its first end's (the embeddings) and its last end's
+    // (final norm, head, loss), forward and backward.
+    struct Kernels {
+        std::array<double, 2> blocks, first, last;
+    };
+    auto kernels_of = [&](const Probe& pr) {
+        plan::PlanStage blocks = pr.graph->stages[0], first = blocks, last = blocks;
+        blocks.embedding = blocks.head = false;
+        first.blocks = last.blocks = 0;
+        first.head = last.embedding = false;
+        auto seconds = [&](const plan::PlanStage& s) -> std::array<double, 2> {
+            sim::StageSeconds k = sim::stage_seconds(*pr.program, s, rates, threads, false);
+            return {k.forward, k.input + k.weight};
+        };
+        return Kernels{seconds(blocks), seconds(first), seconds(last)};
+    };
+    // Each end's own scale, its measured seconds over its kernels' over every probe: the
+    // embeddings cost several times their kernels (their output allocated and copied), the
+    // head and loss nearer theirs, and a stage holds one end without the other.
+    std::array<double, 2> first_end{0, 0}, last_end{0, 0};
+    {
+        std::array<double, 2> first_s{0, 0}, first_k{0, 0}, last_s{0, 0}, last_k{0, 0};
+        bool timed = !widths.empty();
+        for (const auto& [shape, these] : widths)
+            for (const Probe* pr : these) {
+                const Kernels k = kernels_of(*pr);
+                const std::array<double, 2> share{pr->ends.forward, pr->ends.backward},
+                    first{pr->ends.first_forward, pr->ends.first_backward},
+                    measured{pr->forward, pr->backward};
+                for (size_t d = 0; d < 2; ++d) {
+                    timed = timed && share[d] >= 0 && first[d] >= 0;
+                    first_s[d] += first[d] * measured[d];
+                    last_s[d] += (share[d] - first[d]) * measured[d];
+                    first_k[d] += k.first[d];
+                    last_k[d] += k.last[d];
+                }
+            }
+        for (size_t d = 0; timed && d < 2; ++d)
+            if (first_s[d] > 0 && first_k[d] > 0 && last_s[d] > 0 && last_k[d] > 0) {
+                first_end[d] = first_s[d] / first_k[d];
+                last_end[d] = last_s[d] / last_k[d];
+            }
+    }
+    // The blocks' fit sees the ends at the last end's scale, the first end's kernels weighted
+    // by the ratio of the two: its ends' scale is then the last end's.
+    auto ends_kernels = [&](const Kernels& k, size_t d) {
+        return (first_end[d] > 0 ? k.first[d] * first_end[d] / last_end[d] : k.first[d]) +
+               k.last[d];
+    };
     std::vector<std::vector<ActionPoint>> forward, backward;
     for (const auto& [shape, these] : widths) {
         forward.emplace_back();
         backward.emplace_back();
         for (const Probe* pr : these) {
-            plan::PlanStage blocks = pr->graph->stages[0], ends = blocks;
-            blocks.embedding = blocks.head = false;
-            ends.blocks = 0;
-            sim::StageSeconds kb = sim::stage_seconds(*pr->program, blocks, rates, threads, false);
-            sim::StageSeconds ke = sim::stage_seconds(*pr->program, ends, rates, threads, false);
-            forward.back().push_back({kb.forward, ke.forward, pr->forward, pr->ends_forward});
+            const Kernels k = kernels_of(*pr);
+            forward.back().push_back(
+                {k.blocks[0], ends_kernels(k, 0), pr->forward, pr->ends.forward});
             backward.back().push_back(
-                {kb.input + kb.weight, ke.input + ke.weight, pr->backward, pr->ends_backward});
+                {k.blocks[1], ends_kernels(k, 1), pr->backward, pr->ends.backward});
         }
     }
     const std::vector<double> f = blocks_and_ends_scales(forward);
@@ -1246,6 +1295,9 @@ std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Cal
         fit.width = shape.first;
         fit.tokens = static_cast<int64_t>(shape.second) * 64;
         fit.scale = {f[g], f.back() > 0 ? f.back() : f[g], b[g], b.back() > 0 ? b.back() : b[g]};
+        // The first end apart where both ends' scales came out (else it is the ends').
+        for (size_t d = 0; d < 2; ++d)
+            fit.first_end[d] = first_end[d] > 0 && (d == 0 ? f : b).back() > 0 ? first_end[d] : 0;
         out.push_back(fit);
         ++g;
     }
@@ -1541,8 +1593,9 @@ void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<ActionFi
     }
     if (!by_width.empty()) {
         o << "# Each width's probes of one token count, their blocks' scale apart from their\n"
-          << "# ends' (embeddings, head, loss; one scale for every width: the ends' share of\n"
-          << "# each probe, timed unit by unit, of its actions over their kernels), the blocks'\n"
+          << "# ends' (one scale for every width: each end's share of each probe, timed unit\n"
+          << "# by unit, of its actions over their kernels; the last end's, final norm, head and\n"
+          << "# loss, in `scales`, the first end's, the embeddings, in `first_end`), the blocks'\n"
           << "# least squares of the ratios: what the simulator uses in place of the lines\n"
           << "# above, a stage priced between the nearest two token counts of a microbatch by\n"
           << "# log tokens, then between the nearest two widths of its matmuls (model width /\n"
@@ -1550,7 +1603,12 @@ void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<ActionFi
           << "by_width = [\n";
         for (const ActionFit& f : by_width)
             o << "  { threads = " << f.threads << ", width = " << f.width
-              << ", tokens = " << f.tokens << ", scales = " << scales(f) << " },\n";
+              << ", tokens = " << f.tokens << ", scales = " << scales(f)
+              << (f.first_end[0] > 0 && f.first_end[1] > 0
+                      ? ", first_end = [" + number(f.first_end[0]) + ", " + number(f.first_end[1]) +
+                            "]"
+                      : std::string())
+              << " },\n";
         o << "]\n";
     }
     for (const std::string& s : skipped) o << "# not measured: " << s << "\n";

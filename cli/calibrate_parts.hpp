@@ -62,6 +62,7 @@ struct ActionFit {
     int64_t tokens = 0;                      // the probes' tokens per microbatch (by width)
     std::array<double, 4> scale{1, 1, 1, 1}; // forward blocks, forward ends, backward ...
     std::array<double, 2> overhead{0, 0};    // seconds per block: forward, backward
+    std::array<double, 2> first_end{0, 0};   // the first end's scales apart; 0: the ends'
     std::vector<std::string> probes; // "width 128, 64 tokens: F 1.2 ms (kernels 1.1 ms) ..."
     std::vector<std::pair<int, double>> cpu_paces{}; // cpu_paces() of the probes
 };
@@ -112,6 +113,14 @@ double spread_of(std::vector<double> variances, int32_t ranks);
 /// together over minutes.
 double spread_of(const SpreadRun& run, int32_t ranks);
 
+/// The share of a model's time in its units that its ends take (embeddings, final norm, head
+/// and loss), forward and backward, and the share of it that the first end takes (the
+/// embeddings); -1: not timed.
+struct EndsShare {
+    double forward = -1, backward = -1;
+    double first_forward = -1, first_backward = -1;
+};
+
 struct Probe {
     int width, rows, layers;
     std::optional<Program> program;
@@ -124,8 +133,8 @@ struct Probe {
     // runs it on each core and keeps their mean): the CPU and its forward and backward.
     std::vector<std::pair<int, double>> held{};
     // The ends' (embeddings, final norm, head, loss) share of the time in the model's units,
-    // forward and backward, timed unit by unit (ends_share); -1: not timed.
-    double ends_forward = -1, ends_backward = -1;
+    // and the first end's (the embeddings) within it, timed unit by unit; -1: not timed.
+    EndsShare ends{};
 };
 
 /// The ends' share of the time a probe's model spends in its units, forward and backward: the
@@ -133,7 +142,7 @@ struct Probe {
 /// the shares of the whole of several steps. The pair of a width (one block and more) tells
 /// the ends only as a small difference of two large times measured apart, where a small
 /// drift in between moves it by half its size; timed within the same steps, it is measured.
-std::pair<double, double> ends_share(const Program& program, int rows, int32_t threads);
+EndsShare ends_share(const Program& program, int rows, int32_t threads);
 /// How many of a model's units come before its blocks and after them (its ends).
 std::pair<size_t, size_t> end_units(const ModelSpec& spec);
 

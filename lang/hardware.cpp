@@ -165,6 +165,7 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
         a.tokens = t.whole("tokens", false);
         t.numbers("scales", a.scales, false, "four positive numbers");
         t.numbers("block_overhead", a.block_overhead_s, true, "two numbers of seconds, at least 0");
+        t.numbers("first_end", a.first_end, false, "two positive numbers");
         c.by_width.push_back(a);
     });
     r.rows("calibration.matmul", [&](Reader& t) {
@@ -324,9 +325,13 @@ WholeActions between(const WholeActions& a, double xa, const WholeActions& b, do
     const double f = std::log(x / xa) / std::log(xb / xa);
     WholeActions out = a;
     for (size_t k = 0; k < 4; ++k) out.scales[k] = a.scales[k] + f * (b.scales[k] - a.scales[k]);
-    for (size_t k = 0; k < 2; ++k)
+    for (size_t k = 0; k < 2; ++k) {
         out.block_overhead_s[k] =
             a.block_overhead_s[k] + f * (b.block_overhead_s[k] - a.block_overhead_s[k]);
+        out.first_end[k] = a.first_end[k] > 0 && b.first_end[k] > 0
+                               ? a.first_end[k] + f * (b.first_end[k] - a.first_end[k])
+                               : 0.0;
+    }
     return out;
 }
 

@@ -203,6 +203,9 @@ struct WholeActions {
     std::array<double, 2> block_overhead_s{0, 0};
     int32_t width = 0;  // the probes' model width; 0: fitted over every width
     int64_t tokens = 0; // the probes' tokens per microbatch (by_width); 0: not said
+    /// The first end's (the embeddings') own scales, forward and backward; 0: the ends' (a
+    /// profile written before they were timed apart).
+    std::array<double, 2> first_end{0, 0};
 };
 /// A row of `calibration.oversubscribed`: the work factor measured for single-threaded ranks
 /// `ranks_per_core` a core at matmuls of `width`.

@@ -298,7 +298,9 @@ StageSeconds kernel_seconds(const Program& p, const plan::PlanStage& s, const Ra
         }
         case K::elementwise:
             out.forward += m / r.elementwise(k.op, m, threads, false);
-            out.input += m / r.elementwise(k.op, m, threads, true);
+            // An embedding's backward is its table's gradient, a weight gradient.
+            (k.op == "embedding" ? out.weight : out.input) +=
+                m / r.elementwise(k.op, m, threads, true);
             break;
         }
     }
@@ -311,25 +313,31 @@ StageSeconds stage_seconds(const Program& p, const plan::PlanStage& s, const Rat
                            double threads, bool whole) {
     if (!whole) return kernel_seconds(p, s, r, threads);
     // What whole actions cost beyond their kernels, as measured on the machine: the blocks'
-    // kernels and the ends' apart.
-    plan::PlanStage blocks = s, ends = s;
+    // kernels, the first end's (the embeddings) and the last end's (final norm, head, loss)
+    // apart.
+    plan::PlanStage blocks = s, first = s, last = s;
     blocks.embedding = blocks.head = false;
-    ends.blocks = 0;
+    first.blocks = last.blocks = 0;
+    first.head = last.embedding = false;
     StageSeconds kb = kernel_seconds(p, blocks, r, threads);
-    StageSeconds ke = kernel_seconds(p, ends, r, threads);
+    StageSeconds kf = kernel_seconds(p, first, r, threads);
+    StageSeconds kl = kernel_seconds(p, last, r, threads);
     // The probes' fits by width where the calibration has them, at the stage's matmuls' width
     // and its microbatch's tokens.
     const WholeActions fit =
         r.calibration().whole_actions(threads, shard_width(p), microbatch_tokens(p));
     const std::array<double, 4>& c = fit.scales;
     const std::array<double, 2>& o = fit.block_overhead_s;
+    // The first end's scales where the profile has them apart, else the ends'.
+    const double first_f = fit.first_end[0] > 0 ? fit.first_end[0] : c[1];
+    const double first_b = fit.first_end[1] > 0 ? fit.first_end[1] : c[3];
     const double blocks_n = s.blocks;
     StageSeconds out;
-    out.forward = c[0] * kb.forward + c[1] * ke.forward + o[0] * blocks_n;
+    out.forward = c[0] * kb.forward + first_f * kf.forward + c[1] * kl.forward + o[0] * blocks_n;
     const double kb_back = kb.input + kb.weight;
-    out.input = c[2] * kb.input + c[3] * ke.input +
+    out.input = c[2] * kb.input + first_b * kf.input + c[3] * kl.input +
                 (kb_back > 0 ? o[1] * blocks_n * kb.input / kb_back : 0.0);
-    out.weight = c[2] * kb.weight + c[3] * ke.weight +
+    out.weight = c[2] * kb.weight + first_b * kf.weight + c[3] * kl.weight +
                  (kb_back > 0 ? o[1] * blocks_n * kb.weight / kb_back : 0.0);
     if (p.schedule.recompute == Recompute::full) out.input += out.forward;
     return out;

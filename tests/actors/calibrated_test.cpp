@@ -992,6 +992,60 @@ TEST(Rates, WholeActionsFollowTheWidthOfTheMatmuls) {
                        "by_width.toml:21:40: error: `tokens` must be a whole number");
 }
 
+// A stage holds one end of the model or the other: the first (the embeddings) at its own scale
+// where the profile has it, else the ends' one, the last (final norm, head, loss) at the ends'.
+// What a stage costs is linear in each: raising the first end's scale adds exactly that many
+// of its kernels' seconds to the first stage and nothing to the last. The embeddings' backward
+// is their tables' gradient, in the weight gradient's action.
+TEST(Rates, TheFirstEndHasAScaleOfItsOwn) {
+    Calibration c;
+    c.cores = 2;
+    c.by_width = {{2, {1.5, 2, 1.25, 3}, {0, 0}, 128}};
+    for (int32_t t : {1, 2})
+        for (const char* k : {"nt", "nn", "tn"}) c.matmul.push_back({k, 64, 64, 64, t, 1e10});
+    c.attention.push_back({64, 64, 1, 1e10, 1e10});
+    c.elementwise.push_back({"copy", 1024, 1, 1e9, 1e9});
+    c.elementwise.push_back({"embedding", 1024, 1, 1e9, 5e8});
+    Program p = checked("gpt_tiny.dist", {"mesh.pp=2"});
+    const std::vector<PlanStage> stages = lower(p).graph->stages;
+    ASSERT_EQ(stages.size(), 2u);
+    ASSERT_TRUE(stages[0].embedding && !stages[0].head);
+    ASSERT_TRUE(stages[1].head && !stages[1].embedding);
+    PlanStage first = stages[0];
+    first.blocks = 0;
+    auto priced = [&](const PlanStage& s) {
+        sim::Rates rates(c);
+        return sim::stage_seconds(p, s, rates, 2, true);
+    };
+    sim::Rates rates(c);
+    const sim::StageSeconds kf = sim::stage_seconds(p, first, rates, 2, false);
+    EXPECT_GT(kf.forward, 0);
+    EXPECT_EQ(kf.input, 0); // f32: nothing flows back into the tokens
+    EXPECT_GT(kf.weight, 0);
+    // Without a first end's scale: the ends' for both.
+    const sim::StageSeconds before0 = priced(stages[0]), before1 = priced(stages[1]);
+    EXPECT_NEAR(priced(first).forward, 2 * kf.forward, 1e-12 * kf.forward);
+    EXPECT_NEAR(priced(first).weight, 3 * kf.weight, 1e-12 * kf.weight);
+    c.by_width[0].first_end = {6, 4};
+    const sim::StageSeconds after0 = priced(stages[0]), after1 = priced(stages[1]);
+    EXPECT_NEAR(after0.forward - before0.forward, (6 - 2) * kf.forward, 1e-9 * after0.forward);
+    EXPECT_NEAR(after0.weight - before0.weight, (4 - 3) * kf.weight, 1e-9 * after0.weight);
+    EXPECT_EQ(after0.input, before0.input);
+    EXPECT_EQ(after1.forward, before1.forward);
+    EXPECT_EQ(after1.input, before1.input);
+    EXPECT_EQ(after1.weight, before1.weight);
+
+    // Read from a profile's row; between two rows by log width, as the scales are.
+    c.by_width = {{2, {1, 1, 1, 1}, {0, 0}, 128, 0, {2, 4}},
+                  {2, {1, 1, 1, 1}, {0, 0}, 512, 0, {4, 8}}};
+    EXPECT_NEAR(c.whole_actions(2, 256).first_end[0], 3, 1e-12);
+    EXPECT_NEAR(c.whole_actions(2, 256).first_end[1], 6, 1e-12);
+    expect_row_refused(
+        "by_width", "by_width",
+        "{ threads = 1, width = 128, scales = [1.0, 1.0, 1.0, 1.0], first_end = [0.0, 1.0] }",
+        "by_width.toml:21:74: error: `first_end` must be two positive numbers");
+}
+
 // Ranks beyond the cores cost their actions a factor more, by the width of their matmuls:
 // between two measured widths by log width, outside them the nearest; 1 without rows. A row
 // that is not one is refused where it is written.
@@ -1355,11 +1409,16 @@ TEST(Calibrate, TheEndsShareOfAProbeIsTimedByItsUnits) {
         units[k] = models::Stage(program.model, models::StageSpan::whole(program.model), 1)
                        .unit_parameters()
                        .size();
-        const auto [forward, backward] = cli::calibration::ends_share(program, 2, 1);
-        EXPECT_GT(forward, 0) << k;
-        EXPECT_LT(forward, 1) << k;
-        EXPECT_GT(backward, 0) << k;
-        EXPECT_LT(backward, 1) << k;
+        const cli::calibration::EndsShare share = cli::calibration::ends_share(program, 2, 1);
+        EXPECT_GT(share.forward, 0) << k;
+        EXPECT_LT(share.forward, 1) << k;
+        EXPECT_GT(share.backward, 0) << k;
+        EXPECT_LT(share.backward, 1) << k;
+        // The embeddings are a part of the ends, the head and loss the rest.
+        EXPECT_GT(share.first_forward, 0) << k;
+        EXPECT_LT(share.first_forward, share.forward) << k;
+        EXPECT_GT(share.first_backward, 0) << k;
+        EXPECT_LT(share.first_backward, share.backward) << k;
     }
     EXPECT_EQ(ends[0], ends[1]);
     EXPECT_GE(ends[0].first, 1u);  // the embedding
@@ -1563,7 +1622,11 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         EXPECT_EQ(a.width, 64);
         EXPECT_TRUE(a.threads == c.cores || a.threads == 1) << a.threads;
         for (double s : a.scales) EXPECT_GT(s, 0);
+        // The embeddings' scales, timed apart: both or neither (where the probes' fit of the
+        // ends came out negative, on a busy machine, the ends' scale serves both ends).
+        EXPECT_EQ(a.first_end[0] > 0, a.first_end[1] > 0);
         EXPECT_EQ(c.whole_actions(a.threads, 64).scales, a.scales);
+        EXPECT_EQ(c.whole_actions(a.threads, 64).first_end, a.first_end);
     }
 
     // Found by name through DIST_PATH; a deeper model takes longer, on the same rates.
