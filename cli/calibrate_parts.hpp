@@ -114,8 +114,8 @@ double spread_of(std::vector<double> variances, int32_t ranks);
 double spread_of(const SpreadRun& run, int32_t ranks);
 
 /// The share of a model's time in its units that its ends take (embeddings, final norm, head
-/// and loss), forward and backward, and the share of it that the first end takes (the
-/// embeddings); -1: not timed.
+/// and loss), forward and backward, and the share that its first end takes (the embeddings),
+/// a part of the ends'; -1: not timed.
 struct EndsShare {
     double forward = -1, backward = -1;
     double first_forward = -1, first_backward = -1;
