@@ -71,7 +71,7 @@ struct ActionFit {
 /// ranks a core and one width, the simulated one, and the factor on the actions' work that
 /// makes them agree.
 struct Oversubscribed {
-    int ranks_per_core = 2, width = 0;
+    int ranks_per_core = 2, width = 0, tp = 1; // tp: the ranks' tensor-parallel groups
     double work = 1, measured = 0, simulated = 0;
     std::vector<double> passes{}, pace{}; // each pass's median step, and the probes' pace
     // The pipeline's idle time, measured (the median of its passes' median bubbles; -1: not
@@ -84,6 +84,7 @@ struct GptScript {
     int width = 128, layers = 1, heads = 4;
     std::string devices = "cpu";
     int dp = 1, pp = 1, microbatches = 2, batch = 8, steps = 8;
+    int tp = 1;
 };
 std::string gpt_script(const GptScript& s);
 /// Checks and plans a calibration's script into `program` and `graph`; what was wrong, or "".

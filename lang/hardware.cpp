@@ -183,8 +183,10 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
     r.rows("calibration.oversubscribed", [&](Reader& t) {
         // Rows written before ranks per core were measured are of twice as many as cores.
         const double per_core = t.number("ranks_per_core", false);
+        const int64_t tp = t.whole("tp", false);
         c.oversubscribed.push_back({per_core > 0 ? per_core : 2.0,
-                                    static_cast<double>(count(t, "width")), t.number("work")});
+                                    static_cast<double>(count(t, "width")), t.number("work"),
+                                    static_cast<int32_t>(std::clamp<int64_t>(tp, 1, 1 << 20))});
     });
     std::sort(c.oversubscribed.begin(), c.oversubscribed.end());
     r.rows("calibration.sharing", [&](Reader& t) {
@@ -361,11 +363,15 @@ double log_between(const std::vector<std::pair<double, double>>& points, double 
     return points.back().second;
 }
 
-double Calibration::oversubscribed_work(double width, double ranks_per_core) const {
+double Calibration::oversubscribed_work(double width, double ranks_per_core,
+                                        bool tensor_parallel) const {
     if (oversubscribed.empty()) return 1.0;
+    const bool groups = tensor_parallel && std::any_of(oversubscribed.begin(), oversubscribed.end(),
+                                                       [](const auto& row) { return row.tp > 1; });
     std::map<double, std::vector<std::pair<double, double>>> widths; // by ranks per core
     for (const OversubscribedRow& row : oversubscribed)
-        widths[row.ranks_per_core].push_back({row.width, row.work});
+        if ((row.tp > 1) == groups) widths[row.ranks_per_core].push_back({row.width, row.work});
+    if (widths.empty()) return 1.0;
     std::vector<std::pair<double, double>> counts; // (ranks per core, work at `width`)
     for (const auto& [per_core, rows] : widths)
         counts.push_back({per_core, log_between(rows, width)});

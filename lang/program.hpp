@@ -208,9 +208,11 @@ struct WholeActions {
     std::array<double, 2> first_end{0, 0};
 };
 /// A row of `calibration.oversubscribed`: the work factor measured for single-threaded ranks
-/// `ranks_per_core` a core at matmuls of `width`.
+/// `ranks_per_core` a core at matmuls of `width`, in a pipeline (`tp` 1) or in tensor-parallel
+/// groups of `tp` along a pipeline.
 struct OversubscribedRow {
     double ranks_per_core = 2, width = 0, work = 1;
+    int32_t tp = 1;
     auto operator<=>(const OversubscribedRow&) const = default;
 };
 struct Calibration {
@@ -257,8 +259,11 @@ struct Calibration {
     std::vector<OversubscribedRow> oversubscribed; // by ranks per core, then width
     /// The factor for `ranks_per_core` ranks a core at `width`: each count's rows between the
     /// nearest two widths by log width, then between the nearest two counts by log count,
-    /// outside them the nearest; 1 without the rows.
-    double oversubscribed_work(double width, double ranks_per_core = 2) const;
+    /// outside them the nearest; 1 without the rows. Ranks in tensor-parallel groups
+    /// (`tensor_parallel`) take the rows measured with them where the profile has those; the
+    /// others, and a profile without them, the pipelines' rows.
+    double oversubscribed_work(double width, double ranks_per_core = 2,
+                               bool tensor_parallel = false) const;
     std::vector<MatmulRate> matmul;
     std::vector<AttentionRate> attention;
     std::vector<StreamRate> elementwise;

@@ -370,9 +370,10 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     // norms, the residual stream) are as wide as the model's, only its weights are split.
     const int32_t most = most_ranks_on_a_host(g);
     const bool queued = !gpu && threads == 1 && most > cal.cores; // CoreQueues covers them
-    const double turns = queued ? cal.oversubscribed_work(static_cast<double>(p.model.width),
-                                                          static_cast<double>(most) / cal.cores)
-                                : 1.0;
+    const double turns =
+        queued ? cal.oversubscribed_work(static_cast<double>(p.model.width),
+                                         static_cast<double>(most) / cal.cores, g.tp > 1)
+               : 1.0;
     auto seconds = std::make_shared<std::vector<StageSeconds>>();
     for (const PlanStage& s : g.stages) {
         StageSeconds t = stage_seconds(p, s, *rates, threads);
