@@ -757,18 +757,38 @@ std::string refusal(const fs::path& file) {
     return diags.render(sources);
 }
 
-// A calibration of one matmul and one sharing row, then `array` of the one `row` (line 21),
-// written as `name`.toml: refused, the report holding `expected`.
-void expect_row_refused(const std::string& name, const std::string& array, const std::string& row,
-                        const std::string& expected) {
-    TempDir dir(name);
+// A calibration of one matmul and one sharing row, then `array` = [ `rows` ] (TOML lines, the
+// first at line 21), written as `name`.toml in `dir`.
+fs::path one_rate_profile(const TempDir& dir, const std::string& name, const std::string& array,
+                          const std::string& rows) {
     fs::path file = dir.path / (name + ".toml");
     std::ofstream(file) << calibrated_head(name)
                         << "matmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, "
                            "flops = 1e10 } ]\n"
                            "sharing = [ { threads = 2, speed = 0.9 } ]\n"
-                        << array << " = [\n  " << row << ",\n]\n";
-    std::string report = refusal(file);
+                        << array << " = [\n"
+                        << rows << "]\n";
+    return file;
+}
+
+// Such a profile whose `oversubscribed` rows are `rows`, loaded (empty where it does not load,
+// the report in the failure).
+std::optional<Calibration> with_oversubscribed(const std::string& name, const std::string& rows) {
+    TempDir dir(name);
+    const fs::path file = one_rate_profile(dir, name, "oversubscribed", rows);
+    lang::SourceManager sources;
+    lang::Diagnostics diags;
+    auto p = lang::load_profile(file, sources, diags);
+    EXPECT_TRUE(p.has_value()) << diags.render(sources);
+    if (!p) return std::nullopt;
+    return p->calibration;
+}
+
+// Such a profile of the one `row` in `array` (line 21): refused, the report holding `expected`.
+void expect_row_refused(const std::string& name, const std::string& array, const std::string& row,
+                        const std::string& expected) {
+    TempDir dir(name);
+    const std::string report = refusal(one_rate_profile(dir, name, array, "  " + row + ",\n"));
     EXPECT_NE(report.find(expected), std::string::npos) << report;
 }
 
@@ -1079,23 +1099,34 @@ TEST(Rates, OversubscribedWorkFollowsTheRanksACore) {
     EXPECT_NEAR(c.oversubscribed_work(256, 4), 1.25, 1e-12);
     EXPECT_NEAR(c.oversubscribed_work(256, 2 * std::sqrt(2.0)), (1.1 + 1.25) / 2, 1e-12);
     // A profile's rows, with and without the count.
-    TempDir dir("percore");
-    fs::path file = dir.path / "percore.toml";
-    std::ofstream(file) << calibrated_head("percore")
-                        << "matmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, "
-                           "flops = 1e10 } ]\n"
-                           "sharing = [ { threads = 2, speed = 0.9 } ]\n"
-                           "oversubscribed = [\n  { width = 128, work = 1.2 },\n"
-                           "  { ranks_per_core = 4, width = 128, work = 1.5 },\n]\n";
-    lang::SourceManager sources;
-    lang::Diagnostics diags;
-    auto p = lang::load_profile(file, sources, diags);
-    ASSERT_TRUE(p.has_value()) << diags.render(sources);
-    const Calibration& loaded = p->calibration;
-    ASSERT_EQ(loaded.oversubscribed.size(), 2u);
-    EXPECT_DOUBLE_EQ(loaded.oversubscribed_work(128, 2), 1.2);
-    EXPECT_DOUBLE_EQ(loaded.oversubscribed_work(128, 4), 1.5);
+    const std::optional<Calibration> loaded =
+        with_oversubscribed("percore", "  { width = 128, work = 1.2 },\n"
+                                       "  { ranks_per_core = 4, width = 128, work = 1.5 },\n");
+    ASSERT_TRUE(loaded.has_value());
+    ASSERT_EQ(loaded->oversubscribed.size(), 2u);
+    EXPECT_DOUBLE_EQ(loaded->oversubscribed_work(128, 2), 1.2);
+    EXPECT_DOUBLE_EQ(loaded->oversubscribed_work(128, 4), 1.5);
 }
+
+namespace {
+
+// The simulated step of `p` on two cores at rates of one size (64^3 products, one copy rate),
+// with `rows` as the calibration's `oversubscribed` rows.
+double step_beyond_the_cores(Program p, const std::vector<OversubscribedRow>& rows) {
+    Calibration c;
+    c.cores = 2;
+    for (int32_t t : {1, 2})
+        for (const char* k : {"nt", "nn", "tn"}) c.matmul.push_back({k, 64, 64, 64, t, 1e10});
+    c.attention.push_back({64, 64, 1, 1e10, 1e10});
+    c.elementwise.push_back({"copy", 1024, 1, 1e9, 1e9});
+    c.oversubscribed = rows;
+    p.mesh.profile.calibration = c;
+    sim::SimResult r = sim::simulate(planned(p), p);
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? r.timeline->step_time_s : 0.0;
+}
+
+} // namespace
 
 // Ranks in tensor-parallel groups take the rows measured with such groups, the rest the
 // pipelines'; a profile with no such rows prices both with the pipelines'. A row's `tp` is
@@ -1110,35 +1141,18 @@ TEST(Rates, TensorParallelRanksBeyondTheCoresTakeTheirOwnRows) {
     EXPECT_DOUBLE_EQ(c.oversubscribed_work(128, 4), 1.4);
     EXPECT_DOUBLE_EQ(c.oversubscribed_work(128, 2, true), 1.2);
     EXPECT_DOUBLE_EQ(c.oversubscribed_work(128, 4, true), 1.1);
-    TempDir dir("tprows");
-    fs::path file = dir.path / "tprows.toml";
-    std::ofstream(file) << calibrated_head("tprows")
-                        << "matmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, "
-                           "flops = 1e10 } ]\n"
-                           "sharing = [ { threads = 2, speed = 0.9 } ]\n"
-                           "oversubscribed = [\n  { width = 128, work = 1.2 },\n"
-                           "  { width = 128, tp = 2, work = 1.05 },\n]\n";
-    lang::SourceManager sources;
-    lang::Diagnostics diags;
-    auto p = lang::load_profile(file, sources, diags);
-    ASSERT_TRUE(p.has_value()) << diags.render(sources);
-    EXPECT_DOUBLE_EQ(p->calibration.oversubscribed_work(128, 2), 1.2);
-    EXPECT_DOUBLE_EQ(p->calibration.oversubscribed_work(128, 2, true), 1.05);
+    const std::optional<Calibration> loaded = with_oversubscribed(
+        "tprows", "  { width = 128, work = 1.2 },\n  { width = 128, tp = 2, work = 1.05 },\n");
+    ASSERT_TRUE(loaded.has_value());
+    EXPECT_DOUBLE_EQ(loaded->oversubscribed_work(128, 2), 1.2);
+    EXPECT_DOUBLE_EQ(loaded->oversubscribed_work(128, 2, true), 1.05);
     expect_row_refused("tpbad", "oversubscribed", "{ width = 128, tp = 1.5, work = 1 }",
                        "tpbad.toml:21:23: error: `tp` must be a whole number");
 
-    c.cores = 2;
-    for (const char* k : {"nt", "nn", "tn"}) c.matmul.push_back({k, 64, 64, 64, 1, 1e10});
-    c.attention.push_back({64, 64, 1, 1e10, 1e10});
-    c.elementwise.push_back({"copy", 1024, 1, 1e9, 1e9});
-    Program tp = checked("gpt_tiny.dist", {"mesh.tp=2", "mesh.pp=2", "schedule.microbatches=4"});
-    const Graph g = planned(tp);
-    auto step = [&](std::vector<OversubscribedRow> rows) {
-        c.oversubscribed = std::move(rows);
-        tp.mesh.profile.calibration = c;
-        sim::SimResult r = sim::simulate(g, tp);
-        EXPECT_TRUE(r.ok());
-        return r.ok() ? r.timeline->step_time_s : 0.0;
+    const Program tp =
+        checked("gpt_tiny.dist", {"mesh.tp=2", "mesh.pp=2", "schedule.microbatches=4"});
+    auto step = [&](const std::vector<OversubscribedRow>& rows) {
+        return step_beyond_the_cores(tp, rows);
     };
     const double own = step({{2, 128, 1.0}, {2, 128, 1.5, 2}});
     EXPECT_NEAR(own, step({{2, 128, 1.5}}), 1e-9 * own);
@@ -1150,21 +1164,10 @@ TEST(Rates, TensorParallelRanksBeyondTheCoresTakeTheirOwnRows) {
 // priced alike with a factor of 1.5 at 512 and 1 at 128 (a shard 256 wide would take 1.25
 // between them) as with 1.5 at every width, and above the same plan at 1.
 TEST(Rates, RanksBeyondTheCoresPayTheFactorAtTheModelsWidth) {
-    Calibration c;
-    c.cores = 2;
-    for (int32_t t : {1, 2})
-        for (const char* k : {"nt", "nn", "tn"}) c.matmul.push_back({k, 64, 64, 64, t, 1e10});
-    c.attention.push_back({64, 64, 1, 1e10, 1e10});
-    c.elementwise.push_back({"copy", 1024, 1, 1e9, 1e9});
-    Program p = checked("gpt_tiny.dist",
-                        {"model.width=512", "mesh.tp=2", "mesh.pp=2", "schedule.microbatches=4"});
-    const Graph g = planned(p);
-    auto step = [&](std::vector<OversubscribedRow> rows) {
-        c.oversubscribed = std::move(rows);
-        p.mesh.profile.calibration = c;
-        sim::SimResult r = sim::simulate(g, p);
-        EXPECT_TRUE(r.ok());
-        return r.ok() ? r.timeline->step_time_s : 0.0;
+    const Program p = checked(
+        "gpt_tiny.dist", {"model.width=512", "mesh.tp=2", "mesh.pp=2", "schedule.microbatches=4"});
+    auto step = [&](const std::vector<OversubscribedRow>& rows) {
+        return step_beyond_the_cores(p, rows);
     };
     const double by_width = step({{2, 128, 1.0}, {2, 512, 1.5}});
     EXPECT_NEAR(by_width, step({{2, 512, 1.5}}), 1e-9 * by_width);
