@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <new>
 #include <stdexcept>
 #include <vector>
@@ -62,8 +63,11 @@ void* Allocator::allocate(size_t asked) {
     std::lock_guard<std::mutex> lock(mutex_);
     in_use_ += asked;
     peak_ = std::max(peak_, in_use_);
-    auto it = free_.find(bytes);
-    if (it != free_.end()) {
+    // The buffer of this size freed last: what a step freed a moment ago is still in the
+    // caches, one freed steps ago (the first of its size, where several are free) is not. Equal
+    // keys keep their order of insertion, the newest last.
+    if (auto [first, end] = free_.equal_range(bytes); first != end) {
+        auto it = std::prev(end);
         void* p = it->second;
         free_.erase(it);
         return p;

@@ -55,6 +55,8 @@ struct MemoryOps {
 /// request takes a buffer of its class (size_class: at most a quarter more than asked), so
 /// tensors whose sizes change from step to step (a mixture of experts' rows per expert) reuse
 /// the buffers of earlier steps instead of piling up a free list of every size ever asked.
+/// Of the free buffers of a class a request takes the one freed last, still in the caches
+/// where a step frees a microbatch's activations and the next forward allocates them again.
 /// When the device refuses a new buffer, the free lists go back to it and it is asked again.
 /// bytes_in_use and the peak count the bytes asked for; bytes_reserved the classes' bytes.
 class Allocator {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -75,6 +76,27 @@ TEST(Allocator, SizesThatVaryFromStepToStepReuseAFewClasses) {
     // 100-150 KiB spans the classes 112, 128 and 160 KiB; four tensors of each at most.
     EXPECT_LE(alloc.fresh_allocations(), 12u);
     EXPECT_LE(alloc.bytes_reserved(), 4u * 160 * 1024 * 3);
+    EXPECT_EQ(alloc.bytes_in_use(), 0u);
+}
+
+// A request takes the buffer of its class freed last (the one still in the caches), not the
+// one freed first: GPipe's forwards took the buffers its previous step's first backwards had
+// freed, and a step's forwards and backwards ran 10% slower than with the last freed.
+TEST(Allocator, ARequestTakesTheBufferFreedLast) {
+    Allocator alloc(Device::cpu());
+    std::vector<void*> held;
+    for (int i = 0; i < 4; ++i) held.push_back(alloc.allocate(4096));
+    for (void* p : held) alloc.release(p, 4096); // freed in order: held[3] last
+    EXPECT_EQ(alloc.allocate(4096), held[3]);
+    EXPECT_EQ(alloc.allocate(4000), held[2]); // the same class
+    void* other = alloc.allocate(8192);       // another class: a buffer of its own
+    EXPECT_EQ(std::count(held.begin(), held.end(), other), 0);
+    alloc.release(held[3], 4096);
+    EXPECT_EQ(alloc.allocate(4096), held[3]);
+    EXPECT_EQ(alloc.fresh_allocations(), 5u);
+    alloc.release(held[2], 4000); // held[0] and held[1] were never taken again
+    alloc.release(held[3], 4096);
+    alloc.release(other, 8192);
     EXPECT_EQ(alloc.bytes_in_use(), 0u);
 }
 
