@@ -830,8 +830,8 @@ std::string gpt_script(const GptScript& s) {
            std::to_string(s.layers) + ", heads: " + std::to_string(s.heads) +
            ", width: " + std::to_string(s.width) + ")\nmesh {\n    devices: " + s.devices +
            "\n    dp: " + std::to_string(s.dp) + "\n    tp: " + std::to_string(s.tp) +
-           "\n    pp: " + std::to_string(s.pp) +
-           "\n}\nschedule {\n    kind: 1f1b\n    microbatches: " + std::to_string(s.microbatches) +
+           "\n    pp: " + std::to_string(s.pp) + "\n}\nschedule {\n    kind: " + s.schedule +
+           "\n    microbatches: " + std::to_string(s.microbatches) +
            "\n}\ntrain {\n    data: synthetic()\n    batch: " + std::to_string(s.batch) +
            "\n    steps: " + std::to_string(s.steps) + "\n    seed: 1\n}\n";
 }
@@ -1453,6 +1453,144 @@ std::vector<Oversubscribed> fit_oversubscribed(std::vector<OversubscribedRun>& r
     return out;
 }
 
+// ----- activations beyond the caches --------------------------------------------------------
+
+// A backward reads its microbatch's activations; the more of other microbatches' were touched
+// since its forward wrote them, the less of them is still in the caches (the core's own, and
+// its share of the last level's), and a forward that takes memory freed long ago writes it
+// cold. The probes train each backward right after its forward. Here one GPT of four blocks,
+// 256 tokens a microbatch (width 128: 9.4 MB of activations a microbatch, beyond the core's
+// own cache), trains 1F1B over four microbatches and GPipe over two, four and eight, whose
+// backwards are one, three and seven microbatches' activations from their forwards: 10-20%
+// slower here than 1F1B's at seven.
+ReuseRuns reuse_runs(const std::vector<int32_t>& threads, bool quick,
+                     std::vector<std::string>& skipped) {
+    const std::vector<std::pair<std::string, int>> orders =
+        quick ? std::vector<std::pair<std::string, int>>{{"1f1b", 2}, {"gpipe", 2}}
+              : std::vector<std::pair<std::string, int>>{
+                    {"1f1b", 4}, {"gpipe", 2}, {"gpipe", 4}, {"gpipe", 8}};
+    ReuseRuns out{threads, {}};
+    for (const auto& [schedule, m] : orders) {
+        ReuseRun run{schedule, m, {}, {}, {}};
+        GptScript s{quick ? 64 : 128,    quick ? 1 : 4, 4, "cpu", 1, 1, m,
+                    (quick ? 1 : 4) * m, quick ? 3 : 6};
+        s.schedule = schedule;
+        if (std::string e = plan_script(gpt_script(s), run.program, run.graph); !e.empty()) {
+            skipped.push_back("activations beyond the caches: " + e);
+            return {};
+        }
+        run.passes.resize(threads.size());
+        out.runs.push_back(std::move(run));
+    }
+    return out;
+}
+
+int reuse_ticks(const ReuseRuns& runs) {
+    return static_cast<int>(runs.runs.size() * runs.threads.size());
+}
+
+void time_reuse(ReuseRuns& runs, int, Progress& progress, std::vector<std::string>& skipped) {
+    const std::vector<int> cpus = allowed_cpus();
+    for (size_t t = 0; t < runs.threads.size(); ++t)
+        for (ReuseRun& run : runs.runs) {
+            Probe probe{static_cast<int>(run.program.model.width), 0, 0, run.program, run.graph};
+            const int cpu = runs.threads[t] == 1 && cpus.size() > 1
+                                ? cpus[run.passes[t].size() % cpus.size()]
+                                : -1;
+            std::pair<double, double> medians{-1, -1};
+            OnCpu on(cpu);
+            if (std::string e = time_probe(probe, runs.threads[t], medians); !e.empty()) {
+                skipped.push_back("activations beyond the caches: " + e);
+                runs.runs.clear();
+                return;
+            }
+            run.passes[t].push_back(medians);
+            progress.tick("activations beyond the caches");
+        }
+}
+
+std::vector<ReuseRow> fit_reuse(const ReuseRuns& runs, std::vector<std::string>& notes) {
+    std::vector<ReuseRow> out;
+    if (runs.runs.size() < 2) return out;
+    const ReuseRun& reference = runs.runs.front();
+    for (size_t t = 0; t < runs.threads.size(); ++t) {
+        const double threads = runs.threads[t];
+        struct Order {
+            double bytes, backward_distance, forward, backward; // forward, backward: beyond
+            std::vector<double> forward_distances;
+        };
+        std::vector<Order> orders;
+        for (size_t i = 1; i < runs.runs.size(); ++i) {
+            const ReuseRun& run = runs.runs[i];
+            std::vector<double> f, b;
+            const size_t n = std::min(run.passes[t].size(), reference.passes[t].size());
+            for (size_t p = 0; p < n; ++p) {
+                const auto [rf, rb] = reference.passes[t][p];
+                const auto [mf, mb] = run.passes[t][p];
+                if (rf <= 0 || rb <= 0 || mf <= 0 || mb <= 0) continue;
+                f.push_back(mf - rf);
+                b.push_back(mb - rb);
+            }
+            if (b.empty()) continue;
+            const plan::PlanRank& rank = run.graph.ranks.front();
+            const std::vector<double> distance = sim::reuse_distances(run.graph, rank);
+            Order o{static_cast<double>(run.graph.stages.front().activation_bytes),
+                    0,
+                    median_of(f),
+                    median_of(b),
+                    {}};
+            double sum = 0;
+            int count = 0;
+            for (size_t a = 0; a < rank.actions.size(); ++a) {
+                if (distance[a] < 0) continue;
+                if (rank.actions[a].kind == plan::ActionKind::forward)
+                    o.forward_distances.push_back(distance[a]);
+                else
+                    sum += distance[a], ++count;
+            }
+            o.backward_distance = count > 0 ? sum / count : 0;
+            if (o.bytes <= 0 || o.backward_distance <= 0) continue;
+            notes.push_back((t ? "1 thread, " : "") + run.schedule + " over " +
+                            std::to_string(run.microbatches) + " microbatches: F " +
+                            number(1e3 * o.forward) + " ms, B " + number(1e3 * o.backward) +
+                            " ms beyond 1F1B's a microbatch of " + number(o.bytes / 1e6) +
+                            " MB, its backwards " + number(o.backward_distance / 1e6) +
+                            " MB from their forwards");
+            orders.push_back(o);
+        }
+        std::sort(orders.begin(), orders.end(), [](const Order& a, const Order& b) {
+            return a.backward_distance < b.backward_distance;
+        });
+        Calibration backwards; // the rows of this count, the backwards' alone
+        double most = 0;
+        for (const Order& o : orders) {
+            most = std::max(most, o.backward / o.bytes);
+            if (most > 0)
+                backwards.reuse.push_back({runs.threads[t], o.backward_distance, 0, most});
+        }
+        if (backwards.reuse.empty()) continue;
+        // forward = phi x backward at each distance: phi by least squares over the orders' mean
+        // forward beyond the reference's.
+        double num = 0, den = 0;
+        for (const Order& o : orders) {
+            double priced = 0;
+            for (double d : o.forward_distances)
+                priced += o.bytes * backwards.reuse_cost(threads, d, true);
+            if (o.forward_distances.empty()) continue;
+            priced /= static_cast<double>(o.forward_distances.size());
+            num += priced * o.forward;
+            den += priced * priced;
+        }
+        // A cold write reads its lines in and writes them back: twice a read's cost at most.
+        const double phi = den > 0 ? std::clamp(num / den, 0.0, 2.0) : 0.0;
+        for (ReuseRow row : backwards.reuse) {
+            row.forward = phi * row.backward;
+            out.push_back(row);
+        }
+    }
+    return out;
+}
+
 // ----- the cores' spread ---------------------------------------------------------------------
 
 // One data-parallel replica a core, each on one thread: their steps' compute (forward and
@@ -1674,7 +1812,9 @@ std::string profile_text(const std::string& name, const std::string& command, in
                          const std::vector<ActionFit>& by_width, const std::vector<MatmulRate>& mm,
                          const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt,
                          const std::vector<SharingPoint>& sharing,
-                         const std::vector<Oversubscribed>& over, double slice, double wake,
+                         const std::vector<Oversubscribed>& over,
+                         const std::vector<ReuseRow>& reuse,
+                         const std::vector<std::string>& reuse_notes, double slice, double wake,
                          double collective_wait, double core_spread, int spread_width,
                          const std::vector<TransferSample>& transfers,
                          const std::vector<CollectiveSample>& collectives,
@@ -1774,6 +1914,25 @@ std::string profile_text(const std::string& name, const std::string& command, in
         }
         o << "]\n";
     }
+    if (!reuse.empty()) {
+        o << "# Activations beyond the caches: a GPT of 4 blocks, width 128, 256 tokens a\n"
+          << "# microbatch, trained on one rank (with all the cores, and with one thread held to\n"
+          << "# a core) 1F1B, each backward right after its forward, and GPipe, its backwards\n"
+          << "# further from their forwards, in turns after the one-thread probes; the median\n"
+          << "# over those turns of each GPipe's time beyond 1F1B's in the same turn:\n";
+        for (const std::string& n : reuse_notes) o << "#   " << n << "\n";
+        o << "# per byte of a microbatch's activations at the distance its backwards are from\n"
+          << "# their forwards (bytes of other microbatches' touched between), and the forwards'\n"
+          << "# the same times one factor fitted over the runs (seconds per byte):\n"
+          << "reuse = [\n";
+        for (const ReuseRow& r : reuse) {
+            o << "  { threads = " << r.threads << ", distance = " << std::llround(r.distance)
+              << ", backward = " << number(r.backward);
+            if (r.forward > 0) o << ", forward = " << number(r.forward);
+            o << " },\n";
+        }
+        o << "]\n";
+    }
     if (slice > 0)
         o << "# How long a thread runs before another waiting for its core has a turn (seconds):\n"
           << "# the OS scheduler's time slice, seen by two threads held to one core.\n"
@@ -1870,6 +2029,9 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     // A replica a core, each on one thread: how far apart the cores' paces are.
     std::optional<SpreadRun> spread;
     if (cores > 1) spread = spread_run(cores, c.quick, skipped);
+    std::vector<int32_t> counts = {cores};
+    if (cores > 1) counts.push_back(1);
+    ReuseRuns reuse = reuse_runs(counts, c.quick, skipped);
     // run_probes: every probe in every pass, on all the cores and on one.
     const int probe_runs =
         static_cast<int>(probe_shapes(c.quick).size()) * passes * (cores > 1 ? 2 : 1);
@@ -1879,7 +2041,8 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
                                  13 * static_cast<int>(plan.elements.size())) +
                       probe_runs + sharing_sets * static_cast<int>(sharing_counts(cores).size()) +
                       oversubscribed_ticks(beyond, side_passes(passes)) +
-                      (spread ? side_passes(passes) : 0) + scheduler + 3 * messages +
+                      (spread ? side_passes(passes) : 0) +
+                      reuse_ticks(reuse) * side_passes(passes) + scheduler + 3 * messages +
                       4 * messages * (cores >= 4 ? 2 : 1) + 1;
     Progress progress(err, total);
     auto t0 = Clock::now();
@@ -1887,12 +2050,11 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     // turns in each pass; where there are several cores every other pass is followed by the
     // pipelines of more ranks than cores and by the replicas a core.
     const std::vector<Probe> shapes = probe_shapes(c.quick);
-    std::vector<int32_t> counts = {cores};
-    if (cores > 1) counts.push_back(1);
     std::vector<std::vector<Probe>> both =
         run_probes(shapes, passes, c.quick, "cpu", counts, progress, skipped, [&](int pass) {
             time_oversubscribed(beyond, pass, progress, skipped);
             time_spread(spread, progress, skipped);
+            time_reuse(reuse, pass, progress, skipped);
         });
     std::vector<Probe> probes = std::move(both[0]);
     std::vector<Probe> probes_one = both.size() > 1 ? std::move(both[1]) : std::vector<Probe>{};
@@ -1928,10 +2090,13 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
                           " of a core's pace, beyond the 0.5 a profile holds");
         core_spread = 0;
     }
+    std::vector<std::string> reuse_notes;
+    const std::vector<ReuseRow> reused = fit_reuse(reuse, reuse_notes);
     auto text_with = [&](const std::vector<Oversubscribed>& over) {
         return profile_text(name, command, cores, since(t0), fit, fewer, by_width, mm, att, elt,
-                            sharing, over, slice, wake, collective_wait, core_spread,
-                            spread ? spread->width : 0, transfers, collectives, skipped);
+                            sharing, over, reused, reuse_notes, slice, wake, collective_wait,
+                            core_spread, spread ? spread->width : 0, transfers, collectives,
+                            skipped);
     };
     // Ranks beyond the cores, priced by the profile measured so far (one core: none beyond).
     std::vector<Oversubscribed> over;

@@ -85,10 +85,45 @@ struct GptScript {
     std::string devices = "cpu";
     int dp = 1, pp = 1, microbatches = 2, batch = 8, steps = 8;
     int tp = 1;
+    std::string schedule = "1f1b";
 };
 std::string gpt_script(const GptScript& s);
 /// Checks and plans a calibration's script into `program` and `graph`; what was wrong, or "".
 std::string plan_script(const std::string& text, Program& program, plan::Graph& graph);
+
+/// Activations used after other microbatches' have passed through the caches: one probe
+/// trained on one rank in orders that set its backwards further and further from their
+/// forwards (1F1B, every one right after its forward; GPipe over more and more microbatches),
+/// on each thread count, a few times over the calibration.
+struct ReuseRun {
+    std::string schedule;
+    int microbatches = 0;
+    Program program;
+    plan::Graph graph;
+    // For each thread count (ReuseRuns::threads) and pass, the median forward and backward a
+    // microbatch (seconds), or {-1, -1} where it was not timed.
+    std::vector<std::vector<std::pair<double, double>>> passes{};
+};
+struct ReuseRuns {
+    std::vector<int32_t> threads;
+    std::vector<ReuseRun> runs; // the first the reference, each backward right after its forward
+};
+/// The runs (none where they cannot be planned, said in `skipped`).
+ReuseRuns reuse_runs(const std::vector<int32_t>& threads, bool quick,
+                     std::vector<std::string>& skipped);
+/// How many trainings one pass of them makes.
+int reuse_ticks(const ReuseRuns& runs);
+/// One turn: each run on each thread count, a one-thread run held to a core (the next one each
+/// turn).
+void time_reuse(ReuseRuns& runs, int pass, Progress& progress, std::vector<std::string>& skipped);
+/// The profile's `reuse` rows from the runs: for each thread count and each run beyond the
+/// reference, its backwards' distance (reuse_distances) and the median over the passes of its
+/// backward's time beyond the reference's in the same pass, per byte of a microbatch's
+/// activations (not below a nearer distance's); the forwards' at each distance the same times a
+/// factor fitted over the runs by least squares (their forwards are at several distances), 0
+/// to 2.
+/// Rows of no cost are left out. `notes`: a line for each run, what was measured.
+std::vector<ReuseRow> fit_reuse(const ReuseRuns& runs, std::vector<std::string>& notes);
 
 /// The cores' spread: a data-parallel replica a core trained on one thread each, and in each
 /// pass each step's sample variance of their compute relative to its mean.

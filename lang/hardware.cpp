@@ -189,6 +189,12 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
                                     static_cast<int32_t>(std::clamp<int64_t>(tp, 1, 1 << 20))});
     });
     std::sort(c.oversubscribed.begin(), c.oversubscribed.end());
+    r.rows("calibration.reuse", [&](Reader& t) {
+        // A forward's cost may not have been told from nothing: absent, it is none.
+        c.reuse.push_back({std::max(1, count(t, "threads")), t.number("distance"),
+                           t.number("forward", false), t.number("backward")});
+    });
+    std::sort(c.reuse.begin(), c.reuse.end());
     r.rows("calibration.sharing", [&](Reader& t) {
         c.sharing.push_back({count(t, "threads"), t.number("speed"), t.number("bytes", false)});
     });
@@ -376,6 +382,21 @@ double Calibration::oversubscribed_work(double width, double ranks_per_core,
     for (const auto& [per_core, rows] : widths)
         counts.push_back({per_core, log_between(rows, width)});
     return log_between(counts, ranks_per_core);
+}
+
+double Calibration::reuse_cost(double threads, double distance, bool backward) const {
+    if (reuse.empty() || distance <= 0) return 0.0;
+    // The measured thread count nearest `threads` (in log threads).
+    int32_t count = reuse.front().threads;
+    for (const ReuseRow& row : reuse)
+        if (std::abs(std::log(row.threads / threads)) < std::abs(std::log(count / threads)))
+            count = row.threads;
+    std::vector<std::pair<double, double>> rows;
+    for (const ReuseRow& row : reuse)
+        if (row.threads == count)
+            rows.push_back({row.distance, backward ? row.backward : row.forward});
+    if (distance < rows.front().first) return rows.front().second * distance / rows.front().first;
+    return log_between(rows, distance);
 }
 
 WholeActions Calibration::whole_actions(double threads, double width, double tokens) const {

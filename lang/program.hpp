@@ -215,6 +215,17 @@ struct OversubscribedRow {
     int32_t tp = 1;
     auto operator<=>(const OversubscribedRow&) const = default;
 };
+/// A row of `calibration.reuse`: what reading a microbatch's saved activations costs beyond
+/// the probes' order (where each backward follows its forward), per byte of them, when other
+/// microbatches' activations of `distance` bytes were touched on the rank in between, on ranks
+/// of `threads` threads; and writing a forward's where the memory it takes was last touched
+/// that long ago.
+struct ReuseRow {
+    int32_t threads = 1;
+    double distance = 0;              // bytes
+    double forward = 0, backward = 0; // seconds per byte
+    auto operator<=>(const ReuseRow&) const = default;
+};
 struct Calibration {
     std::string command, date;
     /// What was calibrated: "cpu" (ranks share the cores) or "cuda" (a GPU per rank).
@@ -264,6 +275,15 @@ struct Calibration {
     /// others, and a profile without them, the pipelines' rows.
     double oversubscribed_work(double width, double ranks_per_core = 2,
                                bool tensor_parallel = false) const;
+    /// Activations that have left the caches by the time they are used (`calibration.reuse`),
+    /// by thread count, then distance.
+    std::vector<ReuseRow> reuse;
+    /// Seconds per byte of a microbatch's activations read by its backward (`backward`), or
+    /// written by its forward, at reuse `distance` bytes on a rank of `threads` threads: the
+    /// rows of the nearest thread count, linear in distance from none at 0 to the first row,
+    /// then linear in log distance between the nearest two, the last one's beyond them; 0
+    /// without rows.
+    double reuse_cost(double threads, double distance, bool backward) const;
     std::vector<MatmulRate> matmul;
     std::vector<AttentionRate> attention;
     std::vector<StreamRate> elementwise;

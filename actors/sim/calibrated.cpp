@@ -369,6 +369,60 @@ int32_t rank_threads(const plan::Graph& g, int32_t cores) {
     return std::max(1, cores / most_ranks_on_a_host(g));
 }
 
+std::vector<double> reuse_distances(const plan::Graph& g, const plan::PlanRank& r) {
+    using plan::ActionKind;
+    struct Region {
+        double bytes = 0;
+        int64_t touched = 0; // when last (a count of touches)
+    };
+    std::vector<Region> regions;
+    std::map<std::pair<int32_t, int32_t>, size_t> live; // (stage, microbatch) -> its region
+    std::vector<size_t> freed;                          // most recently freed last
+    int64_t clock = 0;
+    // The bytes of the other regions touched after `k` was.
+    auto since = [&](size_t k) {
+        double bytes = 0;
+        for (size_t j = 0; j < regions.size(); ++j)
+            if (j != k && regions[j].touched > regions[k].touched) bytes += regions[j].bytes;
+        return bytes;
+    };
+    std::vector<double> out(r.actions.size(), -1.0);
+    for (int step = 0; step < 2; ++step) // the first step leaves the frees the second takes
+        for (size_t i = 0; i < r.actions.size(); ++i) {
+            const plan::PlanAction& a = r.actions[i];
+            const bool writes = a.kind == ActionKind::forward;
+            const bool reads =
+                a.kind == ActionKind::backward || a.kind == ActionKind::backward_input;
+            if ((!writes && !reads) || a.stage < 0) continue;
+            const std::pair<int32_t, int32_t> key{a.stage, a.microbatch};
+            size_t k = 0;
+            double distance = 0;
+            if (writes) {
+                if (freed.empty()) {
+                    regions.push_back({});
+                    k = regions.size() - 1;
+                } else {
+                    k = freed.back();
+                    freed.pop_back();
+                    distance = since(k);
+                }
+                regions[k].bytes =
+                    static_cast<double>(g.stages[static_cast<size_t>(a.stage)].activation_bytes);
+                live[key] = k;
+            } else {
+                auto it = live.find(key);
+                if (it == live.end()) continue; // no F before it on this rank
+                k = it->second;
+                live.erase(it);
+                distance = since(k);
+                freed.push_back(k);
+            }
+            regions[k].touched = ++clock;
+            if (step == 1) out[i] = distance;
+        }
+    return out;
+}
+
 double normal_order_statistic(int32_t i, int32_t n) {
     if (n < 2 || i < 1 || i > n) return 0.0;
     // E[X_(i)] = n! / ((i - 1)! (n - i)!) * integral of x phi(x) Phi(x)^(n - i)

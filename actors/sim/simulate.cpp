@@ -442,8 +442,26 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     };
     const double mem_bw = pr.mem_bw;
     auto pace = std::make_shared<std::vector<double>>(paces);
-    c.compute = [&g, fallback, seconds, rates, threads, tp_all_reduce, mem_bw, norm_pass,
-                 pace](const PlanRank& r, const PlanAction& a) {
+    // Activations the caches have lost by the time they are used: each F, B and I costs its
+    // stash's bytes at its reuse distance (calibration.reuse) beyond what the probes' order,
+    // each backward right after its forward, measured. Ranks that take turns on the cores
+    // lose their caches at every turn, which their own factor prices.
+    using Reused = std::map<std::tuple<ActionKind, int32_t, int32_t>, double>;
+    auto reused = std::make_shared<std::vector<Reused>>(g.ranks.size());
+    if (!gpu && !queued && !cal.reuse.empty())
+        for (const PlanRank& r : g.ranks) {
+            const std::vector<double> distance = reuse_distances(g, r);
+            for (size_t i = 0; i < r.actions.size(); ++i) {
+                const PlanAction& a = r.actions[i];
+                if (distance[i] <= 0) continue;
+                const double bytes =
+                    static_cast<double>(g.stages[static_cast<size_t>(a.stage)].activation_bytes);
+                (*reused)[static_cast<size_t>(r.rank)][{a.kind, a.stage, a.microbatch}] =
+                    bytes * cal.reuse_cost(threads, distance[i], a.kind != ActionKind::forward);
+            }
+        }
+    c.compute = [&g, fallback, seconds, rates, threads, tp_all_reduce, mem_bw, norm_pass, pace,
+                 reused](const PlanRank& r, const PlanAction& a) {
         if (a.kind == ActionKind::step) {
             // The optimizer's kernels on the rank's share of its parameters, but the norm's
             // pass (before it), with the communication the link model prices.
@@ -466,6 +484,13 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
                       std::max(0.0, tp_all_reduce(r, static_cast<double>(s.tp_loss_bytes)))
                 : 0.0;
         const double tp_b = s.tp_backward_reductions * each;
+        const Reused& mine = (*reused)[static_cast<size_t>(r.rank)];
+        if (auto it = mine.find({a.kind, a.stage, a.microbatch}); it != mine.end()) {
+            if (a.kind == ActionKind::forward)
+                t.forward += at * it->second;
+            else
+                t.input += at * it->second;
+        }
         switch (a.kind) {
         case ActionKind::forward: return t.forward + s.tp_reductions * each + loss;
         case ActionKind::backward_input: return t.input + tp_b;

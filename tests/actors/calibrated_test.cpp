@@ -1108,11 +1108,90 @@ TEST(Rates, OversubscribedWorkFollowsTheRanksACore) {
     EXPECT_DOUBLE_EQ(loaded->oversubscribed_work(128, 4), 1.5);
 }
 
+// A stash's cost grows with how far back it was last touched: from none at 0 to the first
+// row, linear in distance; between rows linear in log distance (2 MB, half-way in log from 1 to
+// 4, costs half-way); beyond the last its cost. A rank of another thread count takes the rows
+// of the nearest count measured; a row without `forward` costs a forward nothing.
+TEST(Rates, ReuseCostFollowsTheDistanceAndTheThreads) {
+    Calibration c;
+    EXPECT_EQ(c.reuse_cost(1, 1e6, true), 0.0);
+    c.reuse = {{1, 1e6, 0.5e-10, 1e-10}, {1, 4e6, 1e-10, 2e-10}, {2, 1e6, 0, 0.25e-10}};
+    EXPECT_EQ(c.reuse_cost(1, 0, true), 0.0);
+    EXPECT_NEAR(c.reuse_cost(1, 0.5e6, true), 0.5e-10, 1e-22);
+    EXPECT_NEAR(c.reuse_cost(1, 1e6, true), 1e-10, 1e-22);
+    EXPECT_NEAR(c.reuse_cost(1, 2e6, true), 1.5e-10, 1e-22);
+    EXPECT_NEAR(c.reuse_cost(1, 2e6, false), 0.75e-10, 1e-22);
+    EXPECT_NEAR(c.reuse_cost(1, 64e6, true), 2e-10, 1e-22);
+    EXPECT_NEAR(c.reuse_cost(1.2, 1e6, true), 1e-10, 1e-22);
+    EXPECT_NEAR(c.reuse_cost(2, 8e6, true), 0.25e-10, 1e-22);
+    EXPECT_EQ(c.reuse_cost(4, 8e6, false), 0.0);
+
+    TempDir dir("reuse");
+    const fs::path file = one_rate_profile(
+        dir, "reuse", "reuse",
+        "  { threads = 1, distance = 4000000, backward = 2e-10, forward = 1e-10 },\n"
+        "  { threads = 1, distance = 1000000, backward = 1e-10 },\n");
+    lang::SourceManager sources;
+    lang::Diagnostics diags;
+    auto p = lang::load_profile(file, sources, diags);
+    ASSERT_TRUE(p.has_value()) << diags.render(sources);
+    ASSERT_EQ(p->calibration.reuse.size(), 2u);
+    EXPECT_EQ(p->calibration.reuse.front().distance, 1e6); // ordered by distance
+    EXPECT_EQ(p->calibration.reuse.front().forward, 0.0);
+    EXPECT_NEAR(p->calibration.reuse_cost(1, 2e6, true), 1.5e-10, 1e-22);
+    expect_row_refused("reusebad", "reuse", "{ threads = 1, distance = 0, backward = 1e-10 }",
+                       "reusebad.toml:21:29: error: `distance` must be a positive number");
+    expect_row_refused("reusebad", "reuse", "{ threads = 1, distance = 1e6, backward = -1e-10 }",
+                       "reusebad.toml:21:45: error: `backward` must be a positive number");
+}
+
+// How far back a rank's stashes were last touched, worked by hand (A: a stage's activations a
+// microbatch). 1F1B on one stage, each B right after its F and each F taking what the B before
+// it freed: none. GPipe over four: every B reads a stash three others were written after;
+// F0 takes what the last B freed (0), F1 the one freed before it (the one after it touched
+// since, A), F2 2A, F3 3A. 1F1B's first stage of two: F0 F1 B0 F2 B1 F3 B2 B3, two stashes
+// in turn: each B one stash from its F, F1 (which takes B2's, B3's touched since) too; its
+// last stage, like one stage alone, none.
+TEST(Reuse, DistancesFollowTheScheduleOrder) {
+    auto distances = [](const Graph& g, int32_t rank, ActionKind kind) {
+        const PlanRank& r = g.ranks[static_cast<size_t>(rank)];
+        const std::vector<double> d = sim::reuse_distances(g, r);
+        EXPECT_EQ(d.size(), r.actions.size());
+        std::vector<double> out;
+        for (size_t i = 0; i < r.actions.size(); ++i) {
+            const ActionKind k = r.actions[i].kind;
+            if (k == kind) out.push_back(d[i]);
+            if (k != ActionKind::forward && k != ActionKind::backward) {
+                EXPECT_EQ(d[i], -1.0);
+            }
+        }
+        return out;
+    };
+    const Graph one = planned(checked("gpt_tiny.dist", {"schedule.microbatches=4"}));
+    EXPECT_EQ(distances(one, 0, ActionKind::forward), std::vector<double>(4, 0.0));
+    EXPECT_EQ(distances(one, 0, ActionKind::backward), std::vector<double>(4, 0.0));
+
+    const Graph gpipe =
+        planned(checked("gpt_tiny.dist", {"schedule.microbatches=4", "schedule.kind=gpipe"}));
+    const double a = static_cast<double>(gpipe.stages[0].activation_bytes);
+    ASSERT_GT(a, 0);
+    EXPECT_EQ(distances(gpipe, 0, ActionKind::forward), (std::vector<double>{0, a, 2 * a, 3 * a}));
+    EXPECT_EQ(distances(gpipe, 0, ActionKind::backward), std::vector<double>(4, 3 * a));
+
+    const Graph two = planned(checked("gpt_tiny.dist", {"mesh.pp=2", "schedule.microbatches=4"}));
+    const double first = static_cast<double>(two.stages[0].activation_bytes);
+    EXPECT_EQ(distances(two, 0, ActionKind::forward), (std::vector<double>{0, first, 0, 0}));
+    EXPECT_EQ(distances(two, 0, ActionKind::backward), std::vector<double>(4, first));
+    EXPECT_EQ(distances(two, 1, ActionKind::forward), std::vector<double>(4, 0.0));
+    EXPECT_EQ(distances(two, 1, ActionKind::backward), std::vector<double>(4, 0.0));
+}
+
 namespace {
 
 // The simulated step of `p` on two cores at rates of one size (64^3 products, one copy rate),
-// with `rows` as the calibration's `oversubscribed` rows.
-double step_beyond_the_cores(Program p, const std::vector<OversubscribedRow>& rows) {
+// with `rows` as the calibration's `oversubscribed` rows and `reuse` as its `reuse` rows.
+double step_beyond_the_cores(Program p, const std::vector<OversubscribedRow>& rows,
+                             const std::vector<ReuseRow>& reuse = {}) {
     Calibration c;
     c.cores = 2;
     for (int32_t t : {1, 2})
@@ -1120,6 +1199,7 @@ double step_beyond_the_cores(Program p, const std::vector<OversubscribedRow>& ro
     c.attention.push_back({64, 64, 1, 1e10, 1e10});
     c.elementwise.push_back({"copy", 1024, 1, 1e9, 1e9});
     c.oversubscribed = rows;
+    c.reuse = reuse;
     p.mesh.profile.calibration = c;
     sim::SimResult r = sim::simulate(planned(p), p);
     EXPECT_TRUE(r.ok());
@@ -1157,6 +1237,33 @@ TEST(Rates, TensorParallelRanksBeyondTheCoresTakeTheirOwnRows) {
     const double own = step({{2, 128, 1.0}, {2, 128, 1.5, 2}});
     EXPECT_NEAR(own, step({{2, 128, 1.5}}), 1e-9 * own);
     EXPECT_GT(own, 1.3 * step({{2, 128, 1.0}}));
+}
+
+// Stashes touched far from their writes cost their bytes at the calibrated rate, on top of
+// the kernels: GPipe over four microbatches on one rank of both cores, one row at one
+// microbatch's activations A (beyond it the same), costs 4 B at 3A and F at A, 2A and 3A more:
+// A x (4 b + 3 f). 1F1B on one stage, whose stashes are used at once, costs nothing more; on
+// two stages GPipe's more than 1F1B's, which the kernels alone price alike.
+TEST(Reuse, StashesTouchedFarFromTheirWritesCostMore) {
+    const Program gpipe =
+        checked("gpt_tiny.dist", {"schedule.microbatches=4", "schedule.kind=gpipe"});
+    const double a = static_cast<double>(planned(gpipe).stages[0].activation_bytes);
+    const double b = 1e-10, f = 0.5e-10;
+    const std::vector<ReuseRow> rows{{2, a, f, b}};
+    const double alone = step_beyond_the_cores(gpipe, {});
+    EXPECT_NEAR(step_beyond_the_cores(gpipe, {}, rows) - alone, a * (4 * b + 3 * f), 1e-9 * alone);
+    const Program ofob = checked("gpt_tiny.dist", {"schedule.microbatches=4"});
+    const double plain = step_beyond_the_cores(ofob, {});
+    EXPECT_NEAR(step_beyond_the_cores(ofob, {}, rows), plain, 1e-12 * plain);
+
+    // Two stages, a rank a core: rows of one thread.
+    const std::vector<ReuseRow> one{{1, a / 2, f, b}};
+    const Program gpipe2 =
+        checked("gpt_tiny.dist", {"mesh.pp=2", "schedule.microbatches=4", "schedule.kind=gpipe"});
+    const Program ofob2 = checked("gpt_tiny.dist", {"mesh.pp=2", "schedule.microbatches=4"});
+    EXPECT_NEAR(step_beyond_the_cores(gpipe2, {}), step_beyond_the_cores(ofob2, {}), 1e-9 * plain);
+    EXPECT_GT(step_beyond_the_cores(gpipe2, {}, one), step_beyond_the_cores(ofob2, {}, one));
+    EXPECT_GT(step_beyond_the_cores(ofob2, {}, one), step_beyond_the_cores(ofob2, {}));
 }
 
 // A tensor-parallel stage beyond the cores pays the factor of the model's width, not its
@@ -1553,6 +1660,55 @@ TEST(Rates, AProfileWithAFractionalCountIsRefusedWhereItIs) {
         << report;
 }
 
+// The reuse rows from the runs' times: each GPipe's backwards beyond 1F1B's in the same turn
+// (a turn's pace moves both alike), per byte of a microbatch's activations A, at the distance
+// of its backwards (one, three and seven microbatches' activations); a nearer distance's cost
+// where a farther one came out lower (the second run here); the forwards' cost a factor of the
+// backwards' that the runs' forwards, made at that factor, give back. A thread count whose
+// GPipes were no slower has no rows.
+TEST(Calibrate, ReuseRowsFromTheRunsTimes) {
+    using namespace cli::calibration;
+    std::vector<std::string> skipped;
+    ReuseRuns runs = reuse_runs({2, 1}, false, skipped);
+    ASSERT_EQ(runs.runs.size(), 4u) << (skipped.empty() ? "" : skipped.front());
+    EXPECT_EQ(runs.runs[0].schedule, "1f1b");
+    const double a = static_cast<double>(runs.runs[1].graph.stages[0].activation_bytes);
+    ASSERT_GT(a, 0);
+    const std::vector<ReuseRow> expected{
+        {2, a, 0, 1e-10}, {2, 3 * a, 0, 1e-10}, {2, 7 * a, 0, 2e-10}};
+    const double beyond[] = {1e-10, 0.8e-10, 2e-10}; // each GPipe's backward, per byte
+    const double phi = 0.5;
+    Calibration curve;
+    curve.reuse = expected;
+    for (size_t i = 0; i < runs.runs.size(); ++i) {
+        ReuseRun& run = runs.runs[i];
+        double forward = 0;
+        if (i > 0) { // the mean over its forwards of their cost at phi
+            const std::vector<double> d = sim::reuse_distances(run.graph, run.graph.ranks[0]);
+            int n = 0;
+            for (size_t k = 0; k < d.size(); ++k)
+                if (run.graph.ranks[0].actions[k].kind == ActionKind::forward)
+                    forward += phi * a * curve.reuse_cost(2, d[k], true), ++n;
+            forward /= n;
+        }
+        for (double turn : {0.0, 1e-4, -2e-4}) {
+            run.passes[0].push_back(
+                {1e-3 + turn + forward, 2e-3 + turn + (i > 0 ? a * beyond[i - 1] : 0.0)});
+            run.passes[1].push_back({1e-3 + turn, 2e-3 + turn - (i > 0 ? 1e-5 : 0.0)});
+        }
+    }
+    std::vector<std::string> notes;
+    const std::vector<ReuseRow> rows = fit_reuse(runs, notes);
+    ASSERT_EQ(rows.size(), 3u);
+    EXPECT_EQ(notes.size(), 6u);
+    for (size_t i = 0; i < rows.size(); ++i) {
+        EXPECT_EQ(rows[i].threads, 2);
+        EXPECT_DOUBLE_EQ(rows[i].distance, expected[i].distance);
+        EXPECT_NEAR(rows[i].backward, expected[i].backward, 1e-9 * expected[i].backward);
+        EXPECT_NEAR(rows[i].forward, phi * expected[i].backward, 1e-6 * expected[i].backward);
+    }
+}
+
 // `dist calibrate --quick` measures this machine, writes a profile that loads with every number
 // positive and every grid complete, and `devices: NAME` then finds it and prices plans by it.
 TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
@@ -1680,6 +1836,16 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         EXPECT_EQ(c.whole_actions(a.threads, 64).scales, a.scales);
         EXPECT_EQ(c.whole_actions(a.threads, 64).first_end, a.first_end);
     }
+    // Activations beyond the caches: a row for each thread count where GPipe's backwards came
+    // out slower than 1F1B's (a quick calibration times it once), at a distance of one
+    // microbatch's activations, the forwards' cost within twice the backwards'.
+    for (const ReuseRow& row : c.reuse) {
+        EXPECT_TRUE(row.threads == c.cores || row.threads == 1) << row.threads;
+        EXPECT_GT(row.distance, 0);
+        EXPECT_GT(row.backward, 0);
+        EXPECT_GE(row.forward, 0);
+        EXPECT_LE(row.forward, 2 * row.backward * (1 + 1e-6));
+    }
 
     // Found by name through DIST_PATH; a deeper model takes longer, on the same rates.
     std::string sim = "DIST_PATH=" + dir.path.string() + " " + DIST_BINARY + " sim " +
@@ -1733,7 +1899,9 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         } else if (row.work < 0.99) {
             EXPECT_LT(beyond, alone);
         }
-        if (c.cores >= row.tp) EXPECT_EQ(step(c.cores, true), step(c.cores, false));
+        if (c.cores >= row.tp) {
+            EXPECT_EQ(step(c.cores, true), step(c.cores, false));
+        }
     }
     // With rows of both counts, a plan takes those of its host's ranks a core: one of four a
     // core costs more where that row's factor is larger; one of two a core does not move.
