@@ -1838,13 +1838,14 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     }
     // Activations beyond the caches: a row for each thread count where GPipe's backwards came
     // out slower than 1F1B's (a quick calibration times it once), at a distance of one
-    // microbatch's activations, the forwards' cost within twice the backwards'.
+    // microbatch's activations, the forwards' cost within twice the backwards' (each written to
+    // four digits).
     for (const ReuseRow& row : c.reuse) {
         EXPECT_TRUE(row.threads == c.cores || row.threads == 1) << row.threads;
         EXPECT_GT(row.distance, 0);
         EXPECT_GT(row.backward, 0);
         EXPECT_GE(row.forward, 0);
-        EXPECT_LE(row.forward, 2 * row.backward * (1 + 1e-6));
+        EXPECT_LE(row.forward, 2 * row.backward * (1 + 2e-3));
     }
 
     // Found by name through DIST_PATH; a deeper model takes longer, on the same rates.
