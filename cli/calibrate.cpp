@@ -1459,10 +1459,10 @@ std::vector<Oversubscribed> fit_oversubscribed(std::vector<OversubscribedRun>& r
 // since its forward wrote them, the less of them is still in the caches (the core's own, and
 // its share of the last level's), and a forward that takes memory freed long ago writes it
 // cold. The probes train each backward right after its forward. Here one GPT of four blocks,
-// 256 tokens a microbatch (width 128: 9.4 MB of activations a microbatch, beyond the core's
+// 256 tokens a microbatch (width 128: 11 MB of activations a microbatch, beyond the core's
 // own cache), trains 1F1B over four microbatches and GPipe over two, four and eight, whose
-// backwards are one, three and seven microbatches' activations from their forwards: 10-20%
-// slower here than 1F1B's at seven.
+// backwards are one, three and seven microbatches' activations from their forwards: on one
+// thread here about 10% slower than 1F1B's at three and at seven.
 ReuseRuns reuse_runs(const std::vector<int32_t>& threads, bool quick,
                      std::vector<std::string>& skipped) {
     const std::vector<std::pair<std::string, int>> orders =
@@ -1489,7 +1489,7 @@ int reuse_ticks(const ReuseRuns& runs) {
     return static_cast<int>(runs.runs.size() * runs.threads.size());
 }
 
-void time_reuse(ReuseRuns& runs, int, Progress& progress, std::vector<std::string>& skipped) {
+void time_reuse(ReuseRuns& runs, Progress& progress, std::vector<std::string>& skipped) {
     const std::vector<int> cpus = allowed_cpus();
     for (size_t t = 0; t < runs.threads.size(); ++t)
         for (ReuseRun& run : runs.runs) {
@@ -1513,6 +1513,12 @@ std::vector<ReuseRow> fit_reuse(const ReuseRuns& runs, std::vector<std::string>&
     std::vector<ReuseRow> out;
     if (runs.runs.size() < 2) return out;
     const ReuseRun& reference = runs.runs.front();
+    const ModelSpec& model = reference.program.model;
+    notes.push_back(
+        "a GPT of " + std::to_string(model.blocks.size()) + " blocks, width " +
+        std::to_string(model.width) + ", " +
+        std::to_string(reference.program.train.batch / reference.microbatches * model.context) +
+        " tokens a microbatch:");
     for (size_t t = 0; t < runs.threads.size(); ++t) {
         const double threads = runs.threads[t];
         struct Order {
@@ -1550,8 +1556,9 @@ std::vector<ReuseRow> fit_reuse(const ReuseRuns& runs, std::vector<std::string>&
             }
             o.backward_distance = count > 0 ? sum / count : 0;
             if (o.bytes <= 0 || o.backward_distance <= 0) continue;
-            notes.push_back((t ? "1 thread, " : "") + run.schedule + " over " +
-                            std::to_string(run.microbatches) + " microbatches: F " +
+            notes.push_back(std::to_string(runs.threads[t]) +
+                            (runs.threads[t] == 1 ? " thread, " : " threads, ") + run.schedule +
+                            " over " + std::to_string(run.microbatches) + " microbatches: F " +
                             number(1e3 * o.forward) + " ms, B " + number(1e3 * o.backward) +
                             " ms beyond 1F1B's a microbatch of " + number(o.bytes / 1e6) +
                             " MB, its backwards " + number(o.backward_distance / 1e6) +
@@ -1915,11 +1922,11 @@ std::string profile_text(const std::string& name, const std::string& command, in
         o << "]\n";
     }
     if (!reuse.empty()) {
-        o << "# Activations beyond the caches: a GPT of 4 blocks, width 128, 256 tokens a\n"
-          << "# microbatch, trained on one rank (with all the cores, and with one thread held to\n"
-          << "# a core) 1F1B, each backward right after its forward, and GPipe, its backwards\n"
-          << "# further from their forwards, in turns after the one-thread probes; the median\n"
-          << "# over those turns of each GPipe's time beyond 1F1B's in the same turn:\n";
+        o << "# Activations beyond the caches: the GPT below trained on one rank (with all the\n"
+          << "# cores, and with one thread held to a core) 1F1B, each backward right after its\n"
+          << "# forward, and GPipe, its backwards further from their forwards, in turns after\n"
+          << "# the one-thread probes; the median over those turns of each GPipe's time beyond\n"
+          << "# 1F1B's in the same turn:\n";
         for (const std::string& n : reuse_notes) o << "#   " << n << "\n";
         o << "# per byte of a microbatch's activations at the distance its backwards are from\n"
           << "# their forwards (bytes of other microbatches' touched between), and the forwards'\n"
@@ -2054,7 +2061,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
         run_probes(shapes, passes, c.quick, "cpu", counts, progress, skipped, [&](int pass) {
             time_oversubscribed(beyond, pass, progress, skipped);
             time_spread(spread, progress, skipped);
-            time_reuse(reuse, pass, progress, skipped);
+            time_reuse(reuse, progress, skipped);
         });
     std::vector<Probe> probes = std::move(both[0]);
     std::vector<Probe> probes_one = both.size() > 1 ? std::move(both[1]) : std::vector<Probe>{};

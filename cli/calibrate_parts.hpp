@@ -115,14 +115,15 @@ ReuseRuns reuse_runs(const std::vector<int32_t>& threads, bool quick,
 int reuse_ticks(const ReuseRuns& runs);
 /// One turn: each run on each thread count, a one-thread run held to a core (the next one each
 /// turn).
-void time_reuse(ReuseRuns& runs, int pass, Progress& progress, std::vector<std::string>& skipped);
+void time_reuse(ReuseRuns& runs, Progress& progress, std::vector<std::string>& skipped);
 /// The profile's `reuse` rows from the runs: for each thread count and each run beyond the
 /// reference, its backwards' distance (reuse_distances) and the median over the passes of its
 /// backward's time beyond the reference's in the same pass, per byte of a microbatch's
 /// activations (not below a nearer distance's); the forwards' at each distance the same times a
 /// factor fitted over the runs by least squares (their forwards are at several distances), 0
 /// to 2.
-/// Rows of no cost are left out. `notes`: a line for each run, what was measured.
+/// Rows of no cost are left out. `notes`: the model's shape, then a line for each run and
+/// thread count, what was measured.
 std::vector<ReuseRow> fit_reuse(const ReuseRuns& runs, std::vector<std::string>& notes);
 
 /// The cores' spread: a data-parallel replica a core trained on one thread each, and in each

@@ -1700,7 +1700,10 @@ TEST(Calibrate, ReuseRowsFromTheRunsTimes) {
     std::vector<std::string> notes;
     const std::vector<ReuseRow> rows = fit_reuse(runs, notes);
     ASSERT_EQ(rows.size(), 3u);
-    EXPECT_EQ(notes.size(), 6u);
+    ASSERT_EQ(notes.size(), 7u); // the shape, then each GPipe on each thread count
+    EXPECT_EQ(notes[0], "a GPT of 4 blocks, width 128, 256 tokens a microbatch:");
+    EXPECT_EQ(notes[1].rfind("2 threads, gpipe over 2 microbatches: ", 0), 0u) << notes[1];
+    EXPECT_EQ(notes[4].rfind("1 thread, gpipe over 2 microbatches: ", 0), 0u) << notes[4];
     for (size_t i = 0; i < rows.size(); ++i) {
         EXPECT_EQ(rows[i].threads, 2);
         EXPECT_DOUBLE_EQ(rows[i].distance, expected[i].distance);
