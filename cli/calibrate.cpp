@@ -1299,7 +1299,25 @@ std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Cal
         // The first end apart where both ends' scales came out (else it is the ends').
         for (size_t d = 0; d < 2; ++d)
             fit.first_end[d] = first_end[d] > 0 && (d == 0 ? f : b).back() > 0 ? first_end[d] : 0;
-        out.push_back(fit);
+        // Where the ends' scale came out, each probe's blocks at their own scale: what is left of
+        // its actions beyond its ends, over its blocks' kernels. A block costs more beside
+        // others than alone (the stage's activations further from the caches), which one scale
+        // for the group would average away.
+        std::vector<ActionFit> each;
+        for (size_t i = 0; i < these.size() && f.back() > 0 && b.back() > 0; ++i) {
+            const ActionPoint& qf = forward[g][i];
+            const ActionPoint& qb = backward[g][i];
+            ActionFit one = fit;
+            one.blocks = these[i]->layers;
+            one.scale[0] = qf.blocks > 0 ? (qf.measured - f.back() * qf.ends) / qf.blocks : 0.0;
+            one.scale[2] = qb.blocks > 0 ? (qb.measured - b.back() * qb.ends) / qb.blocks : 0.0;
+            if (one.scale[0] <= 0 || one.scale[2] <= 0) break;
+            each.push_back(one);
+        }
+        if (each.size() == these.size())
+            out.insert(out.end(), each.begin(), each.end());
+        else
+            out.push_back(fit);
         ++g;
     }
     return out;
@@ -1749,18 +1767,20 @@ void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<ActionFi
         o << "]\n";
     }
     if (!by_width.empty()) {
-        o << "# Each width's probes of one token count, their blocks' scale apart from their\n"
-          << "# ends' (one scale for every width: each end's share of each probe, timed unit\n"
-          << "# by unit, of its actions over their kernels; the last end's, final norm, head and\n"
-          << "# loss, in `scales`, the first end's, the embeddings, in `first_end`), the blocks'\n"
-          << "# least squares of the ratios: what the simulator uses in place of the lines\n"
-          << "# above, a stage priced between the nearest two token counts of a microbatch by\n"
-          << "# log tokens, then between the nearest two widths of its matmuls (model width /\n"
-          << "# tp) by log width:\n"
+        o << "# Each probe's blocks' scale apart from its ends' (one scale for every width:\n"
+          << "# each end's share of each probe, timed unit by unit, of its actions over their\n"
+          << "# kernels; the last end's, final norm, head and loss, in `scales`, the first\n"
+          << "# end's, the embeddings, in `first_end`): what the simulator uses in place of the\n"
+          << "# lines above, a stage priced between the nearest two counts of blocks by log\n"
+          << "# blocks (beyond them, the nearest), then between the nearest two token counts of a\n"
+          << "# microbatch by log tokens, then between the nearest two widths of its matmuls\n"
+          << "# (model width / tp) by log width:\n"
           << "by_width = [\n";
         for (const ActionFit& f : by_width)
             o << "  { threads = " << f.threads << ", width = " << f.width
-              << ", tokens = " << f.tokens << ", scales = " << scales(f)
+              << ", tokens = " << f.tokens
+              << (f.blocks > 0 ? ", blocks = " + std::to_string(f.blocks) : std::string())
+              << ", scales = " << scales(f)
               << (f.first_end[0] > 0 && f.first_end[1] > 0
                       ? ", first_end = [" + number(f.first_end[0]) + ", " + number(f.first_end[1]) +
                             "]"
@@ -2083,6 +2103,8 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     measured.sharing = sharing;
     measured.slice_s = slice;
     measured.wake_s = wake;
+    // The probes' kernels priced as the simulator prices a stage: warm where its weights fit.
+    measured.cache_bytes = core_cache_bytes();
     ActionFit fit = fit_actions(probes, measured, cores);
     std::vector<ActionFit> fewer;
     if (!probes_one.empty()) fewer.push_back(fit_actions(probes_one, measured, 1));

@@ -60,6 +60,7 @@ struct ActionFit {
     int32_t threads = 0;                     // the probes' compute threads
     int width = 0;                           // the probes' width; 0: every width's
     int64_t tokens = 0;                      // the probes' tokens per microbatch (by width)
+    int blocks = 0;                          // the probe's blocks (by width); 0: every count's
     std::array<double, 4> scale{1, 1, 1, 1}; // forward blocks, forward ends, backward ...
     std::array<double, 2> overhead{0, 0};    // seconds per block: forward, backward
     std::array<double, 2> first_end{0, 0};   // the first end's scales apart; 0: the ends'

@@ -163,6 +163,7 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
         a.threads = count(t, "threads");
         a.width = count(t, "width");
         a.tokens = t.whole("tokens", false);
+        a.blocks = static_cast<int32_t>(t.whole("blocks", false));
         t.numbers("scales", a.scales, false, "four positive numbers");
         t.numbers("block_overhead", a.block_overhead_s, true, "two numbers of seconds, at least 0");
         t.numbers("first_end", a.first_end, false, "two positive numbers");
@@ -399,21 +400,31 @@ double Calibration::reuse_cost(double threads, double distance, bool backward) c
     return log_between(rows, distance);
 }
 
-WholeActions Calibration::whole_actions(double threads, double width, double tokens) const {
+WholeActions Calibration::whole_actions(double threads, double width, double tokens,
+                                        double blocks) const {
     auto threads_of = [](const WholeActions& a) { return static_cast<double>(a.threads); };
     if (!by_width.empty() && width > 0) {
-        // Each thread count's and width's fits across the token counts at `tokens`, then each
-        // count's across the widths at `width`, then across the counts.
-        std::map<int32_t, std::map<int32_t, std::vector<WholeActions>>> counts;
-        for (const WholeActions& a : by_width) counts[a.threads][a.width].push_back(a);
+        // Each thread count's, width's and token count's fits across the counts of blocks at
+        // `blocks`, then across the token counts at `tokens`, then each thread count's across
+        // the widths at `width`, then across the thread counts.
+        std::map<int32_t, std::map<int32_t, std::map<int64_t, std::vector<WholeActions>>>> counts;
+        for (const WholeActions& a : by_width) counts[a.threads][a.width][a.tokens].push_back(a);
         auto tokens_of = [](const WholeActions& a) { return std::max(1.0, 1.0 * a.tokens); };
+        auto blocks_of = [](const WholeActions& a) { return std::max(1.0, 1.0 * a.blocks); };
+        auto at_most = [](const std::vector<WholeActions>& fits, const auto& key, double x) {
+            double most = 0;
+            for (const WholeActions& a : fits) most = std::max(most, key(a));
+            return x > 0 ? x : most;
+        };
         std::vector<WholeActions> at_width;
         for (const auto& [count, widths] : counts) {
             std::vector<WholeActions> at_tokens;
-            for (const auto& [w, fits] : widths) {
-                double most = 0;
-                for (const WholeActions& a : fits) most = std::max(most, tokens_of(a));
-                at_tokens.push_back(along(fits, tokens_of, tokens > 0 ? tokens : most));
+            for (const auto& [w, by_tokens] : widths) {
+                std::vector<WholeActions> at_blocks;
+                for (const auto& [n, fits] : by_tokens)
+                    at_blocks.push_back(along(fits, blocks_of, at_most(fits, blocks_of, blocks)));
+                at_tokens.push_back(
+                    along(at_blocks, tokens_of, at_most(at_blocks, tokens_of, tokens)));
             }
             at_width.push_back(along(
                 at_tokens, [](const WholeActions& a) { return 1.0 * a.width; }, width));
@@ -422,6 +433,7 @@ WholeActions Calibration::whole_actions(double threads, double width, double tok
         out.threads = static_cast<int32_t>(std::lround(threads));
         out.width = static_cast<int32_t>(std::lround(width));
         out.tokens = std::llround(tokens);
+        out.blocks = static_cast<int32_t>(std::lround(blocks));
         return out;
     }
     std::vector<WholeActions> by = fewer_threads;

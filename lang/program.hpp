@@ -206,6 +206,7 @@ struct WholeActions {
     /// The first end's (the embeddings') own scales, forward and backward; 0: the ends' (a
     /// profile written before they were timed apart).
     std::array<double, 2> first_end{0, 0};
+    int32_t blocks = 0; // the probe's blocks (by_width); 0: not said (a fit over every count)
 };
 /// A row of `calibration.oversubscribed`: the work factor measured for single-threaded ranks
 /// `ranks_per_core` a core at matmuls of `width`, in a pipeline (`tp` 1) or in tensor-parallel
@@ -254,15 +255,19 @@ struct Calibration {
     /// The same for ranks of fewer threads (`calibration.fewer_threads`), by thread count.
     std::vector<WholeActions> fewer_threads;
     /// The fits of the probes of one width (`calibration.by_width`), each for one thread
-    /// count and token count: small widths cost more beyond their kernels than one line over
-    /// all widths says, and small microbatches less than large ones.
+    /// count, token count and count of blocks: small widths cost more beyond their kernels
+    /// than one line over all widths says, small microbatches less than large ones, and a
+    /// block more in a stage of many blocks than alone (its activations further from the
+    /// caches).
     std::vector<WholeActions> by_width;
     /// The fit for a rank of `threads` threads: the measured one of that count, else
     /// interpolated in log threads between the nearest two (the nearest outside them). With
-    /// `by_width` fits and a `width` (a stage's matmuls' width), those of each thread count and
-    /// width interpolated in log tokens at `tokens` (a microbatch's; 0: the most probed), then
-    /// in log width, each between the nearest two (the nearest outside them).
-    WholeActions whole_actions(double threads, double width = 0, double tokens = 0) const;
+    /// `by_width` fits and a `width` (a stage's matmuls' width), those of each thread count,
+    /// width and token count interpolated in log blocks at `blocks` (a stage's; 0: the most
+    /// probed), then in log tokens at `tokens` (a microbatch's; 0: the most probed), then in
+    /// log width, each between the nearest two (the nearest outside them).
+    WholeActions whole_actions(double threads, double width = 0, double tokens = 0,
+                               double blocks = 0) const;
     /// Single-threaded ranks beyond the cores (`calibration.oversubscribed`): how much more
     /// their actions cost than alone, by how many such ranks share each core and the width of
     /// their matmuls. Each turn on a core finds other ranks' data in its caches, the more of

@@ -322,10 +322,10 @@ StageSeconds stage_seconds(const Program& p, const plan::PlanStage& s, const Rat
     StageSeconds kb = kernel_seconds(p, blocks, r, threads);
     StageSeconds kf = kernel_seconds(p, first, r, threads);
     StageSeconds kl = kernel_seconds(p, last, r, threads);
-    // The probes' fits by width where the calibration has them, at the stage's matmuls' width
-    // and its microbatch's tokens.
-    const WholeActions fit =
-        r.calibration().whole_actions(threads, shard_width(p), microbatch_tokens(p));
+    // The probes' fits by width where the calibration has them, at the stage's matmuls' width,
+    // its microbatch's tokens and its blocks.
+    const WholeActions fit = r.calibration().whole_actions(
+        threads, shard_width(p), microbatch_tokens(p), static_cast<double>(s.blocks));
     const std::array<double, 4>& c = fit.scales;
     const std::array<double, 2>& o = fit.block_overhead_s;
     // The first end's scales where the profile has them apart, else the ends'.

@@ -1010,6 +1010,9 @@ TEST(Rates, WholeActionsFollowTheWidthOfTheMatmuls) {
     expect_row_refused("by_width", "by_width",
                        "{ threads = 1, width = 128, tokens = 0.5, scales = [1.0, 1.0, 1.0, 1.0] }",
                        "by_width.toml:21:40: error: `tokens` must be a whole number");
+    expect_row_refused("by_width", "by_width",
+                       "{ threads = 1, width = 128, blocks = 1.5, scales = [1.0, 1.0, 1.0, 1.0] }",
+                       "by_width.toml:21:40: error: `blocks` must be a whole number");
 }
 
 // A stage holds one end of the model or the other: the first (the embeddings) at its own scale
@@ -1586,6 +1589,55 @@ TEST(Calibrate, TheEndsShareOfAProbeIsTimedByItsUnits) {
     EXPECT_EQ(units[1], ends[1].first + ends[1].second + 4 * per_block);
 }
 
+// A block costs more beside others in its stage than alone (the stage's activations further
+// from the caches): a width and token count probed at two counts of blocks is priced at a
+// stage's blocks between them by log blocks, beyond them at the nearest; without blocks, at
+// the most probed. Tokens and width come after: each token count at the blocks, then between.
+TEST(Rates, WholeActionsFollowTheBlocksOfAStage) {
+    Calibration c;
+    c.cores = 2;
+    c.by_width = {{2, {1, 1, 1, 1}, {0, 0}, 128, 512, {0, 0}, 1},
+                  {2, {2, 2, 2, 2}, {0, 0}, 128, 512, {0, 0}, 4},
+                  {2, {3, 3, 3, 3}, {0, 0}, 128, 128, {0, 0}, 1},
+                  {2, {5, 5, 5, 5}, {0, 0}, 128, 128, {0, 0}, 4}};
+    auto scale = [&](double tokens, double blocks) {
+        return c.whole_actions(2, 128, tokens, blocks).scales[0];
+    };
+    EXPECT_DOUBLE_EQ(scale(512, 1), 1);
+    EXPECT_DOUBLE_EQ(scale(512, 4), 2);
+    EXPECT_NEAR(scale(512, 2), 1.5, 1e-12);
+    EXPECT_DOUBLE_EQ(scale(512, 8), 2);
+    EXPECT_DOUBLE_EQ(scale(512, 0), 2);
+    EXPECT_DOUBLE_EQ(scale(128, 1), 3);
+    // 256 tokens, 2 blocks: 1.5 at 512 tokens, 4 at 128, halfway in log tokens.
+    EXPECT_NEAR(scale(256, 2), 2.75, 1e-12);
+    // A row without blocks (a profile before them) serves every count.
+    c.by_width = {{2, {1, 1, 1, 1}, {0, 0}, 128, 512}};
+    EXPECT_DOUBLE_EQ(scale(512, 1), 1);
+    EXPECT_DOUBLE_EQ(scale(512, 4), 1);
+    // A stage is priced at its own blocks: two probes of one block and of four, at scales 1 and
+    // 2, price a stage of four blocks' blocks at twice their kernels, and one of one at once.
+    c.by_width = {{2, {1, 1, 1, 1}, {0, 0}, 128, 128, {0, 0}, 1},
+                  {2, {2, 1, 2, 1}, {0, 0}, 128, 128, {0, 0}, 4}};
+    for (int32_t t : {1, 2})
+        for (const char* k : {"nt", "nn", "tn"}) c.matmul.push_back({k, 64, 64, 64, t, 1e10});
+    c.attention.push_back({64, 64, 1, 1e10, 1e10});
+    c.elementwise.push_back({"copy", 1024, 1, 1e9, 1e9});
+    sim::Rates rates(c);
+    for (int32_t blocks : {1, 4}) {
+        Program p = checked("gpt_tiny.dist", {"model.layers=" + std::to_string(blocks),
+                                              "train.batch=4", "schedule.microbatches=2"});
+        PlanStage s = lower(p).graph->stages[0];
+        const double whole = sim::stage_seconds(p, s, rates, 2).forward;
+        s.embedding = s.head = false;
+        const double kernels = sim::stage_seconds(p, s, rates, 2, false).forward;
+        PlanStage ends = lower(p).graph->stages[0];
+        ends.blocks = 0;
+        const double ends_kernels = sim::stage_seconds(p, ends, rates, 2, false).forward;
+        EXPECT_NEAR(whole, (blocks == 4 ? 2 : 1) * kernels + ends_kernels, 1e-9 * whole) << blocks;
+    }
+}
+
 // Small microbatches cost less beyond their kernels than large ones (their activations stay
 // nearer the cores): a width probed at two token counts is priced at a microbatch's tokens
 // between them by log tokens, outside them at the nearest; without tokens, at the most probed.
@@ -1826,18 +1878,48 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         }
     EXPECT_EQ(rows, c.oversubscribed.size());
     EXPECT_EQ(rows, c.cores > 1 ? 4u : 0u);
-    // The probes' one width probed twice: its fit alone, on each thread count, which prices a
-    // rank of that count at that width.
-    ASSERT_EQ(c.by_width.size(), c.cores > 1 ? 2u : 1u);
+    // The probes' one width probed twice, of one block and of two, on each thread count: a row
+    // for each probe, its blocks at their own scale beside the ends' (or, where the ends' scale
+    // came out negative on a busy machine, one row for the pair), which prices a rank of that
+    // count at that width and that many blocks.
+    std::map<int32_t, std::set<int32_t>> rows_blocks; // thread count: its rows' blocks
     for (const WholeActions& a : c.by_width) {
         EXPECT_EQ(a.width, 64);
         EXPECT_TRUE(a.threads == c.cores || a.threads == 1) << a.threads;
+        rows_blocks[a.threads].insert(a.blocks);
         for (double s : a.scales) EXPECT_GT(s, 0);
-        // The embeddings' scales, timed apart: both or neither (where the probes' fit of the
-        // ends came out negative, on a busy machine, the ends' scale serves both ends).
+        // The embeddings' scales, timed apart: both or neither.
         EXPECT_EQ(a.first_end[0] > 0, a.first_end[1] > 0);
-        EXPECT_EQ(c.whole_actions(a.threads, 64).scales, a.scales);
-        EXPECT_EQ(c.whole_actions(a.threads, 64).first_end, a.first_end);
+        EXPECT_EQ(c.whole_actions(a.threads, 64, 64, a.blocks).scales, a.scales);
+        EXPECT_EQ(c.whole_actions(a.threads, 64, 64, a.blocks).first_end, a.first_end);
+    }
+    ASSERT_EQ(rows_blocks.size(), c.cores > 1 ? 2u : 1u);
+    for (const auto& [threads, blocks] : rows_blocks)
+        EXPECT_TRUE(blocks == std::set<int32_t>({1, 2}) || blocks == std::set<int32_t>({0}))
+            << threads;
+    // Each probe's own row prices its stage, on its threads with the profile's rates (warm
+    // where its weights fit the cores' caches, as the fit priced it), at what it measured
+    // (written to the microsecond: within a few of them).
+    {
+        std::ifstream notes(file);
+        const std::regex probe(R"(^#   (1 thread, )?width 64, 64 tokens, ([0-9]+) blocks: )"
+                               R"(F ([0-9.]+) ms \(kernels [0-9.]+\), B ([0-9.]+) ms)");
+        sim::Rates rates(c);
+        size_t priced = 0;
+        for (std::string line; std::getline(notes, line);) {
+            std::smatch m;
+            if (!std::regex_search(line, m, probe)) continue;
+            const int32_t threads = m[1].matched ? 1 : c.cores;
+            if (!rows_blocks[threads].count(std::stoi(m[2].str()))) continue; // one row a pair
+            Program q = checked("gpt_tiny.dist", {"model.width=64", "model.layers=" + m[2].str(),
+                                                  "train.batch=2", "schedule.microbatches=2"});
+            const sim::StageSeconds t =
+                sim::stage_seconds(q, lower(q).graph->stages[0], rates, threads);
+            EXPECT_NEAR(1e3 * t.forward, std::stod(m[3].str()), 3e-3) << line;
+            EXPECT_NEAR(1e3 * (t.input + t.weight), std::stod(m[4].str()), 3e-3) << line;
+            ++priced;
+        }
+        EXPECT_GT(priced, 0u);
     }
     // Activations beyond the caches: a row for each thread count where GPipe's backwards came
     // out slower than 1F1B's (a quick calibration times it once), at a distance of one
