@@ -386,13 +386,19 @@ std::vector<double> reuse_distances(const plan::Graph& g, const plan::PlanRank& 
             if (j != k && regions[j].touched > regions[k].touched) bytes += regions[j].bytes;
         return bytes;
     };
+    // Where a zero-bubble schedule splits a backward, its W reads the stash after its I and
+    // frees it.
+    std::set<std::pair<int32_t, int32_t>> weighed;
+    for (const plan::PlanAction& a : r.actions)
+        if (a.kind == ActionKind::backward_weight) weighed.insert({a.stage, a.microbatch});
     std::vector<double> out(r.actions.size(), -1.0);
     for (int step = 0; step < 2; ++step) // the first step leaves the frees the second takes
         for (size_t i = 0; i < r.actions.size(); ++i) {
             const plan::PlanAction& a = r.actions[i];
             const bool writes = a.kind == ActionKind::forward;
-            const bool reads =
-                a.kind == ActionKind::backward || a.kind == ActionKind::backward_input;
+            const bool reads = a.kind == ActionKind::backward ||
+                               a.kind == ActionKind::backward_input ||
+                               a.kind == ActionKind::backward_weight;
             if ((!writes && !reads) || a.stage < 0) continue;
             const std::pair<int32_t, int32_t> key{a.stage, a.microbatch};
             size_t k = 0;
@@ -413,9 +419,11 @@ std::vector<double> reuse_distances(const plan::Graph& g, const plan::PlanRank& 
                 auto it = live.find(key);
                 if (it == live.end()) continue; // no F before it on this rank
                 k = it->second;
-                live.erase(it);
                 distance = since(k);
-                freed.push_back(k);
+                if (a.kind != ActionKind::backward_input || !weighed.count(key)) {
+                    live.erase(it);
+                    freed.push_back(k);
+                }
             }
             regions[k].touched = ++clock;
             if (step == 1) out[i] = distance;

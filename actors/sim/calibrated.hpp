@@ -73,12 +73,13 @@ int32_t rank_threads(const plan::Graph& g, int32_t cores);
 
 /// How far back each stash of a rank was last touched, in bytes of other stashes touched since
 /// (its reuse distance): for each of the rank's actions in order, that of the microbatch's
-/// saved activations its B or I reads, and of the memory its F takes to write them (the memory
-/// its rank freed last and has not taken again, as an allocator hands out what was freed
-/// last); -1 for the other actions. A stash is a stage's `activation_bytes`; F takes it and
-/// writes it, B and I read it and free it (W's part is not counted). Of the step after another
-/// like it (the previous step's frees are what its F take); the actions of the probes' order,
-/// each B or I right after its F, touch nothing between and are at 0.
+/// saved activations its B, I or W reads, and of the memory its F takes to write them (the
+/// memory its rank freed last and has not taken again, as an allocator hands out what was
+/// freed last); -1 for the other actions. A stash is a stage's `activation_bytes`; F takes it
+/// and writes it, B reads it and frees it, I reads it and frees it unless a W of the same
+/// microbatch follows, which then reads it and frees it. Of the step after another like it
+/// (the previous step's frees are what its F take); the actions of the probes' order, each B
+/// right after its F, touch nothing between and are at 0.
 std::vector<double> reuse_distances(const plan::Graph& g, const plan::PlanRank& r);
 
 /// The expected `i`-th largest of `n` independent standard normal draws (i from 1): the

@@ -442,10 +442,11 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
     };
     const double mem_bw = pr.mem_bw;
     auto pace = std::make_shared<std::vector<double>>(paces);
-    // Activations the caches have lost by the time they are used: each F, B and I costs its
+    // Activations the caches have lost by the time they are used: each F and B costs its
     // stash's bytes at its reuse distance (calibration.reuse) beyond what the probes' order,
-    // each backward right after its forward, measured. Ranks that take turns on the cores
-    // lose their caches at every turn, which their own factor prices.
+    // each backward right after its forward, measured; a split backward's I and W each their
+    // share of the stash (of the backward's time) at their own distances. Ranks that take
+    // turns on the cores lose their caches at every turn, which their own factor prices.
     using Reused = std::map<std::tuple<ActionKind, int32_t, int32_t>, double>;
     auto reused = std::make_shared<std::vector<Reused>>(g.ranks.size());
     if (!gpu && !queued && !cal.reuse.empty())
@@ -454,7 +455,16 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
             for (size_t i = 0; i < r.actions.size(); ++i) {
                 const PlanAction& a = r.actions[i];
                 if (distance[i] <= 0) continue;
+                const StageSeconds& t = (*seconds)[static_cast<size_t>(a.stage)];
+                const double share = a.kind == ActionKind::backward_input    ? t.input
+                                     : a.kind == ActionKind::backward_weight ? t.weight
+                                                                             : 1.0;
+                const double part =
+                    a.kind == ActionKind::backward_input || a.kind == ActionKind::backward_weight
+                        ? (t.input + t.weight > 0 ? share / (t.input + t.weight) : 0.5)
+                        : 1.0;
                 const double bytes =
+                    part *
                     static_cast<double>(g.stages[static_cast<size_t>(a.stage)].activation_bytes);
                 (*reused)[static_cast<size_t>(r.rank)][{a.kind, a.stage, a.microbatch}] =
                     bytes * cal.reuse_cost(threads, distance[i], a.kind != ActionKind::forward);
@@ -488,6 +498,8 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         if (auto it = mine.find({a.kind, a.stage, a.microbatch}); it != mine.end()) {
             if (a.kind == ActionKind::forward)
                 t.forward += at * it->second;
+            else if (a.kind == ActionKind::backward_weight)
+                t.weight += at * it->second;
             else
                 t.input += at * it->second;
         }

@@ -1164,7 +1164,8 @@ TEST(Reuse, DistancesFollowTheScheduleOrder) {
         for (size_t i = 0; i < r.actions.size(); ++i) {
             const ActionKind k = r.actions[i].kind;
             if (k == kind) out.push_back(d[i]);
-            if (k != ActionKind::forward && k != ActionKind::backward) {
+            if (k != ActionKind::forward && k != ActionKind::backward &&
+                k != ActionKind::backward_input && k != ActionKind::backward_weight) {
                 EXPECT_EQ(d[i], -1.0);
             }
         }
@@ -1187,6 +1188,16 @@ TEST(Reuse, DistancesFollowTheScheduleOrder) {
     EXPECT_EQ(distances(two, 0, ActionKind::backward), std::vector<double>(4, first));
     EXPECT_EQ(distances(two, 1, ActionKind::forward), std::vector<double>(4, 0.0));
     EXPECT_EQ(distances(two, 1, ActionKind::backward), std::vector<double>(4, 0.0));
+
+    // ZB-H1's last stage, F0 I0 F1 I1 W0 F2 I2 W1 F3 I3 W2 W3: each I reads its stash at once
+    // and leaves it to its W, which reads it after another microbatch's I and frees it; so F1
+    // takes the memory W0 freed after I0 and F0 touched another stash.
+    const Graph zb = planned(
+        checked("gpt_tiny.dist", {"mesh.pp=2", "schedule.microbatches=4", "schedule.kind=zb_h1"}));
+    const double last = static_cast<double>(zb.stages[1].activation_bytes);
+    EXPECT_EQ(distances(zb, 1, ActionKind::forward), (std::vector<double>{0, last, 0, 0}));
+    EXPECT_EQ(distances(zb, 1, ActionKind::backward_input), std::vector<double>(4, 0.0));
+    EXPECT_EQ(distances(zb, 1, ActionKind::backward_weight), std::vector<double>(4, last));
 }
 
 namespace {
@@ -1267,6 +1278,15 @@ TEST(Reuse, StashesTouchedFarFromTheirWritesCostMore) {
     EXPECT_NEAR(step_beyond_the_cores(gpipe2, {}), step_beyond_the_cores(ofob2, {}), 1e-9 * plain);
     EXPECT_GT(step_beyond_the_cores(gpipe2, {}, one), step_beyond_the_cores(ofob2, {}, one));
     EXPECT_GT(step_beyond_the_cores(ofob2, {}, one), step_beyond_the_cores(ofob2, {}));
+
+    // A split backward: on one rank ZB-H1 runs each W right after its I and costs nothing
+    // more; on two stages its Ws read their stashes after other microbatches' and cost more.
+    const Program zb = checked("gpt_tiny.dist", {"schedule.microbatches=4", "schedule.kind=zb_h1"});
+    const double zb_plain = step_beyond_the_cores(zb, {});
+    EXPECT_NEAR(step_beyond_the_cores(zb, {}, rows), zb_plain, 1e-12 * zb_plain);
+    const Program zb2 =
+        checked("gpt_tiny.dist", {"mesh.pp=2", "schedule.microbatches=4", "schedule.kind=zb_h1"});
+    EXPECT_GT(step_beyond_the_cores(zb2, {}, one), step_beyond_the_cores(zb2, {}));
 }
 
 // A tensor-parallel stage beyond the cores pays the factor of the model's width, not its
