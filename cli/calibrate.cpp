@@ -1774,7 +1774,8 @@ void write_fit(std::ostream& o, const ActionFit& fit, const std::vector<ActionFi
           << "# lines above, a stage priced between the nearest two counts of blocks by log\n"
           << "# blocks (beyond them, the nearest), then between the nearest two token counts of a\n"
           << "# microbatch by log tokens, then between the nearest two widths of its matmuls\n"
-          << "# (model width / tp) by log width:\n"
+          << "# (model width / tp) by log width (one row for a pair of probes, its blocks'\n"
+          << "# least squares, where the ends' scale could not be told):\n"
           << "by_width = [\n";
         for (const ActionFit& f : by_width)
             o << "  { threads = " << f.threads << ", width = " << f.width
