@@ -455,14 +455,14 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
             for (size_t i = 0; i < r.actions.size(); ++i) {
                 const PlanAction& a = r.actions[i];
                 if (distance[i] <= 0) continue;
-                const StageSeconds& t = (*seconds)[static_cast<size_t>(a.stage)];
-                const double share = a.kind == ActionKind::backward_input    ? t.input
-                                     : a.kind == ActionKind::backward_weight ? t.weight
-                                                                             : 1.0;
-                const double part =
-                    a.kind == ActionKind::backward_input || a.kind == ActionKind::backward_weight
-                        ? (t.input + t.weight > 0 ? share / (t.input + t.weight) : 0.5)
-                        : 1.0;
+                double part = 1.0; // of the stash: a split backward's I and W their shares
+                if (a.kind == ActionKind::backward_input || a.kind == ActionKind::backward_weight) {
+                    const StageSeconds& t = (*seconds)[static_cast<size_t>(a.stage)];
+                    const double both = t.input + t.weight;
+                    part = both <= 0
+                               ? 0.5
+                               : (a.kind == ActionKind::backward_input ? t.input : t.weight) / both;
+                }
                 const double bytes =
                     part *
                     static_cast<double>(g.stages[static_cast<size_t>(a.stage)].activation_bytes);

@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <pthread.h>
 #include <random>
 #include <regex>
@@ -1204,8 +1205,9 @@ namespace {
 
 // The simulated step of `p` on two cores at rates of one size (64^3 products, one copy rate),
 // with `rows` as the calibration's `oversubscribed` rows and `reuse` as its `reuse` rows.
-double step_beyond_the_cores(Program p, const std::vector<OversubscribedRow>& rows,
-                             const std::vector<ReuseRow>& reuse = {}) {
+// The calibration of those rates, with those rows.
+Calibration two_cores(const std::vector<OversubscribedRow>& rows,
+                      const std::vector<ReuseRow>& reuse) {
     Calibration c;
     c.cores = 2;
     for (int32_t t : {1, 2})
@@ -1214,10 +1216,23 @@ double step_beyond_the_cores(Program p, const std::vector<OversubscribedRow>& ro
     c.elementwise.push_back({"copy", 1024, 1, 1e9, 1e9});
     c.oversubscribed = rows;
     c.reuse = reuse;
-    p.mesh.profile.calibration = c;
+    return c;
+}
+
+// The simulated timeline of `p` on that calibration (empty where it failed).
+std::optional<sim::Timeline> beyond_the_cores(Program p, const std::vector<OversubscribedRow>& rows,
+                                              const std::vector<ReuseRow>& reuse = {}) {
+    p.mesh.profile.calibration = two_cores(rows, reuse);
     sim::SimResult r = sim::simulate(planned(p), p);
     EXPECT_TRUE(r.ok());
-    return r.ok() ? r.timeline->step_time_s : 0.0;
+    if (!r.ok()) return std::nullopt;
+    return *r.timeline;
+}
+
+double step_beyond_the_cores(const Program& p, const std::vector<OversubscribedRow>& rows,
+                             const std::vector<ReuseRow>& reuse = {}) {
+    const std::optional<sim::Timeline> t = beyond_the_cores(p, rows, reuse);
+    return t ? t->step_time_s : 0.0;
 }
 
 } // namespace
@@ -1280,13 +1295,38 @@ TEST(Reuse, StashesTouchedFarFromTheirWritesCostMore) {
     EXPECT_GT(step_beyond_the_cores(ofob2, {}, one), step_beyond_the_cores(ofob2, {}));
 
     // A split backward: on one rank ZB-H1 runs each W right after its I and costs nothing
-    // more; on two stages its Ws read their stashes after other microbatches' and cost more.
+    // more. On its last stage of two (F0 I0 F1 I1 W0 F2 I2 W1 ...) each I reads its stash at
+    // once and each W one stash's bytes later: every W costs its share of the stash (the
+    // stage's weight gradient's part of its backward) at that distance, every I nothing.
     const Program zb = checked("gpt_tiny.dist", {"schedule.microbatches=4", "schedule.kind=zb_h1"});
     const double zb_plain = step_beyond_the_cores(zb, {});
     EXPECT_NEAR(step_beyond_the_cores(zb, {}, rows), zb_plain, 1e-12 * zb_plain);
     const Program zb2 =
         checked("gpt_tiny.dist", {"mesh.pp=2", "schedule.microbatches=4", "schedule.kind=zb_h1"});
-    EXPECT_GT(step_beyond_the_cores(zb2, {}, one), step_beyond_the_cores(zb2, {}));
+    const Graph g = planned(zb2);
+    const double last = static_cast<double>(g.stages[1].activation_bytes);
+    const std::optional<sim::Timeline> split = beyond_the_cores(zb2, {}, {{1, last, 0, b}});
+    const std::optional<sim::Timeline> plain_split = beyond_the_cores(zb2, {});
+    ASSERT_TRUE(split && plain_split);
+    const Calibration priced = two_cores({}, {});
+    const sim::Rates rates(priced);
+    const sim::StageSeconds t = sim::stage_seconds(zb2, g.stages[1], rates, 1);
+    const double w_part = t.weight / (t.input + t.weight);
+    const std::vector<sim::Span>& with = split->ranks[1].spans;
+    const std::vector<sim::Span>& without = plain_split->ranks[1].spans;
+    ASSERT_EQ(with.size(), without.size());
+    int ws = 0;
+    for (size_t i = 0; i < with.size(); ++i) {
+        const ActionKind k = g.ranks[1].actions[with[i].action].kind;
+        const double more = (with[i].end - with[i].start) - (without[i].end - without[i].start);
+        if (k == ActionKind::backward_weight) {
+            EXPECT_NEAR(more, w_part * last * b, 1e-9 * last * b) << i;
+            ++ws;
+        } else {
+            EXPECT_NEAR(more, 0, 1e-12) << i;
+        }
+    }
+    EXPECT_EQ(ws, 4);
 }
 
 // A tensor-parallel stage beyond the cores pays the factor of the model's width, not its
