@@ -21,6 +21,7 @@
 #include "kernels/devices.hpp"
 #include "kernels/tensor.hpp"
 #include "lang/check.hpp"
+#include "lang/hardware.hpp"
 #include "lang/program.hpp"
 #include "models/atomic_file.hpp"
 #include "models/model.hpp"
@@ -867,28 +868,37 @@ std::string plan_probe(Probe& pr, const std::string& devices, bool quick) {
     return "";
 }
 
-// Trains a planned probe on `threads` threads: the median forward and backward per microbatch
-// of its steps after the first into `medians`; what went wrong, or "".
-std::string time_probe(const Probe& pr, int32_t threads, std::pair<double, double>& medians) {
+// Trains a planned probe on `threads` threads: the median forward and backward (a split one's I
+// and W together) per microbatch of its steps after the first into `medians`, and where
+// `input` is given, the median I; what went wrong, or "".
+std::string time_probe(const Probe& pr, int32_t threads, std::pair<double, double>& medians,
+                       double* input = nullptr) {
+    using plan::ActionKind;
     const plan::Graph& g = *pr.graph;
-    std::vector<double> f_times, b_times;
+    std::vector<double> f_times, b_times, i_times;
     runtime::SessionOptions so;
     so.join_launch = false;
     so.threads = threads;
     so.on_step = [&](const runtime::SessionStep& step) {
         if (step.metrics.step <= 1 || step.timings.empty()) return true; // warming up
-        double f = 0, b = 0;
+        double f = 0, b = 0, i = 0;
         for (const runtime::ActionTiming& a : step.timings[0]) {
-            plan::ActionKind k = g.ranks[0].actions[a.action].kind;
-            if (k == plan::ActionKind::forward) f += a.end_s - a.start_s;
-            if (k == plan::ActionKind::backward) b += a.end_s - a.start_s;
+            const ActionKind k = g.ranks[0].actions[a.action].kind;
+            const double took = a.end_s - a.start_s;
+            if (k == ActionKind::forward) f += took;
+            if (k == ActionKind::backward || k == ActionKind::backward_input ||
+                k == ActionKind::backward_weight)
+                b += took;
+            if (k == ActionKind::backward_input) i += took;
         }
         f_times.push_back(f / g.microbatches);
         b_times.push_back(b / g.microbatches);
+        i_times.push_back(i / g.microbatches);
         return true;
     };
     if (std::string e = train_probe(*pr.program, g, so); !e.empty()) return e;
     medians = {median_of(f_times), median_of(b_times)};
+    if (input) *input = median_of(i_times);
     return "";
 }
 
@@ -1410,27 +1420,45 @@ void time_oversubscribed(std::vector<OversubscribedRun>& runs, int pass, Progres
     }
 }
 
+DraftProfile::DraftProfile(const std::string& text) {
+    std::string dir = (std::filesystem::temp_directory_path() / "dist-calibrate.XXXXXX").string();
+    if (::mkdtemp(dir.data()) == nullptr) return;
+    dir_ = dir;
+    std::error_code ec;
+    std::filesystem::create_directories(dir_ / "hardware", ec);
+    std::ofstream(dir_ / "hardware" / "calibrating.toml") << text;
+}
+
+DraftProfile::~DraftProfile() {
+    std::error_code ec;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+}
+
+std::optional<Calibration> DraftProfile::calibration() const {
+    if (dir_.empty()) return std::nullopt;
+    lang::SourceManager sources;
+    lang::Diagnostics diags;
+    std::optional<HardwareProfile> p =
+        lang::load_profile(dir_ / "hardware" / "calibrating.toml", sources, diags);
+    if (!p) return std::nullopt;
+    return p->calibration;
+}
+
 std::vector<Oversubscribed> fit_oversubscribed(std::vector<OversubscribedRun>& runs,
                                                const std::string& profile, int32_t cores,
                                                const std::vector<double>& pace,
                                                std::vector<std::string>& skipped) {
     std::vector<Oversubscribed> out;
-    std::string dir = (std::filesystem::temp_directory_path() / "dist-calibrate.XXXXXX").string();
-    if (runs.empty() || ::mkdtemp(dir.data()) == nullptr) {
+    const DraftProfile draft(profile);
+    if (runs.empty() || draft.dir().empty()) {
         if (!runs.empty()) skipped.push_back("ranks beyond the cores: no temporary folder");
         return out;
-    }
-    std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(dir) / "hardware", ec);
-    {
-        std::ofstream f(std::filesystem::path(dir) / "hardware" / "calibrating.toml");
-        f << profile;
     }
     for (OversubscribedRun& run : runs) {
         if (run.passes.empty()) continue;
         lang::FrontendOptions fo;
         fo.search_roots = lang::default_search_roots();
-        fo.search_roots.insert(fo.search_roots.begin(), dir);
+        fo.search_roots.insert(fo.search_roots.begin(), draft.dir());
         lang::CheckResult checked =
             lang::check_text("<calibration probe>",
                              oversubscribed_script(run.width, run.per_core * cores, run.steps,
@@ -1467,7 +1495,6 @@ std::vector<Oversubscribed> fit_oversubscribed(std::vector<OversubscribedRun>& r
             o.work = std::clamp(o.work * o.measured / o.simulated, 0.5, 4.0);
         if (simulate()) out.push_back(o);
     }
-    std::filesystem::remove_all(dir, ec);
     return out;
 }
 
@@ -1487,44 +1514,64 @@ ReuseRuns reuse_runs(const std::vector<int32_t>& threads, bool quick,
         quick ? std::vector<std::pair<std::string, int>>{{"1f1b", 2}, {"gpipe", 2}}
               : std::vector<std::pair<std::string, int>>{
                     {"1f1b", 4}, {"gpipe", 2}, {"gpipe", 4}, {"gpipe", 8}};
-    ReuseRuns out{threads, {}};
-    for (const auto& [schedule, m] : orders) {
-        ReuseRun run{schedule, m, {}, {}, {}};
+    ReuseRuns out{threads, {}, {}};
+    // The run of `schedule` over `m` microbatches; what was wrong, or "".
+    auto planned = [&](const std::string& schedule, int m, ReuseRun& run) {
+        run = {schedule, m, {}, {}, {}, {}};
         GptScript s{quick ? 64 : 128,    quick ? 1 : 4, 4, "cpu", 1, 1, m,
                     (quick ? 1 : 4) * m, quick ? 3 : 6};
         s.schedule = schedule;
-        if (std::string e = plan_script(gpt_script(s), run.program, run.graph); !e.empty()) {
+        run.passes.resize(threads.size());
+        run.inputs.resize(threads.size());
+        return plan_script(gpt_script(s), run.program, run.graph);
+    };
+    for (const auto& [schedule, m] : orders) {
+        ReuseRun run;
+        if (std::string e = planned(schedule, m, run); !e.empty()) {
             skipped.push_back("activations beyond the caches: " + e);
             return {};
         }
-        run.passes.resize(threads.size());
         out.runs.push_back(std::move(run));
     }
+    if (ReuseRun run; planned("zb_h1", orders.front().second, run).empty())
+        out.split = std::move(run);
+    else
+        skipped.push_back("backwards split: the zb_h1 run has no plan");
     return out;
 }
 
 int reuse_ticks(const ReuseRuns& runs) {
-    return static_cast<int>(runs.runs.size() * runs.threads.size());
+    return static_cast<int>((runs.runs.size() + (runs.split ? 1 : 0)) * runs.threads.size());
 }
 
 void time_reuse(ReuseRuns& runs, Progress& progress, std::vector<std::string>& skipped) {
     const std::vector<int> cpus = allowed_cpus();
-    for (size_t t = 0; t < runs.threads.size(); ++t)
-        for (ReuseRun& run : runs.runs) {
-            Probe probe{static_cast<int>(run.program.model.width), 0, 0, run.program, run.graph};
+    for (size_t t = 0; t < runs.threads.size(); ++t) {
+        std::vector<ReuseRun*> these;
+        for (ReuseRun& run : runs.runs) these.push_back(&run);
+        if (runs.split && !these.empty()) these.push_back(&*runs.split);
+        ReuseRun* split = runs.split ? &*runs.split : nullptr;
+        for (ReuseRun* run : these) {
+            Probe probe{static_cast<int>(run->program.model.width), 0, 0, run->program, run->graph};
             const int cpu = runs.threads[t] == 1 && cpus.size() > 1
-                                ? cpus[run.passes[t].size() % cpus.size()]
+                                ? cpus[run->passes[t].size() % cpus.size()]
                                 : -1;
             std::pair<double, double> medians{-1, -1};
+            double input = -1;
             OnCpu on(cpu);
-            if (std::string e = time_probe(probe, runs.threads[t], medians); !e.empty()) {
+            if (std::string e =
+                    time_probe(probe, runs.threads[t], medians, run == split ? &input : nullptr);
+                !e.empty()) {
                 skipped.push_back("activations beyond the caches: " + e);
                 runs.runs.clear();
+                runs.split.reset();
                 return;
             }
-            run.passes[t].push_back(medians);
+            run->passes[t].push_back(medians);
+            run->inputs[t].push_back(input);
             progress.tick("activations beyond the caches");
         }
+    }
 }
 
 std::vector<ReuseRow> fit_reuse(const ReuseRuns& runs, std::vector<std::string>& notes) {
@@ -1612,6 +1659,42 @@ std::vector<ReuseRow> fit_reuse(const ReuseRuns& runs, std::vector<std::string>&
             row.forward = phi * row.backward;
             out.push_back(row);
         }
+    }
+    return out;
+}
+
+std::vector<SplitRow> fit_split(const ReuseRuns& runs, const Calibration& calibration,
+                                std::vector<std::string>& notes) {
+    std::vector<SplitRow> out;
+    if (runs.runs.empty() || !runs.split) return out;
+    const ReuseRun& reference = runs.runs.front();
+    const ReuseRun& split = *runs.split;
+    const sim::Rates rates(calibration);
+    for (size_t t = 0; t < runs.threads.size(); ++t) {
+        std::vector<double> input, weight; // each pass's, over the reference's backward
+        const size_t n =
+            std::min({split.passes[t].size(), split.inputs[t].size(), reference.passes[t].size()});
+        for (size_t p = 0; p < n; ++p) {
+            const double whole = reference.passes[t][p].second, both = split.passes[t][p].second,
+                         i = split.inputs[t][p];
+            if (whole <= 0 || i <= 0 || both <= i) continue;
+            input.push_back(i / whole);
+            weight.push_back((both - i) / whole);
+        }
+        if (input.empty()) continue;
+        // I's share of a whole backward as the simulator prices the stage on these threads.
+        const sim::StageSeconds priced =
+            sim::stage_seconds(split.program, split.graph.stages.front(), rates, runs.threads[t]);
+        const double backward = priced.input + priced.weight;
+        if (priced.input <= 0 || priced.weight <= 0) continue;
+        const double share = priced.input / backward;
+        const SplitRow row{runs.threads[t], median_of(input) / share,
+                           median_of(weight) / (1 - share)};
+        notes.push_back(std::to_string(row.threads) +
+                        (row.threads == 1 ? " thread: I " : " threads: I ") +
+                        number(median_of(input)) + " and W " + number(median_of(weight)) +
+                        " of the whole backward, whose kernels give I " + number(share) + " of it");
+        out.push_back(row);
     }
     return out;
 }
@@ -1835,18 +1918,18 @@ void write_rows(std::ostream& o, const std::string& transfer_note,
     o << "]\n";
 }
 
-std::string profile_text(const std::string& name, const std::string& command, int32_t cores,
-                         double took, const ActionFit& fit, const std::vector<ActionFit>& fewer,
-                         const std::vector<ActionFit>& by_width, const std::vector<MatmulRate>& mm,
-                         const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt,
-                         const std::vector<SharingPoint>& sharing,
-                         const std::vector<Oversubscribed>& over,
-                         const std::vector<ReuseRow>& reuse,
-                         const std::vector<std::string>& reuse_notes, double slice, double wake,
-                         double collective_wait, double core_spread, int spread_width,
-                         const std::vector<TransferSample>& transfers,
-                         const std::vector<CollectiveSample>& collectives,
-                         const std::vector<std::string>& skipped) {
+std::string
+profile_text(const std::string& name, const std::string& command, int32_t cores, double took,
+             const ActionFit& fit, const std::vector<ActionFit>& fewer,
+             const std::vector<ActionFit>& by_width, const std::vector<MatmulRate>& mm,
+             const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt,
+             const std::vector<SharingPoint>& sharing, const std::vector<Oversubscribed>& over,
+             const std::vector<ReuseRow>& reuse, const std::vector<std::string>& reuse_notes,
+             const std::vector<SplitRow>& split, const std::vector<std::string>& split_notes,
+             double slice, double wake, double collective_wait, double core_spread,
+             int spread_width, const std::vector<TransferSample>& transfers,
+             const std::vector<CollectiveSample>& collectives,
+             const std::vector<std::string>& skipped) {
     const std::string date = utc_now();
     double best_one = 0, best_copy = 0;
     for (const MatmulRate& r : mm)
@@ -1959,6 +2042,18 @@ std::string profile_text(const std::string& name, const std::string& command, in
             if (r.forward > 0) o << ", forward = " << number(r.forward);
             o << " },\n";
         }
+        o << "]\n";
+    }
+    if (!split.empty()) {
+        o << "# Backwards split into I and W (zero-bubble schedules): the same GPT trained zb_h1,\n"
+          << "# each microbatch's F, I and W in turn, in those turns beside 1F1B; the median over\n"
+          << "# the turns of its I and W, each over 1F1B's whole backward in the same turn:\n";
+        for (const std::string& n : split_notes) o << "#   " << n << "\n";
+        o << "# each over that share, the factor on a split backward's I and W:\n"
+          << "split_backward = [\n";
+        for (const SplitRow& r : split)
+            o << "  { threads = " << r.threads << ", input = " << number(r.input)
+              << ", weight = " << number(r.weight) << " },\n";
         o << "]\n";
     }
     if (slice > 0)
@@ -2120,14 +2215,22 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
                           " of a core's pace, beyond the 0.5 a profile holds");
         core_spread = 0;
     }
-    std::vector<std::string> reuse_notes;
+    std::vector<std::string> reuse_notes, split_notes;
     const std::vector<ReuseRow> reused = fit_reuse(reuse, reuse_notes);
+    std::vector<SplitRow> split;
     auto text_with = [&](const std::vector<Oversubscribed>& over) {
         return profile_text(name, command, cores, since(t0), fit, fewer, by_width, mm, att, elt,
-                            sharing, over, reused, reuse_notes, slice, wake, collective_wait,
-                            core_spread, spread ? spread->width : 0, transfers, collectives,
-                            skipped);
+                            sharing, over, reused, reuse_notes, split, split_notes, slice, wake,
+                            collective_wait, core_spread, spread ? spread->width : 0, transfers,
+                            collectives, skipped);
     };
+    // Split backwards against whole ones as the profile measured so far prices them.
+    if (reuse.split) {
+        if (std::optional<Calibration> so_far = DraftProfile(text_with({})).calibration())
+            split = fit_split(reuse, *so_far, split_notes);
+        else
+            skipped.push_back("backwards split: the profile measured so far does not load");
+    }
     // Ranks beyond the cores, priced by the profile measured so far (one core: none beyond).
     std::vector<Oversubscribed> over;
     if (!probes_one.empty())

@@ -11,6 +11,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <ostream>
@@ -102,12 +103,19 @@ struct ReuseRun {
     Program program;
     plan::Graph graph;
     // For each thread count (ReuseRuns::threads) and pass, the median forward and backward a
-    // microbatch (seconds), or {-1, -1} where it was not timed.
+    // microbatch (seconds; a split backward's I and W together), or {-1, -1} where it was not
+    // timed.
     std::vector<std::vector<std::pair<double, double>>> passes{};
+    // A split backward's: for each thread count and pass, the median I a microbatch, or -1.
+    std::vector<std::vector<double>> inputs{};
 };
 struct ReuseRuns {
     std::vector<int32_t> threads;
     std::vector<ReuseRun> runs; // the first the reference, each backward right after its forward
+    // The reference's GPT and microbatches trained zb_h1 on its one rank: each microbatch's F,
+    // I and W in turn, its backward split but as near its forward as the reference's (none
+    // where it cannot be planned).
+    std::optional<ReuseRun> split{};
 };
 /// The runs (none where they cannot be planned, said in `skipped`).
 ReuseRuns reuse_runs(const std::vector<int32_t>& threads, bool quick,
@@ -126,6 +134,29 @@ void time_reuse(ReuseRuns& runs, Progress& progress, std::vector<std::string>& s
 /// Rows of no cost are left out. `notes`: the model's shape, then a line for each run and
 /// thread count, what was measured.
 std::vector<ReuseRow> fit_reuse(const ReuseRuns& runs, std::vector<std::string>& notes);
+/// A profile's text as `hardware/calibrating.toml` in a temporary folder (removed with it),
+/// for pricing the calibration's own runs with what it has measured so far.
+class DraftProfile {
+  public:
+    explicit DraftProfile(const std::string& text);
+    ~DraftProfile();
+    DraftProfile(const DraftProfile&) = delete;
+    DraftProfile& operator=(const DraftProfile&) = delete;
+    /// The folder to put on the search roots; empty where none could be made.
+    const std::filesystem::path& dir() const { return dir_; }
+    /// Its calibration as a script would load it; none where it does not load.
+    std::optional<Calibration> calibration() const;
+
+  private:
+    std::filesystem::path dir_;
+};
+
+/// The profile's `split_backward` rows from the runs: for each thread count, the median over
+/// the passes of the split run's I and W, each over the reference's backward in the same pass,
+/// over the share of a whole backward that the simulator gives I (and W) with `calibration`
+/// (the profile measured so far). `notes`: a line for each thread count, what was measured.
+std::vector<SplitRow> fit_split(const ReuseRuns& runs, const Calibration& calibration,
+                                std::vector<std::string>& notes);
 
 /// The cores' spread: a data-parallel replica a core trained on one thread each, and in each
 /// pass each step's sample variance of their compute relative to its mean.

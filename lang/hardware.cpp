@@ -94,6 +94,12 @@ class Reader {
     }
 
     /// An array of tables at `path` (absent: empty), each read by `row`.
+    // An error at the value of `path` (the table's own place without it).
+    void refuse(std::string_view path, const std::string& why) {
+        toml::node_view<const toml::node> n = root_.at_path(path);
+        diags_.error(node_loc(file_, n ? n.node() : nullptr, root_), why);
+    }
+
     template <typename Row> void rows(std::string_view path, const Row& row) {
         toml::node_view<const toml::node> n = root_.at_path(path);
         if (!n) return;
@@ -196,6 +202,15 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
                            t.number("forward", false), t.number("backward")});
     });
     std::sort(c.reuse.begin(), c.reuse.end());
+    r.rows("calibration.split_backward", [&](Reader& t) {
+        SplitRow row{count(t, "threads"), t.number("input"), t.number("weight")};
+        for (const SplitRow& before : c.split_backward)
+            if (row.threads > 0 && before.threads == row.threads)
+                t.refuse("threads", "`split_backward` has two rows of " +
+                                        std::to_string(row.threads) + " threads");
+        c.split_backward.push_back(row);
+    });
+    std::sort(c.split_backward.begin(), c.split_backward.end());
     r.rows("calibration.sharing", [&](Reader& t) {
         c.sharing.push_back({count(t, "threads"), t.number("speed"), t.number("bytes", false)});
     });
@@ -398,6 +413,16 @@ double Calibration::reuse_cost(double threads, double distance, bool backward) c
             rows.push_back({row.distance, backward ? row.backward : row.forward});
     if (distance < rows.front().first) return rows.front().second * distance / rows.front().first;
     return log_between(rows, distance);
+}
+
+std::pair<double, double> Calibration::split_factors(double threads) const {
+    std::vector<std::pair<double, double>> input, weight;
+    for (const SplitRow& row : split_backward) {
+        input.push_back({row.threads, row.input});
+        weight.push_back({row.threads, row.weight});
+    }
+    if (input.empty()) return {1.0, 1.0};
+    return {log_between(input, threads), log_between(weight, threads)};
 }
 
 WholeActions Calibration::whole_actions(double threads, double width, double tokens,

@@ -227,6 +227,15 @@ struct ReuseRow {
     double forward = 0, backward = 0; // seconds per byte
     auto operator<=>(const ReuseRow&) const = default;
 };
+/// A row of `calibration.split_backward`: what a backward split into its input gradient (I) and
+/// its weight gradient (W), as zero-bubble schedules run it, costs against the same backward
+/// whole, on ranks of `threads` threads: I's time over the whole backward's share of it that
+/// its kernels say (`input`), and W's the same (`weight`).
+struct SplitRow {
+    int32_t threads = 1;
+    double input = 1, weight = 1;
+    auto operator<=>(const SplitRow&) const = default;
+};
 struct Calibration {
     std::string command, date;
     /// What was calibrated: "cpu" (ranks share the cores) or "cuda" (a GPU per rank).
@@ -289,6 +298,12 @@ struct Calibration {
     /// then linear in log distance between the nearest two, the last one's beyond them; 0
     /// without rows.
     double reuse_cost(double threads, double distance, bool backward) const;
+    /// Backwards split into I and W (`calibration.split_backward`), by thread count.
+    std::vector<SplitRow> split_backward;
+    /// The factors on a split backward's I and W on a rank of `threads` threads: between the
+    /// rows of the nearest two thread counts in log threads (the nearest outside them); 1 and
+    /// 1 without rows.
+    std::pair<double, double> split_factors(double threads) const;
     std::vector<MatmulRate> matmul;
     std::vector<AttentionRate> attention;
     std::vector<StreamRate> elementwise;

@@ -470,8 +470,10 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
                     bytes * cal.reuse_cost(threads, distance[i], a.kind != ActionKind::forward);
             }
         }
+    // A backward split into I and W costs what the calibration measured it to against whole.
+    const std::pair<double, double> split = cal.split_factors(threads);
     c.compute = [&g, fallback, seconds, rates, threads, tp_all_reduce, mem_bw, norm_pass, pace,
-                 reused](const PlanRank& r, const PlanAction& a) {
+                 reused, split](const PlanRank& r, const PlanAction& a) {
         if (a.kind == ActionKind::step) {
             // The optimizer's kernels on the rank's share of its parameters, but the norm's
             // pass (before it), with the communication the link model prices.
@@ -486,6 +488,10 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
         t.forward *= at;
         t.input *= at;
         t.weight *= at;
+        if (a.kind == ActionKind::backward_input || a.kind == ActionKind::backward_weight) {
+            t.input *= split.first;
+            t.weight *= split.second;
+        }
         const double each =
             std::max(0.0, tp_all_reduce(r, static_cast<double>(s.tp_reduction_bytes)));
         const double loss =

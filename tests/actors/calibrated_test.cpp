@@ -1329,6 +1329,77 @@ TEST(Reuse, StashesTouchedFarFromTheirWritesCostMore) {
     EXPECT_EQ(ws, 4);
 }
 
+// A split backward's factors: a count measured its own, between two counts in log threads,
+// outside them the nearest; none without rows. A profile's rows load in thread order; a
+// factor must be positive, and a thread count has one row.
+TEST(Split, FactorsFollowTheThreads) {
+    Calibration c;
+    EXPECT_EQ(c.split_factors(2), (std::pair{1.0, 1.0}));
+    c.split_backward = {{1, 1.2, 1.0}, {4, 1.0, 0.8}};
+    EXPECT_EQ(c.split_factors(1), (std::pair{1.2, 1.0}));
+    EXPECT_EQ(c.split_factors(4), (std::pair{1.0, 0.8}));
+    EXPECT_NEAR(c.split_factors(2).first, 1.1, 1e-12);
+    EXPECT_NEAR(c.split_factors(2).second, 0.9, 1e-12);
+    EXPECT_EQ(c.split_factors(16), (std::pair{1.0, 0.8}));
+
+    TempDir dir("split");
+    const fs::path file = one_rate_profile(dir, "split", "split_backward",
+                                           "  { threads = 2, input = 1.05, weight = 0.95 },\n"
+                                           "  { threads = 1, input = 1.1, weight = 1.02 },\n");
+    lang::SourceManager sources;
+    lang::Diagnostics diags;
+    auto p = lang::load_profile(file, sources, diags);
+    ASSERT_TRUE(p.has_value()) << diags.render(sources);
+    EXPECT_EQ(p->calibration.split_backward,
+              (std::vector<SplitRow>{{1, 1.1, 1.02}, {2, 1.05, 0.95}}));
+    expect_row_refused("splitbad", "split_backward", "{ threads = 1, input = 0, weight = 1 }",
+                       "splitbad.toml:21:26: error: `input` must be a positive number");
+    const std::string twice =
+        refusal(one_rate_profile(dir, "splittwice", "split_backward",
+                                 "  { threads = 2, input = 1.05, weight = 0.95 },\n"
+                                 "  { threads = 2, input = 1.1, weight = 1.02 },\n"));
+    EXPECT_NE(twice.find("splittwice.toml:22:15: error: `split_backward` has two rows of 2 "
+                         "threads"),
+              std::string::npos)
+        << twice;
+}
+
+// The simulator costs each I and W of a split backward its factor, on the threads of the
+// rank: ZB-H1 on one rank of both cores, rows of 1 and 2 threads, every I 1.2 and every W 0.9
+// of what it costs without rows, its forwards alike; 1F1B's whole backwards take no factor.
+TEST(Split, ASplitBackwardsIAndWCostTheirFactors) {
+    auto timeline = [](const Program& p, const std::vector<SplitRow>& rows) {
+        Program q = p;
+        q.mesh.profile.calibration = two_cores({}, {});
+        q.mesh.profile.calibration.split_backward = rows;
+        sim::SimResult r = sim::simulate(planned(q), q);
+        EXPECT_TRUE(r.ok());
+        return r.ok() ? *r.timeline : sim::Timeline{};
+    };
+    const std::vector<SplitRow> rows{{1, 1.5, 1.5}, {2, 1.2, 0.9}};
+    const Program zb = checked("gpt_tiny.dist", {"schedule.microbatches=4", "schedule.kind=zb_h1"});
+    const Graph g = planned(zb);
+    const sim::Timeline with = timeline(zb, rows), without = timeline(zb, {});
+    ASSERT_EQ(with.ranks.size(), 1u);
+    ASSERT_EQ(with.ranks[0].spans.size(), without.ranks[0].spans.size());
+    std::map<ActionKind, int> seen;
+    for (size_t i = 0; i < with.ranks[0].spans.size(); ++i) {
+        const sim::Span& a = with.ranks[0].spans[i];
+        const sim::Span& b = without.ranks[0].spans[i];
+        const ActionKind k = g.ranks[0].actions[a.action].kind;
+        const double factor = k == ActionKind::backward_input    ? 1.2
+                              : k == ActionKind::backward_weight ? 0.9
+                                                                 : 1.0;
+        EXPECT_GT(b.end - b.start, 0) << i;
+        EXPECT_NEAR(a.end - a.start, factor * (b.end - b.start), 1e-12) << i;
+        ++seen[k];
+    }
+    EXPECT_EQ(seen[ActionKind::backward_input], 4);
+    EXPECT_EQ(seen[ActionKind::backward_weight], 4);
+    const Program ofob = checked("gpt_tiny.dist", {"schedule.microbatches=4"});
+    EXPECT_DOUBLE_EQ(timeline(ofob, rows).step_time_s, timeline(ofob, {}).step_time_s);
+}
+
 // A tensor-parallel stage beyond the cores pays the factor of the model's width, not its
 // shard's: tp 2 x pp 2 at width 512 on two cores (four single-threaded ranks, two a core) is
 // priced alike with a factor of 1.5 at 512 and 1 at 128 (a shard 256 wide would take 1.25
@@ -1824,6 +1895,70 @@ TEST(Calibrate, ReuseRowsFromTheRunsTimes) {
     }
 }
 
+// The split rows from the runs' times: the zb_h1 run trains each microbatch's F, I and W in
+// turn on its one rank. Its I at 0.6 and W at 0.45 of the reference's whole backward in every
+// turn (the turns at different paces) make a row whose factors, in the simulator, price the
+// run's I and W at 0.6 and 0.45 of the reference's priced backward. A thread count whose split
+// run has no I timed has no row.
+TEST(Calibrate, SplitRowsFromTheRunsTimes) {
+    using namespace cli::calibration;
+    std::vector<std::string> skipped;
+    ReuseRuns runs = reuse_runs({2, 1}, false, skipped);
+    ASSERT_TRUE(runs.split.has_value()) << (skipped.empty() ? "" : skipped.front());
+    EXPECT_EQ(runs.split->schedule, "zb_h1");
+    const PlanRank& rank = runs.split->graph.ranks[0];
+    std::vector<ActionKind> kinds;
+    for (const plan::PlanAction& a : rank.actions)
+        if (a.kind != ActionKind::step) kinds.push_back(a.kind);
+    ASSERT_EQ(kinds.size(), 12u);
+    for (size_t i = 0; i < kinds.size(); ++i)
+        EXPECT_EQ(kinds[i], (std::array{ActionKind::forward, ActionKind::backward_input,
+                                        ActionKind::backward_weight})[i % 3])
+            << i;
+    for (double pace : {1.0, 1.1, 0.8}) {
+        const double whole = 2e-3 * pace;
+        runs.runs[0].passes[0].push_back({1e-3 * pace, whole});
+        runs.runs[0].passes[1].push_back({1e-3 * pace, whole});
+        runs.split->passes[0].push_back({1e-3 * pace, 1.05 * whole});
+        runs.split->inputs[0].push_back(0.6 * whole);
+        runs.split->passes[1].push_back({1e-3 * pace, 1.05 * whole});
+        runs.split->inputs[1].push_back(-1);
+    }
+    const Calibration cal = two_cores({}, {});
+    std::vector<std::string> notes;
+    const std::vector<SplitRow> rows = fit_split(runs, cal, notes);
+    ASSERT_EQ(rows.size(), 1u);
+    EXPECT_EQ(rows[0].threads, 2);
+    ASSERT_EQ(notes.size(), 1u);
+    EXPECT_EQ(notes[0].rfind("2 threads: I 0.6 and W 0.45 of the whole backward, whose kernels "
+                             "give I ",
+                             0),
+              0u)
+        << notes[0];
+    auto spans = [&](const ReuseRun& run, ActionKind kind) {
+        Program q = run.program;
+        q.mesh.profile.calibration = cal;
+        q.mesh.profile.calibration.split_backward = rows;
+        sim::SimResult r = sim::simulate(run.graph, q);
+        EXPECT_TRUE(r.ok());
+        std::vector<double> out;
+        if (!r.ok()) return out;
+        for (const sim::Span& s : r.timeline->ranks[0].spans)
+            if (run.graph.ranks[0].actions[s.action].kind == kind) out.push_back(s.end - s.start);
+        return out;
+    };
+    const std::vector<double> whole = spans(runs.runs[0], ActionKind::backward);
+    const std::vector<double> input = spans(*runs.split, ActionKind::backward_input);
+    const std::vector<double> weight = spans(*runs.split, ActionKind::backward_weight);
+    ASSERT_EQ(whole.size(), 4u);
+    ASSERT_EQ(input.size(), 4u);
+    ASSERT_EQ(weight.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+        EXPECT_NEAR(input[i], 0.6 * whole[i], 1e-9 * whole[i]) << i;
+        EXPECT_NEAR(weight[i], 0.45 * whole[i], 1e-9 * whole[i]) << i;
+    }
+}
+
 // `dist calibrate --quick` measures this machine, writes a profile that loads with every number
 // positive and every grid complete, and `devices: NAME` then finds it and prices plans by it.
 TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
@@ -1991,6 +2126,30 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         EXPECT_GT(row.backward, 0);
         EXPECT_GE(row.forward, 0);
         EXPECT_LE(row.forward, 2 * row.backward * (1 + 2e-3));
+    }
+
+    // Backwards split: a row for each thread count, whose factors are its note's I and W
+    // shares of the whole backward over the kernels' (each written to four digits).
+    {
+        ASSERT_EQ(c.split_backward.size(), c.cores > 1 ? 2u : 1u);
+        std::ifstream notes(file);
+        const std::regex note(R"(^#   ([0-9]+) threads?: I ([0-9.e-]+) and W ([0-9.e-]+) of the )"
+                              R"(whole backward, whose kernels give I ([0-9.e-]+) of it$)");
+        size_t said = 0;
+        for (std::string line; std::getline(notes, line);) {
+            std::smatch m;
+            if (!std::regex_search(line, m, note)) continue;
+            const int32_t threads = std::stoi(m[1].str());
+            const double input = std::stod(m[2].str()), weight = std::stod(m[3].str()),
+                         share = std::stod(m[4].str());
+            const auto row = std::find_if(c.split_backward.begin(), c.split_backward.end(),
+                                          [&](const SplitRow& r) { return r.threads == threads; });
+            ASSERT_NE(row, c.split_backward.end()) << line;
+            EXPECT_NEAR(row->input, input / share, 2e-3 * row->input) << line;
+            EXPECT_NEAR(row->weight, weight / (1 - share), 2e-3 * row->weight) << line;
+            ++said;
+        }
+        EXPECT_EQ(said, c.split_backward.size());
     }
 
     // Found by name through DIST_PATH; a deeper model takes longer, on the same rates.
