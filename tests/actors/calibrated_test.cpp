@@ -772,17 +772,22 @@ fs::path one_rate_profile(const TempDir& dir, const std::string& name, const std
     return file;
 }
 
-// Such a profile whose `oversubscribed` rows are `rows`, loaded (empty where it does not load,
-// the report in the failure).
-std::optional<Calibration> with_oversubscribed(const std::string& name, const std::string& rows) {
+// Such a profile whose `array` rows are `rows`, loaded (empty where it does not load, the
+// report in the failure).
+std::optional<Calibration> with_rows(const std::string& name, const std::string& array,
+                                     const std::string& rows) {
     TempDir dir(name);
-    const fs::path file = one_rate_profile(dir, name, "oversubscribed", rows);
+    const fs::path file = one_rate_profile(dir, name, array, rows);
     lang::SourceManager sources;
     lang::Diagnostics diags;
     auto p = lang::load_profile(file, sources, diags);
     EXPECT_TRUE(p.has_value()) << diags.render(sources);
     if (!p) return std::nullopt;
     return p->calibration;
+}
+
+std::optional<Calibration> with_oversubscribed(const std::string& name, const std::string& rows) {
+    return with_rows(name, "oversubscribed", rows);
 }
 
 // Such a profile of the one `row` in `array` (line 21): refused, the report holding `expected`.
@@ -1130,19 +1135,15 @@ TEST(Rates, ReuseCostFollowsTheDistanceAndTheThreads) {
     EXPECT_NEAR(c.reuse_cost(2, 8e6, true), 0.25e-10, 1e-22);
     EXPECT_EQ(c.reuse_cost(4, 8e6, false), 0.0);
 
-    TempDir dir("reuse");
-    const fs::path file = one_rate_profile(
-        dir, "reuse", "reuse",
-        "  { threads = 1, distance = 4000000, backward = 2e-10, forward = 1e-10 },\n"
-        "  { threads = 1, distance = 1000000, backward = 1e-10 },\n");
-    lang::SourceManager sources;
-    lang::Diagnostics diags;
-    auto p = lang::load_profile(file, sources, diags);
-    ASSERT_TRUE(p.has_value()) << diags.render(sources);
-    ASSERT_EQ(p->calibration.reuse.size(), 2u);
-    EXPECT_EQ(p->calibration.reuse.front().distance, 1e6); // ordered by distance
-    EXPECT_EQ(p->calibration.reuse.front().forward, 0.0);
-    EXPECT_NEAR(p->calibration.reuse_cost(1, 2e6, true), 1.5e-10, 1e-22);
+    const std::optional<Calibration> p =
+        with_rows("reuse", "reuse",
+                  "  { threads = 1, distance = 4000000, backward = 2e-10, forward = 1e-10 },\n"
+                  "  { threads = 1, distance = 1000000, backward = 1e-10 },\n");
+    ASSERT_TRUE(p.has_value());
+    ASSERT_EQ(p->reuse.size(), 2u);
+    EXPECT_EQ(p->reuse.front().distance, 1e6); // ordered by distance
+    EXPECT_EQ(p->reuse.front().forward, 0.0);
+    EXPECT_NEAR(p->reuse_cost(1, 2e6, true), 1.5e-10, 1e-22);
     expect_row_refused("reusebad", "reuse", "{ threads = 1, distance = 0, backward = 1e-10 }",
                        "reusebad.toml:21:29: error: `distance` must be a positive number");
     expect_row_refused("reusebad", "reuse", "{ threads = 1, distance = 1e6, backward = -1e-10 }",
@@ -1342,18 +1343,15 @@ TEST(Split, FactorsFollowTheThreads) {
     EXPECT_NEAR(c.split_factors(2).second, 0.9, 1e-12);
     EXPECT_EQ(c.split_factors(16), (std::pair{1.0, 0.8}));
 
-    TempDir dir("split");
-    const fs::path file = one_rate_profile(dir, "split", "split_backward",
-                                           "  { threads = 2, input = 1.05, weight = 0.95 },\n"
-                                           "  { threads = 1, input = 1.1, weight = 1.02 },\n");
-    lang::SourceManager sources;
-    lang::Diagnostics diags;
-    auto p = lang::load_profile(file, sources, diags);
-    ASSERT_TRUE(p.has_value()) << diags.render(sources);
-    EXPECT_EQ(p->calibration.split_backward,
-              (std::vector<SplitRow>{{1, 1.1, 1.02}, {2, 1.05, 0.95}}));
+    const std::optional<Calibration> p =
+        with_rows("split", "split_backward",
+                  "  { threads = 2, input = 1.05, weight = 0.95 },\n"
+                  "  { threads = 1, input = 1.1, weight = 1.02 },\n");
+    ASSERT_TRUE(p.has_value());
+    EXPECT_EQ(p->split_backward, (std::vector<SplitRow>{{1, 1.1, 1.02}, {2, 1.05, 0.95}}));
     expect_row_refused("splitbad", "split_backward", "{ threads = 1, input = 0, weight = 1 }",
                        "splitbad.toml:21:26: error: `input` must be a positive number");
+    TempDir dir("splittwice");
     const std::string twice =
         refusal(one_rate_profile(dir, "splittwice", "split_backward",
                                  "  { threads = 2, input = 1.05, weight = 0.95 },\n"
