@@ -93,13 +93,13 @@ class Reader {
                          "`" + std::string(path) + "` must be " + what);
     }
 
-    /// An array of tables at `path` (absent: empty), each read by `row`.
-    // An error at the value of `path` (the table's own place without it).
+    /// An error at the value of `path` (at the table's own place without it).
     void refuse(std::string_view path, const std::string& why) {
         toml::node_view<const toml::node> n = root_.at_path(path);
         diags_.error(node_loc(file_, n ? n.node() : nullptr, root_), why);
     }
 
+    /// An array of tables at `path` (absent: empty), each read by `row`.
     template <typename Row> void rows(std::string_view path, const Row& row) {
         toml::node_view<const toml::node> n = root_.at_path(path);
         if (!n) return;
