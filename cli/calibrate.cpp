@@ -885,10 +885,10 @@ std::string time_probe(const Probe& pr, int32_t threads, std::pair<double, doubl
         for (const runtime::ActionTiming& a : step.timings[0]) {
             const ActionKind k = g.ranks[0].actions[a.action].kind;
             const double took = a.end_s - a.start_s;
-            if (k == ActionKind::forward) f += took;
-            if (k == ActionKind::backward || k == ActionKind::backward_input ||
-                k == ActionKind::backward_weight)
-                b += took;
+            if (k == ActionKind::forward)
+                f += took;
+            else if (plan::is_compute(k))
+                b += took; // B, or a split one's I and W
             if (k == ActionKind::backward_input) i += took;
         }
         f_times.push_back(f / g.microbatches);
@@ -1549,11 +1549,11 @@ int reuse_ticks(const ReuseRuns& runs) {
 
 void time_reuse(ReuseRuns& runs, Progress& progress, std::vector<std::string>& skipped) {
     const std::vector<int> cpus = allowed_cpus();
+    std::vector<ReuseRun*> these;
+    for (ReuseRun& run : runs.runs) these.push_back(&run);
+    ReuseRun* split = runs.split ? &*runs.split : nullptr;
+    if (split) these.push_back(split);
     for (size_t t = 0; t < runs.threads.size(); ++t) {
-        std::vector<ReuseRun*> these;
-        for (ReuseRun& run : runs.runs) these.push_back(&run);
-        if (runs.split && !these.empty()) these.push_back(&*runs.split);
-        ReuseRun* split = runs.split ? &*runs.split : nullptr;
         for (ReuseRun* run : these) {
             Probe probe{static_cast<int>(run->program.model.width), 0, 0, run->program, run->graph};
             const int cpu = runs.threads[t] == 1 && cpus.size() > 1

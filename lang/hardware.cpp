@@ -207,7 +207,8 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
         for (const SplitRow& before : c.split_backward)
             if (row.threads > 0 && before.threads == row.threads)
                 t.refuse("threads", "`split_backward` has two rows of " +
-                                        std::to_string(row.threads) + " threads");
+                                        std::to_string(row.threads) +
+                                        (row.threads == 1 ? " thread" : " threads"));
         c.split_backward.push_back(row);
     });
     std::sort(c.split_backward.begin(), c.split_backward.end());

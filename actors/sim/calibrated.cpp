@@ -396,9 +396,7 @@ std::vector<double> reuse_distances(const plan::Graph& g, const plan::PlanRank& 
         for (size_t i = 0; i < r.actions.size(); ++i) {
             const plan::PlanAction& a = r.actions[i];
             const bool writes = a.kind == ActionKind::forward;
-            const bool reads = a.kind == ActionKind::backward ||
-                               a.kind == ActionKind::backward_input ||
-                               a.kind == ActionKind::backward_weight;
+            const bool reads = !writes && plan::is_compute(a.kind); // B, I or W
             if ((!writes && !reads) || a.stage < 0) continue;
             const std::pair<int32_t, int32_t> key{a.stage, a.microbatch};
             size_t k = 0;
