@@ -32,7 +32,7 @@ std::unique_ptr<PointToPoint> InProcessFabric::endpoint(int rank) {
 void InProcessFabric::abort(const std::string& why) {
     std::lock_guard lock(mutex_);
     if (abort_reason_.empty()) abort_reason_ = why;
-    cv_.notify_all();
+    for (auto& [rank, cv] : arrivals_) cv.notify_all();
 }
 
 size_t InProcessFabric::pending() const {
@@ -49,18 +49,19 @@ void InProcessFabric::put(int from, int to, const P2PTag& tag, const kernels::Te
     if (!mail_.emplace(Key{from, to, tag}, t).second)
         throw TransportError("rank " + std::to_string(from) + " sent " + tag.str() + " to rank " +
                              std::to_string(to) + " twice");
-    cv_.notify_all();
+    if (auto it = arrivals_.find(to); it != arrivals_.end()) it->second.notify_all();
 }
 
 kernels::Tensor InProcessFabric::take(int from, int to, const P2PTag& tag) {
     std::unique_lock lock(mutex_);
     Key key{from, to, tag};
     auto ready = [&] { return !abort_reason_.empty() || mail_.count(key) != 0; };
-    if (!cv_.wait_for(lock, timeout_, ready)) {
+    std::condition_variable& arrival = arrivals_[to];
+    if (!arrival.wait_for(lock, timeout_, ready)) {
         abort_reason_ = "rank " + std::to_string(to) + " waited " +
                         std::to_string(timeout_.count()) + " ms for " + tag.str() + " from rank " +
                         std::to_string(from);
-        cv_.notify_all();
+        for (auto& [rank, cv] : arrivals_) cv.notify_all();
     }
     auto it = mail_.find(key);
     if (it == mail_.end())

@@ -80,7 +80,8 @@ class InProcessFabric {
     using Key = std::tuple<int, int, P2PTag>;
     std::chrono::milliseconds timeout_;
     mutable std::mutex mutex_;
-    std::condition_variable cv_;
+    // Each receiving rank waits on its own: a send wakes its receiver, not every rank waiting.
+    std::map<int, std::condition_variable> arrivals_;
     std::map<Key, kernels::Tensor> mail_;
     std::string abort_reason_;
 };

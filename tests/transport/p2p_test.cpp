@@ -38,6 +38,32 @@ TEST(InProcessFabric, AReceiveWaitsForItsSend) {
     EXPECT_EQ(got.get(), 5);
 }
 
+TEST(InProcessFabric, EachWaitingRankIsWokenByItsOwnSend) {
+    // A send wakes its receiver only: every rank waiting at once, sent to in reverse order,
+    // gets its own message (a send that woke the wrong rank would leave one waiting).
+    InProcessFabric fabric(std::chrono::seconds(10));
+    constexpr int ranks = 6;
+    auto sender = fabric.endpoint(0);
+    std::vector<std::unique_ptr<PointToPoint>> ends;
+    std::vector<std::future<int64_t>> got;
+    for (int r = 1; r <= ranks; ++r) ends.push_back(fabric.endpoint(r));
+    for (int r = 1; r <= ranks; ++r)
+        got.push_back(std::async(std::launch::async, [&, r] {
+            return ends[static_cast<size_t>(r - 1)]
+                ->recv(0, {0, 0, r, Direction::activation})
+                .numel();
+        }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (int r = ranks; r >= 1; --r)
+        sender->send(r, {0, 0, r, Direction::activation}, kernels::Tensor({r}));
+    for (int r = 1; r <= ranks; ++r) {
+        auto& g = got[static_cast<size_t>(r - 1)];
+        ASSERT_EQ(g.wait_for(std::chrono::seconds(5)), std::future_status::ready) << "rank " << r;
+        EXPECT_EQ(g.get(), r);
+    }
+    EXPECT_EQ(fabric.pending(), 0u);
+}
+
 TEST(InProcessFabric, AbortWakesAWaitingReceiveWithTheCause) {
     InProcessFabric fabric;
     auto b = fabric.endpoint(1);
