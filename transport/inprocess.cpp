@@ -143,9 +143,14 @@ class InProcessCollectives final : public Collectives {
                             static_cast<size_t>(recv[g]) * sizeof(float));
             at += recv[g];
         }
-        if (!mismatch.empty()) group_.abort(mismatch);
+        // Every member has read the others' counts and blocks before any fails (and frees its
+        // own): the disagreement is noted, and after the barrier every member fails with it.
+        if (!mismatch.empty()) group_.note(mismatch);
         group_.barrier(rank_, "all_to_all");
-        if (!mismatch.empty()) throw CollectiveError(mismatch);
+        if (std::string why = group_.noted(); !why.empty()) {
+            group_.abort(why);
+            throw CollectiveError(why);
+        }
     }
 
   private:
@@ -169,6 +174,16 @@ void InProcessGroup::abort(const std::string& why) {
     std::lock_guard lock(mutex_);
     if (abort_reason_.empty()) abort_reason_ = why;
     cv_.notify_all();
+}
+
+void InProcessGroup::note(const std::string& why) {
+    std::lock_guard lock(mutex_);
+    if (noted_.empty()) noted_ = why;
+}
+
+std::string InProcessGroup::noted() const {
+    std::lock_guard lock(mutex_);
+    return noted_;
 }
 
 bool InProcessGroup::aborted() const {

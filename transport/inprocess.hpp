@@ -53,6 +53,10 @@ class InProcessGroup {
     /// Waits until every member has arrived at this barrier (the second of a call).
     void barrier(int rank, const char* call);
     void wait_all(std::unique_lock<std::mutex>& lock, int rank, const char* call);
+    /// A member's reason the call in progress fails (the first kept), and what was kept: read
+    /// by every member after the call's barrier.
+    void note(const std::string& why);
+    std::string noted() const;
 
     const int size_;
     const std::string name_;
@@ -63,6 +67,7 @@ class InProcessGroup {
     int arrived_ = 0;
     uint64_t generation_ = 0;
     std::string abort_reason_;
+    std::string noted_;
 };
 
 } // namespace dist::transport
