@@ -32,7 +32,11 @@ std::unique_ptr<PointToPoint> InProcessFabric::endpoint(int rank) {
 void InProcessFabric::abort(const std::string& why) {
     std::lock_guard lock(mutex_);
     if (abort_reason_.empty()) abort_reason_ = why;
-    for (auto& [rank, cv] : arrivals_) cv.notify_all();
+    wake_all();
+}
+
+void InProcessFabric::wake_all() {
+    for (auto& [rank, arrival] : arrivals_) arrival.notify_all();
 }
 
 size_t InProcessFabric::pending() const {
@@ -61,7 +65,7 @@ kernels::Tensor InProcessFabric::take(int from, int to, const P2PTag& tag) {
         abort_reason_ = "rank " + std::to_string(to) + " waited " +
                         std::to_string(timeout_.count()) + " ms for " + tag.str() + " from rank " +
                         std::to_string(from);
-        for (auto& [rank, cv] : arrivals_) cv.notify_all();
+        wake_all();
     }
     auto it = mail_.find(key);
     if (it == mail_.end())

@@ -76,6 +76,8 @@ class InProcessFabric {
     friend class InProcessEndpoint;
     void put(int from, int to, const P2PTag& tag, const kernels::Tensor& t);
     kernels::Tensor take(int from, int to, const P2PTag& tag);
+    /// Wakes every waiting receive (mutex_ held): the fabric has failed.
+    void wake_all();
 
     using Key = std::tuple<int, int, P2PTag>;
     std::chrono::milliseconds timeout_;

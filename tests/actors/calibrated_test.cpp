@@ -2380,8 +2380,8 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
             plan::Graph g = *lower(q).graph;
             sim::SimResult res = sim::simulate(g, q);
             EXPECT_TRUE(res.ok());
+            if (!res.ok()) return std::pair{0.0, 0.0};
             double compute = 0;
-            if (!res.ok()) return std::pair{0.0, compute};
             for (size_t r = 0; r < res.timeline->ranks.size(); ++r)
                 for (const sim::Span& sp : res.timeline->ranks[r].spans) {
                     const ActionKind k = g.ranks[r].actions[sp.action].kind;

@@ -38,9 +38,10 @@ TEST(InProcessFabric, AReceiveWaitsForItsSend) {
     EXPECT_EQ(got.get(), 5);
 }
 
-TEST(InProcessFabric, EachWaitingRankIsWokenByItsOwnSend) {
-    // A send wakes its receiver only: every rank waiting at once, sent to in reverse order,
-    // gets its own message (a send that woke the wrong rank would leave one waiting).
+TEST(InProcessFabric, EveryWaitingRankGetsItsOwnSendInAnyOrder) {
+    // Each receiving rank waits on its own: every rank waiting at once, sent to in reverse
+    // order, gets its own message (a send that woke another rank than its receiver would leave
+    // one waiting).
     InProcessFabric fabric(std::chrono::seconds(10));
     constexpr int ranks = 6;
     auto sender = fabric.endpoint(0);
