@@ -2370,8 +2370,9 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
 
     // Two pipeline stages on two cores are ranks of one thread: they are priced with the
     // one-thread fits (larger scales there lengthen their forwards and backwards), one rank on
-    // both cores with the others (its step does not move). The forwards and backwards, not the
-    // step: a quick calibration beside other work can measure transfers slow enough to fill it.
+    // both cores with the others (its step does not move). Longer, not by how much: a quick
+    // calibration beside other work (ctest -j 2) has priced them at 13 s, nearly all of it in
+    // terms the scales do not multiply.
     if (c.cores == 2) {
         // The step, and the seconds of every rank's forwards and backwards.
         auto priced = [&](const HardwareProfile& hw, int32_t pp) {
@@ -2394,7 +2395,7 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         for (WholeActions& a : slower.calibration.by_width)
             if (a.threads == 1)
                 for (double& scale : a.scales) scale *= 1.5;
-        EXPECT_GT(priced(slower, 2).second, priced(*p, 2).second * 1.2)
+        EXPECT_GT(priced(slower, 2).second, priced(*p, 2).second * 1.001)
             << "steps " << priced(slower, 2).first << " and " << priced(*p, 2).first << " s";
         EXPECT_DOUBLE_EQ(priced(slower, 1).first, priced(*p, 1).first);
     }
