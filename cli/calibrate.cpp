@@ -1577,9 +1577,11 @@ void time_reuse(ReuseRuns& runs, Progress& progress, std::vector<std::string>& s
     }
 }
 
-std::vector<ReuseRow> fit_reuse(const ReuseRuns& runs, std::vector<std::string>& notes) {
+std::vector<ReuseRow> fit_reuse(const ReuseRuns& runs, const Calibration& rates,
+                                std::vector<std::string>& notes) {
     std::vector<ReuseRow> out;
     if (runs.runs.size() < 2) return out;
+    const sim::Rates measured(rates);
     const ReuseRun& reference = runs.runs.front();
     const ModelSpec& model = reference.program.model;
     notes.push_back(
@@ -1636,10 +1638,26 @@ std::vector<ReuseRow> fit_reuse(const ReuseRuns& runs, std::vector<std::string>&
         std::sort(orders.begin(), orders.end(), [](const Order& a, const Order& b) {
             return a.backward_distance < b.backward_distance;
         });
+        // A backward reads its stash at most twice (its input's gradient and its weights'), each
+        // byte from memory at worst: never more than twice what copying it costs at the largest
+        // copy measured on these threads. A difference of two timings is not bounded by itself:
+        // beside other load it can be milliseconds on a microbatch of a few hundred kilobytes,
+        // which would price a larger model's backwards at seconds.
+        const bool copied = std::any_of(rates.elementwise.begin(), rates.elementwise.end(),
+                                        [](const StreamRate& r) { return r.op == "copy"; });
+        const double copy = copied ? measured.elementwise("copy", 1e18, threads, false) : 0.0;
+        const double bound = copy > 0 ? 2.0 / (copy * sizeof(float)) : 0.0; // seconds a byte
         Calibration backwards; // the rows of this count, the backwards' alone
         double most = 0;
         for (const Order& o : orders) {
             most = std::max(most, o.backward / o.bytes);
+            if (bound > 0 && most > bound) {
+                notes.push_back(std::to_string(runs.threads[t]) +
+                                (runs.threads[t] == 1 ? " thread: " : " threads: ") + number(most) +
+                                " s a byte at " + number(o.backward_distance / 1e6) +
+                                " MB, bounded at twice a copy's: " + number(bound));
+                most = bound;
+            }
             if (most > 0)
                 backwards.reuse.push_back({runs.threads[t], o.backward_distance, 0, most});
         }
@@ -2219,7 +2237,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
         core_spread = 0;
     }
     std::vector<std::string> reuse_notes, split_notes;
-    const std::vector<ReuseRow> reused = fit_reuse(reuse, reuse_notes);
+    const std::vector<ReuseRow> reused = fit_reuse(reuse, measured, reuse_notes);
     std::vector<SplitRow> split;
     auto text_with = [&](const std::vector<Oversubscribed>& over) {
         return profile_text(name, command, cores, since(t0), fit, fewer, by_width, mm, att, elt,

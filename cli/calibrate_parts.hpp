@@ -130,10 +130,12 @@ void time_reuse(ReuseRuns& runs, Progress& progress, std::vector<std::string>& s
 /// backward's time beyond the reference's in the same pass, per byte of a microbatch's
 /// activations (not below a nearer distance's); the forwards' at each distance the same times a
 /// factor fitted over the runs by least squares (their forwards are at several distances), 0
-/// to 2.
+/// to 2. Each backward's cost a byte at most twice the seconds a byte of copying at the largest
+/// copy of `rates` on that thread count (where it has copies).
 /// Rows of no cost are left out. `notes`: the model's shape, then a line for each run and
-/// thread count, what was measured.
-std::vector<ReuseRow> fit_reuse(const ReuseRuns& runs, std::vector<std::string>& notes);
+/// thread count, what was measured, and a line for each cost so bounded.
+std::vector<ReuseRow> fit_reuse(const ReuseRuns& runs, const Calibration& rates,
+                                std::vector<std::string>& notes);
 /// A profile's text as `hardware/calibrating.toml` in a temporary folder (removed with it),
 /// for pricing the calibration's own runs with what it has measured so far.
 class DraftProfile {

@@ -1879,7 +1879,7 @@ TEST(Calibrate, ReuseRowsFromTheRunsTimes) {
         }
     }
     std::vector<std::string> notes;
-    const std::vector<ReuseRow> rows = fit_reuse(runs, notes);
+    const std::vector<ReuseRow> rows = fit_reuse(runs, Calibration{}, notes); // no copies: unbound
     ASSERT_EQ(rows.size(), 3u);
     ASSERT_EQ(notes.size(), 7u); // the shape, then each GPipe on each thread count
     EXPECT_EQ(notes[0], "a GPT of 4 blocks, width 128, 256 tokens a microbatch:");
@@ -1891,6 +1891,52 @@ TEST(Calibrate, ReuseRowsFromTheRunsTimes) {
         EXPECT_NEAR(rows[i].backward, expected[i].backward, 1e-9 * expected[i].backward);
         EXPECT_NEAR(rows[i].forward, phi * expected[i].backward, 1e-6 * expected[i].backward);
     }
+}
+
+// A GPipe's backward beyond 1F1B's is a difference of two timings: beside other load it can
+// be milliseconds on a microbatch of a few hundred kilobytes. Each row's cost a byte is then
+// at most twice a copy's at the largest copy measured on its threads (its stash read twice,
+// from memory at worst), and a note says so; a cost below that stays as measured.
+TEST(Calibrate, ReuseRowsAreBoundedByCopyingTheirBytes) {
+    using namespace cli::calibration;
+    std::vector<std::string> skipped;
+    ReuseRuns runs = reuse_runs({2, 1}, true, skipped);
+    ASSERT_EQ(runs.runs.size(), 2u) << (skipped.empty() ? "" : skipped.front());
+    const double a = static_cast<double>(runs.runs[1].graph.stages[0].activation_bytes);
+    ASSERT_GT(a, 0);
+    // Copies of 1e9 elements a second on one thread and 2e9 on two at their largest (a smaller
+    // copy, faster, is not the one that bounds): a byte copied in 0.25 and 0.125 ns.
+    Calibration rates;
+    for (int32_t t : {1, 2}) {
+        rates.elementwise.push_back({"copy", 1024, t, 8e9, 8e9});
+        rates.elementwise.push_back({"copy", 1 << 22, t, 1e9 * t, 1e9 * t});
+    }
+    const double twice_a_copy[] = {2 * 0.125e-9, 2 * 0.25e-9}; // threads 2, 1
+    // Two threads: 5 ms beyond on a bytes (far beyond the bound); one: 0.1 ns a byte (within).
+    const double beyond[] = {5e-3, 0.1e-9 * a};
+    for (size_t i = 0; i < runs.runs.size(); ++i)
+        for (size_t t = 0; t < 2; ++t)
+            runs.runs[i].passes[t].push_back({1e-3, 2e-3 + (i > 0 ? beyond[t] : 0.0)});
+    std::vector<std::string> notes;
+    const std::vector<ReuseRow> rows = fit_reuse(runs, rates, notes);
+    ASSERT_EQ(rows.size(), 2u);
+    EXPECT_EQ(rows[0].threads, 2);
+    EXPECT_NEAR(rows[0].backward, twice_a_copy[0], 1e-9 * twice_a_copy[0]);
+    EXPECT_EQ(rows[1].threads, 1);
+    EXPECT_NEAR(rows[1].backward, 0.1e-9, 1e-6 * 0.1e-9);
+    EXPECT_LT(rows[1].backward, twice_a_copy[1]);
+    size_t bounded = 0;
+    for (const std::string& n : notes)
+        if (n.find("bounded at twice a copy's: ") != std::string::npos) {
+            ++bounded;
+            EXPECT_EQ(n.rfind("2 threads: ", 0), 0u) << n;
+        }
+    EXPECT_EQ(bounded, 1u);
+    // Priced in a profile, a backward of a stash a hundred times larger costs at most twice
+    // copying it.
+    Calibration c = rates;
+    c.reuse = rows;
+    EXPECT_LE(100 * a * c.reuse_cost(2, 100 * a, true), 100 * a * twice_a_copy[0] * (1 + 1e-9));
 }
 
 // The split rows from the runs' times: the zb_h1 run trains each microbatch's F, I and W in
@@ -2122,6 +2168,9 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         EXPECT_TRUE(row.threads == c.cores || row.threads == 1) << row.threads;
         EXPECT_GT(row.distance, 0);
         EXPECT_GT(row.backward, 0);
+        // At most twice a byte's copy at the largest copy measured (to four digits).
+        const double copy = sim::Rates(c).elementwise("copy", 1e18, row.threads, false);
+        EXPECT_LE(row.backward, 2.0 / (4 * copy) * (1 + 2e-3)) << row.threads;
         EXPECT_GE(row.forward, 0);
         EXPECT_LE(row.forward, 2 * row.backward * (1 + 2e-3));
     }
