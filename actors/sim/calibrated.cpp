@@ -227,17 +227,14 @@ double Rates::collective(const std::string& backend, const std::string& op, int3
 namespace {
 
 StageSeconds kernel_seconds(const Program& p, const plan::PlanStage& s, const Rates& r,
-                            double rank_threads, double ranks_a_core) {
+                            double rank_threads) {
     StageSeconds out;
     using K = plan::KernelCall::Kind;
     // A stage whose weights (f32 on the CPU) fit in the caches of the cores its rank computes on
-    // finds them there at every pass; a larger one streams them in from beyond. Ranks that take
-    // turns on a core share its cache: each finds its weights there only where all of theirs
-    // fit together.
+    // finds them there at every pass; a larger one streams them in from beyond.
     const int64_t cache = r.calibration().cache_bytes;
-    const bool warm =
-        cache > 0 && 4.0 * static_cast<double>(s.parameters) * std::max(1.0, ranks_a_core) <=
-                         std::max(1.0, rank_threads) * static_cast<double>(cache);
+    const bool warm = cache > 0 && 4.0 * static_cast<double>(s.parameters) <=
+                                       std::max(1.0, rank_threads) * static_cast<double>(cache);
     // bf16 with float arithmetic (models/unit_common.hpp's Bf16): passes over tensors that
     // f32 does not make. Rounding in place, a kept tensor's bf16 copy and its float copy back.
     const bool bf16 = p.train.precision == Precision::bf16;
@@ -313,8 +310,8 @@ StageSeconds kernel_seconds(const Program& p, const plan::PlanStage& s, const Ra
 } // namespace
 
 StageSeconds stage_seconds(const Program& p, const plan::PlanStage& s, const Rates& r,
-                           double threads, bool whole, double ranks_a_core) {
-    if (!whole) return kernel_seconds(p, s, r, threads, ranks_a_core);
+                           double threads, bool whole) {
+    if (!whole) return kernel_seconds(p, s, r, threads);
     // What whole actions cost beyond their kernels, as measured on the machine: the blocks'
     // kernels, the first end's (the embeddings) and the last end's (final norm, head, loss)
     // apart.
@@ -322,9 +319,9 @@ StageSeconds stage_seconds(const Program& p, const plan::PlanStage& s, const Rat
     blocks.embedding = blocks.head = false;
     first.blocks = last.blocks = 0;
     first.head = last.embedding = false;
-    StageSeconds kb = kernel_seconds(p, blocks, r, threads, ranks_a_core);
-    StageSeconds kf = kernel_seconds(p, first, r, threads, ranks_a_core);
-    StageSeconds kl = kernel_seconds(p, last, r, threads, ranks_a_core);
+    StageSeconds kb = kernel_seconds(p, blocks, r, threads);
+    StageSeconds kf = kernel_seconds(p, first, r, threads);
+    StageSeconds kl = kernel_seconds(p, last, r, threads);
     // The probes' fits by width where the calibration has them, at the stage's matmuls' width,
     // its microbatch's tokens and its blocks.
     const WholeActions fit = r.calibration().whole_actions(

@@ -53,11 +53,9 @@ struct StageSeconds {
     double forward = 0, input = 0, weight = 0;
 };
 /// `whole`: as whole actions cost, the kernels' time scaled as the calibration measured; else
-/// the kernels' time alone. `ranks_a_core`: single-threaded ranks taking turns on each core
-/// (beyond the cores), which share its cache: the weights are warm only where all of theirs
-/// fit in it.
+/// the kernels' time alone.
 StageSeconds stage_seconds(const Program& p, const plan::PlanStage& s, const Rates& r,
-                           double threads, bool whole = true, double ranks_a_core = 1.0);
+                           double threads, bool whole = true);
 double step_seconds(double parameters, const Rates& r, double threads);
 
 /// The width of a stage's matmuls on one rank: a tensor-parallel shard's (model width / tp),

@@ -376,8 +376,7 @@ plan::ExecCosts calibrated_costs(const Graph& g, const Program& p, const Profile
                : 1.0;
     auto seconds = std::make_shared<std::vector<StageSeconds>>();
     for (const PlanStage& s : g.stages) {
-        StageSeconds t = stage_seconds(p, s, *rates, threads, true,
-                                       queued ? static_cast<double>(most) / cal.cores : 1.0);
+        StageSeconds t = stage_seconds(p, s, *rates, threads);
         t.forward *= turns;
         t.input *= turns;
         t.weight *= turns;

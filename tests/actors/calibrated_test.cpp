@@ -924,15 +924,6 @@ TEST(Rates, ARankWhoseWeightsFitItsCachesRunsItsMatmulsWarm) {
     EXPECT_DOUBLE_EQ(beyond.weight, cold.weight);
     // The caches of two cores hold twice as much.
     EXPECT_LT(priced(weights / 2, 2).forward, priced(0, 2).forward);
-    // Two ranks taking turns on a core share its cache: each finds its weights there only
-    // where both ranks' fit.
-    auto turns = [&](int64_t cache) {
-        c.cache_bytes = cache;
-        sim::Rates rates(c);
-        return sim::stage_seconds(p, s, rates, 1, false, 2.0);
-    };
-    EXPECT_DOUBLE_EQ(turns(weights).forward, cold.forward);
-    EXPECT_DOUBLE_EQ(turns(2 * weights).forward, fits.forward);
     // Four times the rate, a quarter of the matmuls' time (which halves at twice the rate).
     for (MatmulRate& m : c.matmul) m.flops = 2e10;
     const double matmuls = 2 * (cold.weight - priced(0, 1).weight);
@@ -1246,30 +1237,6 @@ double step_beyond_the_cores(const Program& p, const std::vector<OversubscribedR
 }
 
 } // namespace
-
-// The simulator prices ranks beyond the cores with their core's cache shared: pp 4 on two
-// cores (two ranks a core) is slower where a core's cache holds one stage's weights than
-// where it holds two; pp 2 (a core each) is priced alike with either.
-TEST(Rates, RanksTakingTurnsOnACoreShareItsCache) {
-    auto step = [](int32_t pp, int64_t stages_in_cache) {
-        Program p = checked("gpt_tiny.dist", {"mesh.pp=" + std::to_string(pp),
-                                              "schedule.microbatches=" + std::to_string(2 * pp),
-                                              "train.batch=" + std::to_string(4 * pp)});
-        const Graph g = planned(p);
-        int64_t most = 0;
-        for (const PlanStage& s : g.stages) most = std::max(most, s.parameters);
-        Calibration& c = p.mesh.profile.calibration;
-        c = two_cores({}, {});
-        for (MatmulRate& m : c.matmul) m.warm = 4 * m.flops;
-        c.cache_bytes = stages_in_cache * 4 * most;
-        sim::SimResult r = sim::simulate(g, p);
-        EXPECT_TRUE(r.ok());
-        return r.ok() ? r.timeline->step_time_s : -1.0;
-    };
-    ASSERT_GT(step(4, 1), 0);
-    EXPECT_GT(step(4, 1), 1.1 * step(4, 2));
-    EXPECT_EQ(step(2, 1), step(2, 2));
-}
 
 // Ranks in tensor-parallel groups take the rows measured with such groups, the rest the
 // pipelines'; a profile with no such rows prices both with the pipelines'. A row's `tp` is
