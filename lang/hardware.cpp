@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 namespace dist::lang {
@@ -25,8 +26,16 @@ class Reader {
     Reader(const toml::table& root, uint32_t file, Diagnostics& diags)
         : root_(root), file_(file), diags_(diags) {}
 
+    /// `path` is a key of the profile, read other than through this reader.
+    void mark(std::string_view path) { read_.insert(std::string(path)); }
+
+    /// An error at every key of the table that nothing read: a misspelt key would otherwise
+    /// leave its setting out without a word. `what` names the table in the message.
+    void refuse_unread(const std::string& what) const { refuse_unread(root_, "", what); }
+
     // A positive number at a dotted path (integers and floats both accepted).
     double number(std::string_view path, bool required = true) {
+        mark(path);
         toml::node_view<const toml::node> n = root_.at_path(path);
         if (!n) {
             if (required)
@@ -57,6 +66,7 @@ class Reader {
     }
 
     std::string string(std::string_view path, bool required = true) {
+        mark(path);
         toml::node_view<const toml::node> n = root_.at_path(path);
         if (!n) {
             if (required)
@@ -77,6 +87,7 @@ class Reader {
     template <size_t N>
     void numbers(std::string_view path, std::array<double, N>& out, bool zero,
                  const std::string& what) {
+        mark(path);
         toml::node_view<const toml::node> n = root_.at_path(path);
         if (!n) return;
         const toml::array* list = n.as_array();
@@ -101,6 +112,7 @@ class Reader {
 
     /// An array of tables at `path` (absent: empty), each read by `row`.
     template <typename Row> void rows(std::string_view path, const Row& row) {
+        mark(path);
         toml::node_view<const toml::node> n = root_.at_path(path);
         if (!n) return;
         const toml::array* list = n.as_array();
@@ -118,13 +130,35 @@ class Reader {
             }
             Reader inner(*t, file_, diags_);
             row(inner);
+            inner.refuse_unread("a `" + std::string(path) + "` row");
         }
     }
 
   private:
+    void refuse_unread(const toml::table& table, const std::string& prefix,
+                       const std::string& what) const {
+        for (const auto& [key, node] : table) {
+            const std::string path = prefix + std::string(key.str());
+            if (read_.count(path)) continue;
+            const toml::table* inner = node.as_table();
+            auto below = read_.lower_bound(path + ".");
+            if (inner && below != read_.end() && below->rfind(path + ".", 0) == 0) {
+                refuse_unread(*inner, path + ".", what);
+                continue;
+            }
+            const toml::source_region& r = key.source();
+            diags_.error({file_,
+                          static_cast<uint32_t>(std::max<toml::source_index>(r.begin.line, 1)),
+                          static_cast<uint32_t>(std::max<toml::source_index>(r.begin.column, 1)),
+                          static_cast<uint32_t>(std::max<size_t>(key.str().size(), 1))},
+                         "`" + path + "` is not a key of " + what);
+        }
+    }
+
     const toml::table& root_;
     uint32_t file_;
     Diagnostics& diags_;
+    std::set<std::string> read_; // the paths asked for, present or not
 };
 
 int32_t count(Reader& r, std::string_view key) {
@@ -137,6 +171,7 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
     if (!root.contains("calibration")) return;
     c.command = r.string("calibration.command");
     c.date = r.string("calibration.date");
+    c.took_s = r.number("calibration.seconds", false);
     if (root.at_path("calibration.device")) {
         c.device = r.string("calibration.device");
         if (c.device != "cpu" && c.device != "cuda")
@@ -255,6 +290,8 @@ std::optional<HardwareProfile> load_profile(const std::filesystem::path& path,
     p.path = path.string();
     p.name = r.string("name");
     p.description = r.string("description", false);
+    r.mark("aliases");
+    r.mark("compute.matmul_efficiency");
     if (const toml::array* aliases = root["aliases"].as_array()) {
         for (const auto& a : *aliases) {
             if (auto s = a.value<std::string>())
@@ -312,6 +349,7 @@ std::optional<HardwareProfile> load_profile(const std::filesystem::path& path,
                     "measured; `overlap_slowdown` is for a device's compute beside its own "
                     "collectives",
                     "remove it, or calibrate with `--device cuda` on a GPU");
+    r.refuse_unread("a hardware profile");
     if (diags.error_count() > before) return std::nullopt;
     return p;
 }

@@ -238,6 +238,7 @@ struct SplitRow {
 };
 struct Calibration {
     std::string command, date;
+    double took_s = 0; // how long the calibration took (seconds; 0: not said)
     /// What was calibrated: "cpu" (ranks share the cores) or "cuda" (a GPU per rank).
     std::string device = "cpu";
     bool gpu() const { return device == "cuda"; }
