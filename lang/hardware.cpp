@@ -15,10 +15,14 @@ namespace dist::lang {
 
 namespace {
 
-SourceLoc node_loc(uint32_t file, const toml::node* node, const toml::table& root) {
-    const toml::source_region& r = node ? node->source() : root.source();
+SourceLoc region_loc(uint32_t file, const toml::source_region& r, size_t length = 1) {
     return {file, static_cast<uint32_t>(std::max<toml::source_index>(r.begin.line, 1)),
-            static_cast<uint32_t>(std::max<toml::source_index>(r.begin.column, 1)), 1};
+            static_cast<uint32_t>(std::max<toml::source_index>(r.begin.column, 1)),
+            static_cast<uint32_t>(std::max<size_t>(length, 1))};
+}
+
+SourceLoc node_loc(uint32_t file, const toml::node* node, const toml::table& root) {
+    return region_loc(file, node ? node->source() : root.source());
 }
 
 class Reader {
@@ -146,11 +150,7 @@ class Reader {
                 refuse_unread(*inner, path + ".", what);
                 continue;
             }
-            const toml::source_region& r = key.source();
-            diags_.error({file_,
-                          static_cast<uint32_t>(std::max<toml::source_index>(r.begin.line, 1)),
-                          static_cast<uint32_t>(std::max<toml::source_index>(r.begin.column, 1)),
-                          static_cast<uint32_t>(std::max<size_t>(key.str().size(), 1))},
+            diags_.error(region_loc(file_, key.source(), key.str().size()),
                          "`" + path + "` is not a key of " + what);
         }
     }
@@ -279,9 +279,7 @@ std::optional<HardwareProfile> load_profile(const std::filesystem::path& path,
     try {
         root = toml::parse(sources.file(file).text(), path.string());
     } catch (const toml::parse_error& e) {
-        const auto& b = e.source().begin;
-        diags.error({file, static_cast<uint32_t>(std::max<toml::source_index>(b.line, 1)),
-                     static_cast<uint32_t>(std::max<toml::source_index>(b.column, 1)), 1},
+        diags.error(region_loc(file, e.source()),
                     "invalid hardware profile: " + std::string(e.description()));
         return std::nullopt;
     }
