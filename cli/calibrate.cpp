@@ -1352,6 +1352,7 @@ struct OversubscribedRun {
     plan::Graph graph;
     std::vector<std::pair<int, double>> passes{}; // (pass, its median step)
     std::vector<double> bubbles{};                // each pass's median bubble
+    std::vector<double> busy{}; // each pass's median share of the cores the ranks ran on them
 };
 
 // `ranks` single-threaded ranks: a pipeline, or tensor-parallel groups of `tp` along one.
@@ -1394,11 +1395,26 @@ int oversubscribed_ticks(const std::vector<OversubscribedRun>& runs, int passes)
     return static_cast<int>(runs.size()) * passes;
 }
 
+// The share of the cores' time in a step that its ranks' threads (`per_core` a core) ran on
+// them: their actions' CPU clocks over cores x step; -1 where a clock was not read.
+double cores_busy(const runtime::SessionStep& step, int per_core) {
+    double on = 0;
+    for (const std::vector<runtime::ActionTiming>& rank : step.timings)
+        for (const runtime::ActionTiming& a : rank) {
+            if (a.collective) continue;
+            if (a.cpu_s < 0) return -1;
+            on += a.cpu_s;
+        }
+    const double cores = static_cast<double>(step.timings.size()) / per_core;
+    const double step_s = step.metrics.step_time_s;
+    return cores > 0 && step_s > 0 ? on / (cores * step_s) : -1;
+}
+
 // Pass `pass`: every pipeline, once.
 void time_oversubscribed(std::vector<OversubscribedRun>& runs, int pass, Progress& progress,
                          std::vector<std::string>& skipped) {
     for (OversubscribedRun& run : runs) {
-        std::vector<double> steps, bubbles;
+        std::vector<double> steps, bubbles, busy;
         runtime::SessionOptions so;
         so.join_launch = false;
         so.threads = 1;
@@ -1406,6 +1422,7 @@ void time_oversubscribed(std::vector<OversubscribedRun>& runs, int pass, Progres
             if (step.metrics.step > 2) {
                 steps.push_back(step.metrics.step_time_s);
                 if (!step.timings.empty()) bubbles.push_back(step.bubble);
+                if (const double b = cores_busy(step, run.per_core); b >= 0) busy.push_back(b);
             }
             return true;
         };
@@ -1417,6 +1434,7 @@ void time_oversubscribed(std::vector<OversubscribedRun>& runs, int pass, Progres
         progress.tick("ranks beyond the cores");
         if (!steps.empty()) run.passes.push_back({pass, median_of(steps)});
         if (!bubbles.empty()) run.bubbles.push_back(median_of(bubbles));
+        if (!busy.empty()) run.busy.push_back(median_of(busy));
     }
 }
 
@@ -1482,6 +1500,7 @@ std::vector<Oversubscribed> fit_oversubscribed(std::vector<OversubscribedRun>& r
         }
         o.measured = median_of(steps);
         if (!run.bubbles.empty()) o.bubble_measured = median_of(run.bubbles);
+        if (!run.busy.empty()) o.busy_measured = median_of(run.busy);
         // The step at `o.work` into o.simulated and o.bubble_simulated; whether it was.
         auto simulate = [&] {
             priced.mesh.profile.calibration.oversubscribed = {
@@ -1489,6 +1508,11 @@ std::vector<Oversubscribed> fit_oversubscribed(std::vector<OversubscribedRun>& r
             sim::SimResult r = sim::simulate(run.graph, priced);
             o.simulated = r.ok() ? r.timeline->step_time_s : 0.0;
             o.bubble_simulated = r.ok() ? r.timeline->bubble_fraction : 0.0;
+            double on = 0;
+            if (r.ok())
+                for (const sim::RankReport& rank : r.timeline->ranks)
+                    for (const sim::Span& s : rank.spans) on += std::max(s.on_core, 0.0);
+            o.busy_simulated = o.simulated > 0 ? on / (cores * o.simulated) : 0.0;
             return o.simulated > 0;
         };
         for (int round = 0; round < 4 && simulate(); ++round)
@@ -2028,7 +2052,8 @@ profile_text(const std::string& name, const std::string& command, int32_t cores,
           << "# microbatch, trained after the passes of the one-thread probes: the median of\n"
           << "# their passes' median steps, each over the probes' pace in its pass, against the\n"
           << "# simulated step; beside it the run's bubble, the median of its passes' median,\n"
-          << "# and the simulated one):\n"
+          << "# and the simulated one; and the share of the cores' time the ranks' threads ran on\n"
+          << "# them, by their CPU clocks, and simulated):\n"
           << "oversubscribed = [\n";
         for (const Oversubscribed& v : over) {
             o << "  { ranks_per_core = " << v.ranks_per_core << ", width = " << v.width
@@ -2038,6 +2063,9 @@ profile_text(const std::string& name, const std::string& command, int32_t cores,
             if (v.bubble_measured >= 0)
                 o << " bubble " << number(100 * v.bubble_measured) << "% measured, "
                   << number(100 * v.bubble_simulated) << "% simulated;";
+            if (v.busy_measured >= 0)
+                o << " cores busy " << number(100 * v.busy_measured) << "% measured, "
+                  << number(100 * v.busy_simulated) << "% simulated;";
             o << " passes";
             for (size_t p = 0; p < v.passes.size(); ++p)
                 o << (p ? ", " : " ") << number(1e3 * v.passes[p]) << " ms"

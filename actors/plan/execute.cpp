@@ -445,6 +445,7 @@ ExecTimes sized(const Graph& g) {
     t.start.resize(n);
     t.end.resize(n);
     t.core_wait.resize(n);
+    t.on_core.resize(n);
     t.collectives.resize(n);
     t.stopped_at.assign(n, 0);
     t.waits_for.assign(n, {});
@@ -452,6 +453,7 @@ ExecTimes sized(const Graph& g) {
         t.start[r].assign(g.ranks[r].actions.size(), 0.0);
         t.end[r].assign(g.ranks[r].actions.size(), 0.0);
         t.core_wait[r].assign(g.ranks[r].actions.size(), 0.0);
+        t.on_core[r].assign(g.ranks[r].actions.size(), -1.0);
     }
     return t;
 }
@@ -825,6 +827,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                                 start_pieces(r, k, compute, wait, 0.0);
                                 run[r].rest = true;
                                 t.start[r][pos] = now;
+                                t.on_core[r][pos] = 0.0;
                                 break;
                             }
                         }
@@ -832,6 +835,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                                   0.0,  costs.threads(rank), wait};
                         run[r].rest = !cut[r].open() && a.kind != ActionKind::step;
                         t.start[r][pos] = now;
+                        t.on_core[r][pos] = std::max(t.on_core[r][pos], 0.0);
                         break;
                     }
                     if (is_exchange(a.kind)) {
@@ -951,6 +955,12 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
         if (!std::isfinite(next)) break; // nothing runs and nothing will arrive
         for (size_t r = 0; r < n; ++r) {
             if (!run[r].on || t.start[r][t.stopped_at[r]] > now || run[r].left <= 0) continue;
+            // Its thread's time on a core: all of it with a core of its own, its turns where
+            // ranks queue for the cores, its even share where they share them without turns.
+            const size_t at = cut[r].open() ? static_cast<size_t>(cut[r].at) : t.stopped_at[r];
+            double& on_core = t.on_core[r][at];
+            on_core = std::max(on_core, 0.0) +
+                      (next - now) * (queues && queues->covers(r) ? queues->share(r) : 1.0);
             run[r].left -= (next - now) * speed_of(r);
             if (run[r].left <= 1e-9 * run[r].total) run[r].left = 0;
         }

@@ -86,6 +86,10 @@ struct ExecTimes {
     /// Per rank, per action: the seconds a compute action's thread waited for a core before
     /// its start (ranks beyond a host's cores, ExecCosts::cores); 0 elsewhere.
     std::vector<std::vector<double>> core_wait;
+    /// Per rank, per action: the seconds of a compute action's span its thread ran on a core
+    /// (ranks sharing a host's cores, ExecCosts::threads: the rest it waited for a core or for
+    /// its tensor-parallel group); negative where not known (a rank on its own device).
+    std::vector<std::vector<double>> on_core;
     /// Per rank, in the order it entered them: the data-parallel collectives' runs on the
     /// rank's communication stream, from when the last member has entered one and the stream
     /// is free to its end, each with the action it belongs to (REDUCE_GRAD, REDUCE_SCATTER,

@@ -178,10 +178,11 @@ void step_done(coordinator_pointer self) {
         loss += o.loss_sum;
         n += o.loss_microbatches;
         auto& t = report.timings[static_cast<size_t>(o.rank)];
-        for (size_t i = 0; i + 2 < o.timings.size(); i += 3) {
+        for (size_t i = 0; i + 3 < o.timings.size(); i += 4) {
             const bool collective = o.timings[i] < 0;
             const double at = collective ? -o.timings[i] - 1 : o.timings[i];
-            t.push_back({static_cast<size_t>(at), o.timings[i + 1], o.timings[i + 2], collective});
+            t.push_back({static_cast<size_t>(at), o.timings[i + 1], o.timings[i + 2], collective,
+                         o.timings[i + 3]});
         }
         report.traffic[static_cast<size_t>(o.rank)] = decode(o.traffic);
         if (o.experts.size() >= 4) {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <map>
 #include <set>
@@ -31,6 +32,13 @@ namespace {
 // Seconds on the host's monotonic clock, which every process of a host shares.
 double seconds_of(std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+
+// Seconds the calling thread has run on a core (its CPU clock).
+double thread_cpu_seconds() {
+    timespec ts{};
+    if (::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0.0;
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 Tensor take(std::map<int32_t, Tensor>& m, int32_t mb, const char* what, int32_t stage) {
@@ -720,6 +728,9 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
         return it == collective_at.end() ? i : it->second;
     };
     auto start = clock::now();
+    // The rank's thread runs a CPU rank's kernels: its CPU clock is the action's time on a core
+    // (a GPU rank's thread waits for the device as it likes, spinning or not).
+    const bool cpu_clock = device_ == &kernels::cpu_backend();
     RankStepResult result;
     const int64_t T = program_.model.context;
     data.batch(static_cast<uint64_t>(program_.train.seed), step, program_.train.batch, T, me_.dp,
@@ -761,6 +772,7 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
                 it->second->await_first(a.kind == plan::ActionKind::forward);
         }
         auto t0 = clock::now();
+        double cpu0 = cpu_clock ? thread_cpu_seconds() : 0.0;
         if (hook_) hook_(step, a);
         if (plan::is_exchange(a.kind)) {
             // Run inside the compute action before it: its time is the one measured there.
@@ -784,6 +796,7 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
             // The update's time: what went before it (the reductions, the norm's all-reduce
             // over the replica) is waiting for other ranks, as the simulator counts it.
             t0 = update_began_;
+            cpu0 = update_began_cpu_;
         } else {
             action_index_ = i;
             if (reducer_) {
@@ -801,7 +814,8 @@ RankStepResult RankExecutor::run_step(int64_t step, const models::TokenData& dat
         // An action's time is the device's: its kernels have run when it is over (a GPU queues
         // them), so the trace and the measured bubble show the work, not its launch.
         device_->synchronize();
-        result.timings.push_back({i, since(t0), since(clock::now())});
+        result.timings.push_back({i, since(t0), since(clock::now()), false,
+                                  cpu_clock ? thread_cpu_seconds() - cpu0 : -1.0});
         if (exchange_clock_)
             for (const auto& ran : exchange_clock_->take()) exchanges_ran_.push_back(ran);
         ++progress_;
@@ -1049,6 +1063,7 @@ void RankExecutor::finish_step(int64_t step, RankStepResult& result) {
     bool loss_nonfinite = false;
     result.grad_norm = gradient_norm(loss_nonfinite, result.loss_sum);
     update_began_ = std::chrono::steady_clock::now();
+    update_began_cpu_ = thread_cpu_seconds();
     // The guard before any weight moves. Every rank of a replica sees the same two values (one
     // reduction), and every replica the same norm: a non-finite loss comes from non-finite
     // logits, whose gradients reach every replica through the data-parallel sum. So all ranks

@@ -61,6 +61,10 @@ struct ActionTiming {
     /// REDUCE_GRAD, or a unit's gather or reduce-scatter of its GATHER_F, GATHER_B or
     /// REDUCE_SCATTER), listed after the actions; false: the action itself.
     bool collective = false;
+    /// Seconds the rank's thread ran on a core during it (its thread's CPU clock): where ranks
+    /// outnumber the cores, the rest of the span is waiting for one, or blocked. CPU ranks'
+    /// own actions only; negative: not measured.
+    double cpu_s = -1;
 };
 
 struct RankStepResult {
@@ -161,6 +165,7 @@ class RankExecutor {
     std::atomic<uint64_t> progress_{0};
     /// When the optimizer step began its update (after the gradient norm): STEP's timing.
     std::chrono::steady_clock::time_point update_began_;
+    double update_began_cpu_ = 0; // the thread's CPU clock then (thread_cpu_seconds)
     mutable std::mutex current_mutex_;
     std::string current_;
 };

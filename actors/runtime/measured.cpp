@@ -44,7 +44,7 @@ sim::Timeline measured_ranks(const plan::Graph& graph,
             ActionKind kind = actions[a.action].kind;
             if (plan::is_exchange(kind)) rep.exchanges.push_back({a.action, a.start_s, a.end_s});
             if (!plan::is_compute(kind) && kind != ActionKind::step) continue;
-            rep.spans.push_back({a.action, a.start_s, a.end_s});
+            rep.spans.push_back({a.action, a.start_s, a.end_s, 0.0, a.cpu_s});
             rep.busy += a.end_s - a.start_s;
             if (first) rep.first_start = a.start_s;
             first = false;

@@ -61,8 +61,8 @@ struct StepOutcome {
     /// "" when the step updated the weights, else the non-finite value ("loss", "gradient
     /// norm") for which every rank skipped the update.
     std::string nonfinite;
-    /// (action index, start, end) triples; a collective run for action i (ActionTiming::
-    /// collective) has index -(i + 1).
+    /// (action index, start, end, seconds on a core) quadruples; a collective run for action i
+    /// (ActionTiming::collective) has index -(i + 1); a negative time on a core: not measured.
     std::vector<double> timings;
     /// This step's traffic with other processes: per peer, its rank, then per direction sent
     /// (messages, bytes, seconds) and received (messages, bytes, seconds).

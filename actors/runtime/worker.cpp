@@ -83,7 +83,7 @@ worker_actor::behavior_type worker(worker_actor::pointer, RankExecutor* ex,
             for (const auto& t : r.timings) {
                 const double at = static_cast<double>(t.action);
                 o.timings.insert(o.timings.end(),
-                                 {t.collective ? -(at + 1) : at, t.start_s, t.end_s});
+                                 {t.collective ? -(at + 1) : at, t.start_s, t.end_s, t.cpu_s});
             }
             RankTraffic now = comms->traffic(ex->rank());
             o.traffic = encode(minus(now, *last));

@@ -45,6 +45,25 @@ std::vector<std::map<std::string, double>> busy_by_kind(const Timeline& t) {
     return out;
 }
 
+// Of each kind of compute action's seconds summed over the ranks, those its threads ran on a
+// core; a kind with a span whose time on a core is not known is left out.
+std::map<std::string, double> on_core_by_kind(const Timeline& t) {
+    std::map<std::string, double> out;
+    std::map<std::string, bool> unknown;
+    for (const RankReport& r : t.ranks) {
+        const plan::PlanRank& rank = t.graph.ranks[static_cast<size_t>(r.rank)];
+        for (const Span& s : r.spans) {
+            const std::string kind = plan::op_name(rank.actions[s.action].kind);
+            if (s.on_core < 0)
+                unknown[kind] = true;
+            else
+                out[kind] += s.on_core;
+        }
+    }
+    for (const auto& [kind, unused] : unknown) out.erase(kind);
+    return out;
+}
+
 } // namespace
 
 std::string comparison_line(double measured_step_s, double measured_bubble,
@@ -80,10 +99,20 @@ std::string disagreement_text(const Timeline& measured, const Timeline& predicte
         for (const auto& [k, s] : p[r]) total[k].second += s;
     std::string out = "measured against predicted, summed over the ranks:\n";
     char buf[256];
+    // Under each kind, where both know it: of its time, that on a core (the rest its threads
+    // waited inside it, for a core or for their tensor-parallel group).
+    const std::map<std::string, double> mc = on_core_by_kind(measured),
+                                        pc = on_core_by_kind(predicted);
     for (const auto& [kind, mp] : total) {
         std::snprintf(buf, sizeof buf, "  %-23s measured %10s, predicted %10s%s\n", kind.c_str(),
                       ms(mp.first).c_str(), ms(mp.second).c_str(),
                       relative(mp.first, mp.second).c_str());
+        out += buf;
+        auto mi = mc.find(kind), pi = pc.find(kind);
+        if (mi == mc.end() || pi == pc.end()) continue;
+        std::snprintf(buf, sizeof buf, "    %-21s measured %10s, predicted %10s%s\n",
+                      "of it on a core", ms(mi->second).c_str(), ms(pi->second).c_str(),
+                      relative(mi->second, pi->second).c_str());
         out += buf;
     }
     double mi = 0, pi = 0;

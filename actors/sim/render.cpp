@@ -314,10 +314,16 @@ std::string chrome_trace(const std::vector<std::pair<std::string, const Timeline
             std::snprintf(buf, sizeof buf,
                           ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%zu,"
                           "\"tid\":%d,\"ts\":%.17g,\"dur\":%.17g,\"args\":{\"stage\":%d,"
-                          "\"microbatch\":%d}}",
+                          "\"microbatch\":%d",
                           plan::to_string(a).c_str(), plan::op_name(a.kind), pid, tid, s.start * us,
                           (s.end - s.start) * us, a.stage, a.microbatch);
             out += buf;
+            // Of the span, its thread's time on a core (where known), in the trace's unit.
+            if (s.on_core >= 0) {
+                std::snprintf(buf, sizeof buf, ",\"on_core\":%.17g", s.on_core * us);
+                out += buf;
+            }
+            out += "}}";
         };
         // A rank's compute track, and under it its communication thread's (tid: the rank
         // count after it), when it ran data-parallel collectives.

@@ -775,11 +775,13 @@ int64_t shared_peak(const Timeline& t) {
 namespace {
 
 // The mean of executions of one graph under different costs, time by time: each action's
-// start and end, its wait for a core, and each collective's run where every draw ran as many.
+// start and end, its wait for a core and its time on one, and each collective's run where every
+// draw ran as many.
 plan::ExecTimes mean_of(const std::vector<plan::ExecTimes>& draws) {
     plan::ExecTimes out = draws.front();
     const double n = static_cast<double>(draws.size());
-    for (auto field : {&plan::ExecTimes::start, &plan::ExecTimes::end, &plan::ExecTimes::core_wait})
+    for (auto field : {&plan::ExecTimes::start, &plan::ExecTimes::end, &plan::ExecTimes::core_wait,
+                       &plan::ExecTimes::on_core})
         for (size_t r = 0; r < (out.*field).size(); ++r)
             for (size_t i = 0; i < (out.*field)[r].size(); ++i) {
                 double sum = 0;
@@ -844,6 +846,9 @@ SimResult simulate(const Graph& graph, const Program& p, const SimOptions& o) {
         }
     }
     const plan::ExecTimes times = mean_of(draws);
+    // A thread's time on a core where ranks share a host's CPU cores (not where they take turns
+    // on its GPUs).
+    const bool cores = !cal.gpu();
     Timeline t;
     t.graph = g;
     t.cost = o.cost;
@@ -866,7 +871,7 @@ SimResult simulate(const Graph& graph, const Program& p, const SimOptions& o) {
             if (!plan::is_compute(a.kind) && a.kind != ActionKind::step) continue;
             double s = times.start[r][i], e = times.end[r][i];
             if (e <= s && a.kind == ActionKind::step) continue;
-            rep.spans.push_back({i, s, e, times.core_wait[r][i]});
+            rep.spans.push_back({i, s, e, times.core_wait[r][i], cores ? times.on_core[r][i] : -1});
             rep.busy += e - s;
             if (first) rep.first_start = s;
             first = false;

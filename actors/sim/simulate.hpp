@@ -47,6 +47,10 @@ struct Span {
     /// Seconds its thread waited for a core just before `start` (ranks that outnumber a host's
     /// cores): idle time, not part of the span.
     double core_wait = 0;
+    /// Seconds of the span its thread ran on a core (ranks sharing a host's cores: the rest it
+    /// waited for a core inside the action, or for its tensor-parallel group); negative: not
+    /// known (a rank on its own device).
+    double on_core = -1;
 };
 
 struct RankReport {
@@ -163,7 +167,8 @@ std::string comparison_line(double measured_step_s, double measured_bubble,
 std::string calibration_hint(const HardwareProfile& profile);
 /// Where a measured step and the prediction of the same plan disagree: each kind of action's
 /// time summed over the ranks (the communication threads' collectives apart, as "KIND (comm)"),
-/// the idle time, and the rank and kind with the largest gap.
+/// under each kind its threads' time on a core where both know it, the idle time, and the rank
+/// and kind with the largest gap.
 std::string disagreement_text(const Timeline& measured, const Timeline& predicted);
 
 } // namespace dist::sim

@@ -433,6 +433,17 @@ TEST(SharedCores, RanksBeyondTheCoresQueueForThemAndTakeTurnsOfASlice) {
     }
     for (size_t i = 0; i < g.ranks[0].actions.size(); ++i)
         EXPECT_EQ(t.core_wait[0][i], 0.0) << to_string(g.ranks[0].actions[i]);
+    // And its time on a core inside the span: its work (F 1, B 2) whatever the turns around it
+    // (rank 0's F spans 1.75 and rank 2's 1.75, each half of it on core 0).
+    auto on_core = [&](const ExecTimes& x, size_t r, ActionKind kind) {
+        for (size_t i = 0; i < g.ranks[r].actions.size(); ++i)
+            if (g.ranks[r].actions[i].kind == kind) return x.on_core[r][i];
+        return -1.0;
+    };
+    for (size_t r = 0; r < 3; ++r) {
+        EXPECT_NEAR(on_core(t, r, ActionKind::forward), 1.0, 1e-9) << "rank " << r;
+        EXPECT_NEAR(on_core(t, r, ActionKind::backward), 2.0, 1e-9) << "rank " << r;
+    }
     // Without a slice the three share the two cores evenly, each at two thirds of one: every
     // F ends at 1.5 and every B at 4.5.
     c.slice = 0;
@@ -442,6 +453,9 @@ TEST(SharedCores, RanksBeyondTheCoresQueueForThemAndTakeTurnsOfASlice) {
     for (size_t r = 0; r < 3; ++r) {
         EXPECT_NEAR(span(r, ActionKind::forward).second, 1.5, 1e-9) << "rank " << r;
         EXPECT_NEAR(span(r, ActionKind::backward).second, 4.5, 1e-9) << "rank " << r;
+        // Two thirds of a core for 1.5 and for 3: the same work on a core.
+        EXPECT_NEAR(on_core(even, r, ActionKind::forward), 1.0, 1e-9) << "rank " << r;
+        EXPECT_NEAR(on_core(even, r, ActionKind::backward), 2.0, 1e-9) << "rank " << r;
     }
     // What taking turns costs is priced once, in the actions' own seconds (the calibrated
     // `oversubscribed` work): where three single-threaded workers on the two cores measured
@@ -2139,11 +2153,14 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         for (double o : a.block_overhead_s) EXPECT_GE(o, 0);
     }
     // Each pipeline of ranks beyond the cores (and each of them in tensor-parallel groups) says
-    // what share of its step it idled, measured and simulated at its fitted work.
+    // what share of its step it idled, measured and simulated at its fitted work, and what share
+    // of the cores' time its threads ran on them (their CPU clocks; the simulator's turns): some,
+    // and no more than all of it.
     std::ifstream written(file);
     const std::regex row(R"(^  \{ ranks_per_core = [0-9]+, width = [0-9]+(?:, tp = 2)?, )"
                          R"(work = [^ ]+ \}, # )"
-                         R"(step .* bubble ([^ ]+)% measured, ([^ ]+)% simulated; passes )");
+                         R"(step .* bubble ([^ ]+)% measured, ([^ ]+)% simulated; )"
+                         R"(cores busy ([^ ]+)% measured, ([^ ]+)% simulated; passes )");
     size_t rows = 0;
     for (std::string line; std::getline(written, line);)
         if (std::smatch m; std::regex_search(line, m, row)) {
@@ -2151,6 +2168,10 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
             for (size_t k : {1, 2}) {
                 EXPECT_GE(std::stod(m[k].str()), 0) << line;
                 EXPECT_LT(std::stod(m[k].str()), 100) << line;
+            }
+            for (size_t k : {3, 4}) {
+                EXPECT_GT(std::stod(m[k].str()), 0) << line;
+                EXPECT_LE(std::stod(m[k].str()), 100.5) << line;
             }
         }
     EXPECT_EQ(rows, c.oversubscribed.size());

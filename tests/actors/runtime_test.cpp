@@ -365,6 +365,68 @@ TEST(Measured, TheBubbleIsTheIdleTimeOverRanksTimesTheStep) {
     EXPECT_NEAR(t.step_time_s, makespan / 1e3, 1e-9);
 }
 
+// An action's time on a core is its thread's CPU clock: never more than its span, and where the
+// thread sleeps inside it (the first stage of replica 0 sleeps 60 ms in its first forward; the
+// second stage blocks in the receive of that forward's activation meanwhile) the span holds the
+// sleep and the time on a core does not. The communication thread's collectives (the gradients'
+// reduction between the replicas) are not measured so. The measured timeline keeps it.
+TEST(Measured, AnActionsTimeOnACoreIsItsThreadsCpuTimeNotItsSleep) {
+    auto j = plan_job(mesh(2, 1, 2, "1f1b", 2));
+    auto rank_at = [&](int32_t pp) {
+        for (const plan::PlanRank& r : j->graph.ranks)
+            if (r.dp == 0 && r.tp == 0 && r.pp == pp) return static_cast<size_t>(r.rank);
+        ADD_FAILURE() << "no rank at pp " << pp;
+        return size_t{0};
+    };
+    const size_t first = rank_at(0), second = rank_at(1);
+    runtime::Job job(j->program, j->graph, j->data);
+    static constexpr double sleep_s = 0.06;
+    job.executor(static_cast<int32_t>(first))
+        .set_action_hook([](int64_t, const plan::PlanAction& a) {
+            if (a.kind == plan::ActionKind::forward && a.microbatch == 0)
+                std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));
+        });
+    runtime::JobOptions o;
+    o.end_step = 1;
+    std::vector<std::vector<runtime::ActionTiming>> timings;
+    o.on_step = [&](const runtime::StepReport& r) { return timings = r.timings, true; };
+    ASSERT_EQ(job.run(o), "");
+    ASSERT_EQ(timings.size(), j->graph.ranks.size());
+    bool slept = false, blocked = false, reduced = false;
+    for (size_t r = 0; r < timings.size(); ++r) {
+        for (const runtime::ActionTiming& t : timings[r]) {
+            const plan::PlanAction& a = j->graph.ranks[r].actions[t.action];
+            const double span = t.end_s - t.start_s;
+            if (t.collective) {
+                reduced = true;
+                EXPECT_LT(t.cpu_s, 0) << plan::to_string(a);
+                continue;
+            }
+            EXPECT_GE(t.cpu_s, 0) << plan::to_string(a);
+            EXPECT_LE(t.cpu_s, span + 1e-4) << plan::to_string(a);
+            if (r == first && a.kind == plan::ActionKind::forward && a.microbatch == 0) {
+                slept = true;
+                EXPECT_GE(span, sleep_s);
+                EXPECT_LT(t.cpu_s, span - 0.8 * sleep_s);
+            }
+            if (r == second && a.kind == plan::ActionKind::recv_forward && a.microbatch == 0) {
+                blocked = true;
+                EXPECT_GE(span, 0.8 * sleep_s);
+                EXPECT_LT(t.cpu_s, span - 0.6 * sleep_s);
+            }
+        }
+    }
+    EXPECT_TRUE(slept);
+    EXPECT_TRUE(blocked);
+    EXPECT_TRUE(reduced);
+    const sim::Timeline t = runtime::measured_timeline(j->graph, timings);
+    for (const sim::RankReport& r : t.ranks)
+        for (const sim::Span& s : r.spans) {
+            EXPECT_GE(s.on_core, 0);
+            EXPECT_LE(s.on_core, s.end - s.start + 1e-4);
+        }
+}
+
 // What a run sets beside the prediction: the medians of the steps after the first.
 TEST(Measured, ARunsStepAndBubbleAreTheMediansAfterTheFirstStep) {
     runtime::StepTally tally;

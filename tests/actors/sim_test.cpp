@@ -215,6 +215,7 @@ TEST(Render, SvgAndTraceParse) {
         if (e["ph"] == "X") {
             ++spans;
             EXPECT_GE(e["dur"].get<double>(), 0.0);
+            EXPECT_FALSE(e["args"].contains("on_core")); // a GPU each: no cores shared
         }
         if (e["ph"] == "M" && e["name"] == "thread_name") ++tracks;
     }
@@ -232,6 +233,20 @@ TEST(Render, SvgAndTraceParse) {
     for (const sim::RankReport& rr : r.timeline->ranks) collectives += rr.collectives.size();
     EXPECT_GT(collectives, 0u);
     EXPECT_EQ(bars, collectives);
+    // A span whose thread's time on a core is known carries it, in the trace's unit (us).
+    sim::Timeline shared;
+    PlanRank rank;
+    rank.actions = {{ActionKind::forward, 0, 0}, {ActionKind::backward, 0, 0}};
+    shared.graph.ranks = {rank};
+    shared.ranks.resize(1);
+    shared.ranks[0].spans = {{0, 0.000, 0.010, 0.0, 0.004}, {1, 0.010, 0.030}};
+    std::vector<nlohmann::json> events;
+    const nlohmann::json parsed = nlohmann::json::parse(sim::chrome_trace(shared));
+    for (const auto& e : parsed["traceEvents"])
+        if (e["ph"] == "X") events.push_back(e);
+    ASSERT_EQ(events.size(), 2u);
+    EXPECT_DOUBLE_EQ(events[0]["args"]["on_core"].get<double>(), 4000.0);
+    EXPECT_FALSE(events[1]["args"].contains("on_core"));
     std::string text = sim::text_report(*r.timeline);
     size_t start = 0;
     for (size_t end; (end = text.find('\n', start)) != std::string::npos; start = end + 1)
@@ -411,6 +426,29 @@ TEST(Simulate, TheDisagreementShowsTheAllToAllsInsideTheComputeApart) {
     measured.ranks[0].exchanges.clear();
     predicted.ranks[0].exchanges.clear();
     EXPECT_EQ(sim::disagreement_text(measured, predicted).find("all-to-all"), std::string::npos);
+}
+
+// Under a kind of action, where both timelines know it, the time its threads had a core; not
+// where one of them does not (a span of unknown time on a core).
+TEST(Simulate, TheDisagreementShowsTheTimeOnACoreWhereBothKnowIt) {
+    sim::Timeline measured, predicted;
+    PlanRank rank;
+    rank.actions = {{ActionKind::forward, 0, 0}, {ActionKind::backward, 0, 0}};
+    for (sim::Timeline* t : {&measured, &predicted}) {
+        t->graph.ranks = {rank};
+        t->ranks.resize(1);
+    }
+    measured.ranks[0].spans = {{0, 0.000, 0.010, 0.0, 0.004}, {1, 0.010, 0.030, 0.0, 0.012}};
+    predicted.ranks[0].spans = {{0, 0.000, 0.008, 0.0, 0.006}, {1, 0.008, 0.020}};
+    std::string text = sim::disagreement_text(measured, predicted);
+    const size_t f =
+        text.find("  F                       measured    10.0 ms, predicted     8.0 ms");
+    ASSERT_NE(f, std::string::npos) << text;
+    EXPECT_EQ(
+        text.find("    of it on a core       measured     4.0 ms, predicted     6.0 ms (+50%)"),
+        text.find('\n', f) + 1)
+        << text;
+    EXPECT_EQ(text.find("of it on a core"), text.rfind("of it on a core")) << text; // not B's
 }
 
 // `explain` after a run with ZeRO 3: the communication thread's gathers get a row of their own,

@@ -268,10 +268,15 @@ TEST(Repl, ExplainSetsApartTheWaitForACoreWhereRanksOutnumberTheCores) {
     EXPECT_EQ(two.out.find("waiting for a core"), std::string::npos) << two.out;
     // `run` sets the measured steps beside the calibrated profile's prediction, with no word of
     // calibrating; on the `cpu` datasheet profile it says how to.
-    Result ran = run_in(dir.path, args + " --set mesh.pp=1", "run 2\n", env);
+    Result ran = run_in(dir.path, args + " --set mesh.pp=1", "run 2\nexplain\n", env);
     ASSERT_EQ(ran.status, 0) << ran.out;
     EXPECT_NE(ran.out.find("(`dist sim` with the one profile)"), std::string::npos) << ran.out;
     EXPECT_EQ(ran.out.find("dist calibrate"), std::string::npos) << ran.out;
+    // `explain` then gives, under F, its time on a core: measured by the rank's CPU clock,
+    // predicted by the simulator of ranks sharing the cores.
+    const size_t f = ran.out.find("\n  F ", ran.out.find("measured against predicted"));
+    ASSERT_NE(f, std::string::npos) << ran.out;
+    EXPECT_EQ(ran.out.find("\n    of it on a core ", f), ran.out.find('\n', f + 1)) << ran.out;
     Result guess = run_in(dir.path, "repl " + src + "/examples/gpt_tiny.dist", "run 2\n", "");
     ASSERT_EQ(guess.status, 0) << guess.out;
     EXPECT_NE(guess.out.find("the cpu profile is a datasheet guess, not this machine: `dist "
