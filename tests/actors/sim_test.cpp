@@ -74,6 +74,15 @@ Program hand_device(double intra = 1e9, double inter = 1e9) {
     return p;
 }
 
+// A timeline of one rank running `actions`, with no spans yet: a run's and its prediction's.
+sim::Timeline one_rank(const std::vector<plan::PlanAction>& actions) {
+    sim::Timeline t;
+    t.graph.ranks.resize(1);
+    t.graph.ranks[0].actions = actions;
+    t.ranks.resize(1);
+    return t;
+}
+
 } // namespace
 
 TEST(GraphJson, RoundTripGivesAnEqualGraph) {
@@ -234,11 +243,7 @@ TEST(Render, SvgAndTraceParse) {
     EXPECT_GT(collectives, 0u);
     EXPECT_EQ(bars, collectives);
     // A span whose thread's time on a core is known carries it, in the trace's unit (us).
-    sim::Timeline shared;
-    PlanRank rank;
-    rank.actions = {{ActionKind::forward, 0, 0}, {ActionKind::backward, 0, 0}};
-    shared.graph.ranks = {rank};
-    shared.ranks.resize(1);
+    sim::Timeline shared = one_rank({{ActionKind::forward, 0, 0}, {ActionKind::backward, 0, 0}});
     shared.ranks[0].spans = {{0, 0.000, 0.010, 0.0, 0.004}, {1, 0.010, 0.030}};
     std::vector<nlohmann::json> events;
     const nlohmann::json parsed = nlohmann::json::parse(sim::chrome_trace(shared));
@@ -401,14 +406,10 @@ TEST(Simulate, SharedPeakCountsAMomentarySpikeAndNoHandOverTwice) {
 // `explain` after a run of a mixture of experts: the all-to-alls inside the compute actions get
 // a row of their own, measured (with the waits for the group) beside predicted.
 TEST(Simulate, TheDisagreementShowsTheAllToAllsInsideTheComputeApart) {
-    sim::Timeline measured, predicted;
-    PlanRank rank;
-    rank.actions = {{ActionKind::forward, 0, 0}, {ActionKind::dispatch_forward, 0, 0}};
-    rank.actions[1].block = 0;
-    for (sim::Timeline* t : {&measured, &predicted}) {
-        t->graph.ranks = {rank};
-        t->ranks.resize(1);
-    }
+    std::vector<plan::PlanAction> actions = {{ActionKind::forward, 0, 0},
+                                             {ActionKind::dispatch_forward, 0, 0}};
+    actions[1].block = 0;
+    sim::Timeline measured = one_rank(actions), predicted = one_rank(actions);
     measured.ranks[0].spans = {{0, 0.000, 0.010}};
     measured.ranks[0].exchanges = {{1, 0.002, 0.006}};
     predicted.ranks[0].spans = {{0, 0.000, 0.008}};
@@ -431,13 +432,9 @@ TEST(Simulate, TheDisagreementShowsTheAllToAllsInsideTheComputeApart) {
 // Under a kind of action, where both timelines know it, the time its threads had a core; not
 // where one of them does not (a span of unknown time on a core).
 TEST(Simulate, TheDisagreementShowsTheTimeOnACoreWhereBothKnowIt) {
-    sim::Timeline measured, predicted;
-    PlanRank rank;
-    rank.actions = {{ActionKind::forward, 0, 0}, {ActionKind::backward, 0, 0}};
-    for (sim::Timeline* t : {&measured, &predicted}) {
-        t->graph.ranks = {rank};
-        t->ranks.resize(1);
-    }
+    const std::vector<plan::PlanAction> actions = {{ActionKind::forward, 0, 0},
+                                                   {ActionKind::backward, 0, 0}};
+    sim::Timeline measured = one_rank(actions), predicted = one_rank(actions);
     measured.ranks[0].spans = {{0, 0.000, 0.010, 0.0, 0.004}, {1, 0.010, 0.030, 0.0, 0.012}};
     predicted.ranks[0].spans = {{0, 0.000, 0.008, 0.0, 0.006}, {1, 0.008, 0.020}};
     std::string text = sim::disagreement_text(measured, predicted);
@@ -454,13 +451,9 @@ TEST(Simulate, TheDisagreementShowsTheTimeOnACoreWhereBothKnowIt) {
 // `explain` after a run with ZeRO 3: the communication thread's gathers get a row of their own,
 // measured (unit by unit) beside predicted, and when they are the largest gap it says so.
 TEST(Simulate, TheDisagreementShowsTheCommunicationThreadsCollectives) {
-    sim::Timeline measured, predicted;
-    PlanRank rank;
-    rank.actions = {{ActionKind::gather_forward, 0, 0}, {ActionKind::forward, 0, 0}};
-    for (sim::Timeline* t : {&measured, &predicted}) {
-        t->graph.ranks = {rank};
-        t->ranks.resize(1);
-    }
+    const std::vector<plan::PlanAction> actions = {{ActionKind::gather_forward, 0, 0},
+                                                   {ActionKind::forward, 0, 0}};
+    sim::Timeline measured = one_rank(actions), predicted = one_rank(actions);
     measured.ranks[0].spans = {{1, 0.000, 0.010}};
     measured.ranks[0].collectives = {{0, 0.000, 0.003}, {0, 0.004, 0.009}};
     predicted.ranks[0].spans = {{1, 0.000, 0.009}};
