@@ -17,7 +17,7 @@ command -v perf > /dev/null || { echo "sched.sh: needs perf (apt-get install lin
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 devices=cpu
-for dir in ${DIST_PATH//:/ }; do
+for dir in ${DIST_PATH:+${DIST_PATH//:/ }}; do
     [[ -f "$dir/hardware/here.toml" ]] && devices=here
 done
 perf sched record -o "$tmp/perf.data" -- "$dist" run examples/gpt_tiny.dist \

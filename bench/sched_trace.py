@@ -111,6 +111,9 @@ def main():
                 ranks.add(prev)
                 if prev in turn_began:
                     last_turn[prev] = t - turn_began[prev]
+                # A waking of a thread that was still on its core ends here: no run follows it.
+                waking.pop(prev, None)
+                pending.pop(prev, None)
                 if state.startswith("R"):
                     queued[prev] = c
                 else:
@@ -134,9 +137,15 @@ def main():
             if comm != RANK:
                 continue
             ranks.add(pid)
+            # The kernel reports wakings of a thread still on a core or still in a queue too:
+            # only a sleeping thread's waking is one.
+            if pid in running.values() or pid in queued:
+                continue
             waking[pid] = t
             if all(running.get(k, 0) for k in cpus) and pid in slept_at:
                 pending[pid] = (t - slept_at[pid], last_turn.get(pid, 0.0), t)
+            else:
+                pending.pop(pid, None)
 
     span = hi - lo
     print("window: %.2f s of %d cores, %d rank threads" % (span, len(cpus), len(ranks)))

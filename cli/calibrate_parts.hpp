@@ -79,9 +79,10 @@ struct Oversubscribed {
     // The pipeline's idle time, measured (the median of its passes' median bubbles; -1: not
     // timed) and simulated at `work`.
     double bubble_measured = -1, bubble_simulated = 0;
-    // The share of the cores' time the ranks' threads ran on them, measured (their CPU clocks,
-    // the median of its passes' median; -1: not timed) and simulated at `work`: where the
-    // simulated share is higher, the cores idled in the run where the simulator has them busy.
+    // The share of the cores' time the ranks' threads ran on them, measured (their CPU clocks in
+    // their actions, sends and receives too; the median of its passes' median; -1: not timed)
+    // and simulated at `work` (its compute actions' turns): a higher simulated share is cores
+    // the run left idle, or work it did outside the actions.
     double busy_measured = -1, busy_simulated = 0;
 };
 

@@ -434,7 +434,7 @@ TEST(SharedCores, RanksBeyondTheCoresQueueForThemAndTakeTurnsOfASlice) {
     for (size_t i = 0; i < g.ranks[0].actions.size(); ++i)
         EXPECT_EQ(t.core_wait[0][i], 0.0) << to_string(g.ranks[0].actions[i]);
     // And its time on a core inside the span: its work (F 1, B 2) whatever the turns around it
-    // (rank 0's F spans 1.75 and rank 2's 1.75, each half of it on core 0).
+    // (rank 0's F spans 0-1.75 and rank 2's 0.25-2, each on core 0 for four slices of 0.25).
     auto on_core = [&](const ExecTimes& x, size_t r, ActionKind kind) {
         for (size_t i = 0; i < g.ranks[r].actions.size(); ++i)
             if (g.ranks[r].actions[i].kind == kind) return x.on_core[r][i];
