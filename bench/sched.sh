@@ -20,8 +20,13 @@ devices=cpu
 for dir in ${DIST_PATH:+${DIST_PATH//:/ }}; do
     [[ -f "$dir/hardware/here.toml" ]] && devices=here
 done
-perf sched record -o "$tmp/perf.data" -- "$dist" run examples/gpt_tiny.dist \
+# perf record exits with the run's status: a run that failed is said, not traced.
+if ! perf sched record -o "$tmp/perf.data" -- "$dist" run examples/gpt_tiny.dist \
     --set mesh.devices="$devices" --set 'train.data=synthetic()' --set train.stop_after="$steps" \
-    "$@" 2>&1 | grep -E "^step time|^training" || true
-[[ -s "$tmp/perf.data" ]] || { echo "sched.sh: perf recorded nothing (perf_event_paranoid?)" >&2; exit 1; }
+    "$@" > "$tmp/run.txt" 2>&1; then
+    grep -v "^\[ perf record" "$tmp/run.txt" >&2
+    echo "sched.sh: the run failed (above), or perf could not trace it (perf_event_paranoid?)" >&2
+    exit 1
+fi
+grep -E "^step time|^training" "$tmp/run.txt" || true
 perf sched script -i "$tmp/perf.data" 2> /dev/null | /usr/bin/python3 bench/sched_trace.py

@@ -92,8 +92,7 @@ def main():
         for c in cpus:
             pid = running.get(c, 0)
             if pid:
-                where["a rank's thread ran"] += dt if pid in ranks else 0
-                where["another thread ran"] += 0 if pid in ranks else dt
+                where["a rank's thread ran" if pid in ranks else "another thread ran"] += dt
             elif any(q != c for q in queued.values()):
                 where["idle, a rank's thread queued at another core"] += dt
             elif any(t_now - w < STALE for w in waking.values()):
@@ -147,6 +146,8 @@ def main():
             else:
                 pending.pop(pid, None)
 
+    if not ranks:
+        sys.exit("sched_trace.py: no thread named %s in the trace: not a trace of `dist run`" % RANK)
     span = hi - lo
     print("window: %.2f s of %d cores, %d rank threads" % (span, len(cpus), len(ranks)))
     for key in ("a rank's thread ran", "another thread ran",

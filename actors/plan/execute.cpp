@@ -835,7 +835,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                                   0.0,  costs.threads(rank), wait};
                         run[r].rest = !cut[r].open() && a.kind != ActionKind::step;
                         t.start[r][pos] = now;
-                        t.on_core[r][pos] = std::max(t.on_core[r][pos], 0.0);
+                        t.on_core[r][pos] = 0.0;
                         break;
                     }
                     if (is_exchange(a.kind)) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 
 namespace dist::sim {
 
@@ -49,18 +50,18 @@ std::vector<std::map<std::string, double>> busy_by_kind(const Timeline& t) {
 // core; a kind with a span whose time on a core is not known is left out.
 std::map<std::string, double> on_core_by_kind(const Timeline& t) {
     std::map<std::string, double> out;
-    std::map<std::string, bool> unknown;
+    std::set<std::string> unknown;
     for (const RankReport& r : t.ranks) {
         const plan::PlanRank& rank = t.graph.ranks[static_cast<size_t>(r.rank)];
         for (const Span& s : r.spans) {
             const std::string kind = plan::op_name(rank.actions[s.action].kind);
             if (s.on_core < 0)
-                unknown[kind] = true;
+                unknown.insert(kind);
             else
                 out[kind] += s.on_core;
         }
     }
-    for (const auto& [kind, unused] : unknown) out.erase(kind);
+    for (const std::string& kind : unknown) out.erase(kind);
     return out;
 }
 
