@@ -566,8 +566,12 @@ ExecTimes execute_devices(const Graph& g, const ExecCosts& costs) {
 // core's queue is not empty its thread runs for one time slice (ExecCosts::slice), then goes to
 // the back of that queue and the first waiting takes the core. An action shorter than a slice
 // thus runs whole once it has a core, after a wait in the queue that is idle time, not part of
-// its span; threads stay on their cores while the cores are busy. Without a slice every busy
-// thread has an equal share of the cores.
+// its span; threads stay on their cores while the cores are busy. But a thread woken by a
+// message while no core idles takes its sender's core at once where no other thread waits
+// there (Linux's scheduler preempts the waker for the woken thread, which has had less than its
+// share): the sender, which has just sent at the end of its action, waits first in that
+// queue, its next action not yet begun. Without a slice every busy thread has an equal share
+// of the cores.
 class CoreQueues {
   public:
     CoreQueues(const Graph& g, const ExecCosts& costs)
@@ -591,6 +595,13 @@ class CoreQueues {
 
     bool covers(size_t r) const { return covered_[r]; }
 
+    /// Rank r, blocked, is woken now by a message from `sender`, which has gone on from its send
+    /// to its next action (`sender_at_send`: no other action begun since).
+    void woken_by(size_t r, size_t sender, bool sender_at_send) {
+        if (covers(r) && covers(sender) && host_[r] == host_[sender] && sender_at_send)
+            woken_by_[r] = sender;
+    }
+
     /// Queues the ranks busy at `now`, hands over the cores whose slices are over. Returns the
     /// ranks that got a core for the first time since they became busy.
     std::vector<size_t> place(const std::vector<bool>& busy, double now) {
@@ -613,11 +624,12 @@ class CoreQueues {
                 continue;
             }
             ++h.busy;
-            if (slice_ > 0)
-                h.cores[wake_core(h, r)].waiting.push_back(r);
-            else
+            if (slice_ <= 0)
                 begin(r, first); // sharing evenly: it runs at once
+            else if (!takes_senders_core(h, r, now, first))
+                h.cores[wake_core(h, r)].waiting.push_back(r);
         }
+        woken_by_.clear(); // wakings that did not make a rank busy now
         if (slice_ <= 0) return first;
         for (auto& [host, h] : hosts_) {
             // Idle cores take their own first waiting, or pull one from the longest queue.
@@ -679,6 +691,28 @@ class CoreQueues {
         size_t busy = 0; // its busy threads
     };
 
+    // Rank r, woken by a message while no core idles, takes the core of its sender if the
+    // sender runs there with no thread waiting: the sender waits first in the queue, and its
+    // action begins anew when it has the core again.
+    bool takes_senders_core(Host& h, size_t r, double now, std::vector<size_t>& first) {
+        const auto it = woken_by_.find(r);
+        if (it == woken_by_.end()) return false;
+        const size_t sender = it->second;
+        for (const Core& c : h.cores)
+            if (c.rank == kNone && c.waiting.empty()) return false; // an idle core
+        for (size_t k = 0; k < h.cores.size(); ++k) {
+            Core& c = h.cores[k];
+            if (c.rank != sender || !c.waiting.empty()) continue;
+            on_core_[sender] = false;
+            started_.erase(sender);
+            c.waiting.push_front(sender);
+            run(c, k, r, now, first);
+            c.waited = true; // its slice begins now
+            return true;
+        }
+        return false;
+    }
+
     // The core rank r goes to as it becomes busy: its last one if idle, else an idle one, else
     // its last one's queue (never run: the core with the fewest threads).
     size_t wake_core(const Host& h, size_t r) const {
@@ -720,7 +754,8 @@ class CoreQueues {
     std::vector<bool> covered_; // on a host in hosts_
     std::vector<size_t> last_;  // the core each rank last ran on (kNone: none yet)
     std::map<int32_t, Host> hosts_;
-    std::set<size_t> started_; // busy ranks that have had a core
+    std::set<size_t> started_;          // busy ranks that have had a core
+    std::map<size_t, size_t> woken_by_; // ranks woken now by a message: their senders
 };
 
 // Ranks sharing a host's cores: an event-driven execution in time order. Between two events
@@ -729,6 +764,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
     const size_t n = g.ranks.size();
     ExecTimes t = sized(g);
     std::map<MessageKey, double> arrived;
+    std::map<MessageKey, size_t> sent_from; // each message's send: its position in the sender
     Collectives dp(g, costs);
     struct Running {
         bool on = false;
@@ -760,6 +796,19 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
     auto meets_in = [&](size_t r, const PlanAction& a) -> int32_t {
         if (!costs.meets || !queues || !queues->covers(r) || g.tp < 2) return 0;
         return std::max(0, costs.meets(g.ranks[r], a));
+    };
+    // A blocked rank woken by its message: the sender has begun no action since the send but the
+    // one it may be running (CoreQueues::woken_by).
+    auto woken_by_message = [&](size_t r, const PlanAction& a, const MessageKey& key) {
+        const auto from = sent_from.find(key);
+        if (from == sent_from.end() || a.peer < 0 || static_cast<size_t>(a.peer) >= n) return;
+        const size_t sender = static_cast<size_t>(a.peer);
+        const auto& actions = g.ranks[sender].actions;
+        bool at_send = true;
+        for (size_t i = from->second + 1; i < t.stopped_at[sender] && i < actions.size(); ++i)
+            at_send =
+                at_send && !is_compute(actions[i].kind) && actions[i].kind != ActionKind::step;
+        queues->woken_by(r, sender, at_send);
     };
     auto start_pieces = [&](size_t r, int32_t k, double compute, double wait, double not_before) {
         Running& x = run[r];
@@ -865,6 +914,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                         double at =
                             now + costs.transfer(rank, g.ranks[static_cast<size_t>(a.peer)], a);
                         arrived[send_key(rank.rank, a)] = at;
+                        sent_from[send_key(rank.rank, a)] = pos;
                         if (at > now) wakes.insert(at);
                     } else if (a.kind == ActionKind::recv_forward ||
                                a.kind == ActionKind::recv_backward) {
@@ -881,6 +931,9 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                             wakes.insert(go);
                             break;
                         }
+                        if (queues && blocked_since[r] < it->second)
+                            woken_by_message(r, a, it->first);
+                        sent_from.erase(it->first);
                         arrived.erase(it);
                     } else if (is_dp_collective(a.kind)) {
                         double end = dp.enter(rank, a, pos, now);

@@ -491,6 +491,49 @@ TEST(SharedCores, RanksBeyondTheCoresQueueForThemAndTakeTurnsOfASlice) {
                 << "rank " << r << " " << to_string(g.ranks[r].actions[i]);
 }
 
+// Two single-threaded ranks of a pipeline (pp 2, two microbatches, 1F1B) on one core, messages
+// instant, a slice longer than the step, F 1 and B 2. A thread woken by a message while no core
+// idles takes its sender's core at once, the sender waiting first. Worked by hand: rank 0 runs
+// F0 0-1 and sends; rank 1, woken, takes the core, and rank 0, which would go on to F1, waits:
+// rank 1 runs F0 1-2 and B0 2-4, then blocks for F1's activation. Rank 0 has the core again at
+// 4 and its F1 begins then (it waited 3 for the core); at 5 it sends and rank 1 takes the core
+// again (F1 5-6, B1 6-8) before rank 0's B0 8-10 and B1 10-12. With a core each nobody waits:
+// rank 1's F0 runs 1-2 beside rank 0's F1.
+TEST(SharedCores, ARankWokenByAMessageTakesItsSendersCoreWhereNoneIdles) {
+    Graph g = planned(checked("gpt_tiny.dist", {"mesh.pp=2", "schedule.microbatches=2"}));
+    ExecCosts c = single_threaded_on(1);
+    c.transfer = [](const PlanRank&, const PlanRank&, const PlanAction&) { return 0.0; };
+    c.slice = 100;
+    ExecTimes t = execute(g, c);
+    ASSERT_TRUE(t.complete);
+    auto at = [&](size_t r, ActionKind kind, int32_t microbatch) -> size_t {
+        const auto& actions = g.ranks[r].actions;
+        for (size_t i = 0; i < actions.size(); ++i)
+            if (actions[i].kind == kind && actions[i].microbatch == microbatch) return i;
+        ADD_FAILURE() << "rank " << r << " has no " << plan::op_name(kind) << microbatch;
+        return 0;
+    };
+    using K = ActionKind;
+    const std::vector<std::tuple<size_t, K, int32_t, double, double>> expect = {
+        {0, K::forward, 0, 0, 1},   {1, K::forward, 0, 1, 2},   {1, K::backward, 0, 2, 4},
+        {0, K::forward, 1, 4, 5},   {1, K::forward, 1, 5, 6},   {1, K::backward, 1, 6, 8},
+        {0, K::backward, 0, 8, 10}, {0, K::backward, 1, 10, 12}};
+    for (const auto& [r, kind, mb, from, to] : expect) {
+        const size_t i = at(r, kind, mb);
+        EXPECT_NEAR(t.start[r][i], from, 1e-9) << "rank " << r << " " << plan::op_name(kind) << mb;
+        EXPECT_NEAR(t.end[r][i], to, 1e-9) << "rank " << r << " " << plan::op_name(kind) << mb;
+    }
+    EXPECT_NEAR(t.core_wait[0][at(0, K::forward, 1)], 3.0, 1e-9);
+    EXPECT_NEAR(t.core_wait[1][at(1, K::forward, 0)], 0.0, 1e-9);
+    // A core each: no queue, and rank 1's F0 beside rank 0's F1.
+    ExecCosts two = c;
+    two.cores = 2;
+    t = execute(g, two);
+    ASSERT_TRUE(t.complete);
+    EXPECT_NEAR(t.start[1][at(1, K::forward, 0)], 1.0, 1e-9);
+    EXPECT_NEAR(t.start[0][at(0, K::forward, 1)], 1.0, 1e-9);
+}
+
 // The two members of a tensor-parallel group queued on one core meet inside their forward
 // (one all-reduce): each runs its first piece, leaves the core while it waits for the other,
 // and queues again after the hand-over. F 2.5 s of which 0.5 s the hand-over, so two pieces of
