@@ -976,6 +976,7 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
                     (!cut[r].open() || at == static_cast<size_t>(cut[r].at))) {
                     t.core_wait[r][at] = now - t.start[r][at];
                     t.start[r][at] = now;
+                    t.on_core[r][at] = 0.0; // a sender put back in the queue begins anew
                 }
             }
         auto speed_of = [&](size_t r) {

@@ -75,6 +75,15 @@ double forward_one_backward_two(const PlanRank&, const PlanAction& a) {
     return a.kind == ActionKind::forward ? 1.0 : a.kind == ActionKind::backward ? 2.0 : 0.0;
 }
 
+// Where rank r's `kind` of `microbatch` is in its actions (0, and a failure, where it has none).
+size_t position_of(const Graph& g, size_t r, ActionKind kind, int32_t microbatch) {
+    const auto& actions = g.ranks[r].actions;
+    for (size_t i = 0; i < actions.size(); ++i)
+        if (actions[i].kind == kind && actions[i].microbatch == microbatch) return i;
+    ADD_FAILURE() << "rank " << r << " has no " << plan::op_name(kind) << microbatch;
+    return 0;
+}
+
 // Single-threaded ranks on `cores` cores, each as fast whatever runs beside it, F 1 s and B 2 s,
 // reductions free.
 ExecCosts single_threaded_on(double cores) {
@@ -367,12 +376,8 @@ TEST(SharedCores, ABlockedRankRunsOnceWoken) {
     ExecTimes t = execute(g, c);
     ASSERT_TRUE(t.complete);
     auto span = [&](size_t r, ActionKind kind, int32_t microbatch) {
-        const auto& actions = g.ranks[r].actions;
-        for (size_t i = 0; i < actions.size(); ++i)
-            if (actions[i].kind == kind && actions[i].microbatch == microbatch)
-                return std::pair{t.start[r][i], t.end[r][i]};
-        ADD_FAILURE() << "rank " << r << " has no " << plan::op_name(kind) << microbatch;
-        return std::pair{-1.0, -1.0};
+        const size_t i = position_of(g, r, kind, microbatch);
+        return std::pair{t.start[r][i], t.end[r][i]};
     };
     using K = ActionKind;
     const std::vector<std::tuple<size_t, K, int32_t, double, double>> expect = {
@@ -506,12 +511,8 @@ TEST(SharedCores, ARankWokenByAMessageTakesItsSendersCoreWhereNoneIdles) {
     c.slice = 100;
     ExecTimes t = execute(g, c);
     ASSERT_TRUE(t.complete);
-    auto at = [&](size_t r, ActionKind kind, int32_t microbatch) -> size_t {
-        const auto& actions = g.ranks[r].actions;
-        for (size_t i = 0; i < actions.size(); ++i)
-            if (actions[i].kind == kind && actions[i].microbatch == microbatch) return i;
-        ADD_FAILURE() << "rank " << r << " has no " << plan::op_name(kind) << microbatch;
-        return 0;
+    auto at = [&](size_t r, ActionKind kind, int32_t microbatch) {
+        return position_of(g, r, kind, microbatch);
     };
     using K = ActionKind;
     const std::vector<std::tuple<size_t, K, int32_t, double, double>> expect = {
@@ -525,6 +526,22 @@ TEST(SharedCores, ARankWokenByAMessageTakesItsSendersCoreWhereNoneIdles) {
     }
     EXPECT_NEAR(t.core_wait[0][at(0, K::forward, 1)], 3.0, 1e-9);
     EXPECT_NEAR(t.core_wait[1][at(1, K::forward, 0)], 0.0, 1e-9);
+    // Messages 0.1 in flight: rank 0 has run 0.1 of F1 when rank 1's message wakes it at 1.1.
+    // Rank 1 runs F0 1.1-2.1 and B0 2.1-4.1; rank 0's F1 spans 4.1-5.0, on a core 0.9 of it
+    // (what it ran before its span is not counted, so its time on a core never exceeds the
+    // span); again at 5.1 for B0, which spans 8.1-10.0 with 1.9 on a core.
+    ExecCosts late = c;
+    late.transfer = [](const PlanRank&, const PlanRank&, const PlanAction&) { return 0.1; };
+    ExecTimes l = execute(g, late);
+    ASSERT_TRUE(l.complete);
+    const size_t f1 = at(0, K::forward, 1), b0 = at(0, K::backward, 0);
+    EXPECT_NEAR(l.start[1][at(1, K::forward, 0)], 1.1, 1e-9);
+    EXPECT_NEAR(l.start[0][f1], 4.1, 1e-9);
+    EXPECT_NEAR(l.end[0][f1], 5.0, 1e-9);
+    EXPECT_NEAR(l.on_core[0][f1], 0.9, 1e-9);
+    EXPECT_NEAR(l.start[0][b0], 8.1, 1e-9);
+    EXPECT_NEAR(l.end[0][b0], 10.0, 1e-9);
+    EXPECT_NEAR(l.on_core[0][b0], 1.9, 1e-9);
     // A core each: no queue, and rank 1's F0 beside rank 0's F1.
     ExecCosts two = c;
     two.cores = 2;
