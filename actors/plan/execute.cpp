@@ -595,11 +595,10 @@ class CoreQueues {
 
     bool covers(size_t r) const { return covered_[r]; }
 
-    /// Rank r, blocked, is woken now by a message from `sender`, which has gone on from its send
-    /// to its next action (`sender_at_send`: no other action begun since).
-    void woken_by(size_t r, size_t sender, bool sender_at_send) {
-        if (covers(r) && covers(sender) && host_[r] == host_[sender] && sender_at_send)
-            woken_by_[r] = sender;
+    /// Rank r, blocked, is woken now by a message from `sender`, which has begun no action since
+    /// the send but the one it may be running.
+    void woken_by(size_t r, size_t sender) {
+        if (covers(r) && covers(sender) && host_[r] == host_[sender]) woken_by_[r] = sender;
     }
 
     /// Queues the ranks busy at `now`, hands over the cores whose slices are over. Returns the
@@ -797,18 +796,20 @@ ExecTimes execute_shared(const Graph& g, const ExecCosts& costs) {
         if (!costs.meets || !queues || !queues->covers(r) || g.tp < 2) return 0;
         return std::max(0, costs.meets(g.ranks[r], a));
     };
-    // A blocked rank woken by its message: the sender has begun no action since the send but the
-    // one it may be running (CoreQueues::woken_by).
+    // A blocked rank woken by its message, where the sender has begun no action since the send
+    // but the one it may be running (CoreQueues::woken_by).
     auto woken_by_message = [&](size_t r, const PlanAction& a, const MessageKey& key) {
         const auto from = sent_from.find(key);
         if (from == sent_from.end() || a.peer < 0 || static_cast<size_t>(a.peer) >= n) return;
         const size_t sender = static_cast<size_t>(a.peer);
         const auto& actions = g.ranks[sender].actions;
-        bool at_send = true;
-        for (size_t i = from->second + 1; i < t.stopped_at[sender] && i < actions.size(); ++i)
-            at_send =
-                at_send && !is_compute(actions[i].kind) && actions[i].kind != ActionKind::step;
-        queues->woken_by(r, sender, at_send);
+        const auto since = actions.begin() + static_cast<std::ptrdiff_t>(from->second + 1);
+        const auto upto = actions.begin() + static_cast<std::ptrdiff_t>(
+                                                std::min(t.stopped_at[sender], actions.size()));
+        if (std::none_of(since, std::max(since, upto), [](const PlanAction& b) {
+                return is_compute(b.kind) || b.kind == ActionKind::step;
+            }))
+            queues->woken_by(r, sender);
     };
     auto start_pieces = [&](size_t r, int32_t k, double compute, double wait, double not_before) {
         Running& x = run[r];
