@@ -5,7 +5,7 @@
 // (how the cores are shared), the in-process and UCX transfers of activations, and the
 // in-process and Gloo collectives (a mixture of experts' all-to-all among them). Each rate is the
 // fastest of three timed batches after a warm-up call (a shared machine's other work only slows
-// a measurement), each whole action the median of three passes' medians and the ranks beyond
+// a measurement), each whole action the median of four passes' medians and the ranks beyond
 // the cores a run's median step: the kernels' rates set shapes beside each other, the whole
 // actions the level, that of a run's median step. The profile (TOML, the schema of
 // stdlib/hardware/) carries the command and the date; the simulator prices kernels by shape
@@ -127,7 +127,8 @@ struct Plan {
     std::vector<int64_t> elements;  // element-wise sizes
     std::vector<int64_t> message;   // transfer and collective sizes, bytes
     int64_t arena_bytes = 64 << 20; // the matmuls' weights are taken from across this many
-    double min_s = 0.01;
+    double min_s = 0.01;     // the shortest timed run of a transfer, collective or shared core
+    double kernel_s = 0.005; // the shortest timed batch of a kernel (the fastest of three kept)
 };
 
 Plan plan_for(int32_t cores, bool quick) {
@@ -143,6 +144,7 @@ Plan plan_for(int32_t cores, bool quick) {
         p.message = {4096, 1 << 20};
         p.arena_bytes = 4 << 20;
         p.min_s = 0.002;
+        p.kernel_s = 0.002;
     } else {
         p.grid = {32, 128, 512, 2048};
         p.seqs = {64, 256, 1024};
@@ -203,9 +205,9 @@ std::vector<MatmulRate> measure_matmuls(const Plan& plan, Progress& progress) {
                                                                    weight(), nullptr);
                             };
                         const double flop = 2.0 * static_cast<double>(m * n * k);
-                        const double s = per_call(call, plan.min_s);
+                        const double s = per_call(call, plan.kernel_s);
                         cold = false;
-                        const double s_warm = per_call(call, plan.min_s);
+                        const double s_warm = per_call(call, plan.kernel_s);
                         out.push_back({kn, m, n, k, t, flop / s, flop / s_warm});
                         progress.tick("matmuls (" + kn + ", " + std::to_string(t) + " threads)");
                     }
@@ -229,14 +231,14 @@ std::vector<AttentionRate> measure_attention(const Plan& plan, Progress& progres
                         cpu::attention_forward<float>(q.data(), k.data(), v.data(), 1, T, H, H, D,
                                                       o.data(), lse.data());
                     },
-                    plan.min_s);
+                    plan.kernel_s);
                 double bw = per_call(
                     [&] {
                         cpu::attention_backward<float>(dout.data(), q.data(), k.data(), v.data(),
                                                        o.data(), lse.data(), 1, T, H, H, D,
                                                        dq.data(), dk.data(), dv.data());
                     },
-                    plan.min_s);
+                    plan.kernel_s);
                 // The plan's count: 4 T^2 H D forward (scores and values, no causal halving).
                 const double flops = 4.0 * static_cast<double>(T * T * H * D);
                 out.push_back({T, D, t, flops / f, 2 * flops / bw});
@@ -382,8 +384,8 @@ std::vector<StreamRate> measure_elementwise(const Plan& plan, Progress& progress
         omp_set_num_threads(t);
         for (const Elementwise& e : ops)
             for (int64_t n : plan.elements) {
-                double f = per_call([&] { e.run(n, false); }, plan.min_s);
-                double b = per_call([&] { e.run(n, true); }, plan.min_s);
+                double f = per_call([&] { e.run(n, false); }, plan.kernel_s);
+                double b = per_call([&] { e.run(n, true); }, plan.kernel_s);
                 out.push_back({e.op, n, t, static_cast<double>(n) / f, static_cast<double>(n) / b});
                 progress.tick("element-wise kernels (" + std::to_string(t) + " threads)");
             }
@@ -801,7 +803,7 @@ std::vector<Probe> probe_shapes(bool quick) {
             {512, 4, 1, {}, {}}, {512, 4, 2, {}, {}}, {512, 2, 1, {}, {}}, {512, 2, 2, {}, {}}};
 }
 int probe_passes(bool quick) {
-    return quick ? 1 : 6;
+    return quick ? 1 : 4;
 }
 
 bool after_probe_pass(int pass, int passes) {
@@ -1338,8 +1340,8 @@ std::vector<ActionFit> fits_by_width(const std::vector<Probe>& probes, const Cal
 // Single-threaded ranks that outnumber the cores take turns on them, and a turn comes at every
 // action: each finds other ranks' data in its core's caches, so its actions cost more than the
 // probes alone say, and more with more ranks a core. Pipelines of two and of four such ranks a
-// core, two blocks a stage, train a few steps at each width after each pass of the one-thread
-// probes (the widest at four a core, the slowest, only four steps a pass), and the
+// core, two blocks a stage, train a few steps at each width after every other pass of the
+// probes (the widest at four a core, the slowest, three steps a pass, the first untimed), and the
 // simulator prices the same plans with the profile: the factor on the actions' work that makes
 // it agree with a pipeline's median step (four rounds of factor x measured / simulated, the step
 // being nearly all the cores' work) is a row of the profile's `oversubscribed`. Each pass's step
@@ -1371,9 +1373,9 @@ std::vector<OversubscribedRun> oversubscribed_runs(int32_t cores, bool quick,
     using Shape = std::tuple<int, int, int, int>;
     const std::vector<Shape> shapes =
         quick
-            ? std::vector<Shape>{{2, 64, 4, 1}, {4, 64, 4, 1}, {2, 64, 4, 2}, {4, 64, 4, 2}}
-            : std::vector<Shape>{{2, 128, 20, 1}, {2, 512, 10, 1}, {4, 128, 12, 1}, {4, 512, 4, 1},
-                                 {2, 128, 20, 2}, {2, 512, 6, 2},  {4, 128, 12, 2}, {4, 512, 4, 2}};
+            ? std::vector<Shape>{{2, 64, 3, 1}, {4, 64, 3, 1}, {2, 64, 3, 2}, {4, 64, 3, 2}}
+            : std::vector<Shape>{{2, 128, 19, 1}, {2, 512, 9, 1}, {4, 128, 11, 1}, {4, 512, 3, 1},
+                                 {2, 128, 19, 2}, {2, 512, 5, 2}, {4, 128, 11, 2}, {4, 512, 3, 2}};
     std::vector<OversubscribedRun> runs;
     for (const auto& [per_core, width, steps, tp] : shapes) {
         if (tp > per_core * cores) continue;
@@ -1419,7 +1421,7 @@ void time_oversubscribed(std::vector<OversubscribedRun>& runs, int pass, Progres
         so.join_launch = false;
         so.threads = 1;
         so.on_step = [&](const runtime::SessionStep& step) {
-            if (step.metrics.step > 2) {
+            if (step.metrics.step > 1) { // the first allocates and warms the caches
                 steps.push_back(step.metrics.step_time_s);
                 if (!step.timings.empty()) bubbles.push_back(step.bubble);
                 if (const double b = cores_busy(step, run.per_core); b >= 0) busy.push_back(b);

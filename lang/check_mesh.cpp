@@ -106,8 +106,12 @@ void BlockChecker::mesh(const Block* block) {
                 return prof;
         }
         std::string best = closest_name(kind.text, names);
+        // A profile `dist calibrate` wrote is found only through DIST_PATH: the likeliest miss
+        // for a name that is none of the known ones.
         diags.error(kind.loc, "unknown device `" + kind.text + "`",
-                    best.empty() ? "the devices are " + join_names(names)
+                    best.empty() ? "the devices are " + join_names(names) +
+                                       "; `dist calibrate --out DIR/hardware/" + kind.text +
+                                       ".toml` writes one, found when DIR is on DIST_PATH"
                                  : "did you mean `" + best + "`?");
         return std::nullopt;
     };
