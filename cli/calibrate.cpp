@@ -393,10 +393,21 @@ std::vector<StreamRate> measure_elementwise(const Plan& plan, Progress& progress
     return out;
 }
 
-// The middle of `v` (its upper middle for an even count); 0 when empty.
 double median_of(std::vector<double> v) {
+    if (v.empty()) return 0.0;
     std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
+    const size_t h = v.size() / 2;
+    return v.size() % 2 == 1 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+std::pair<double, double> median_pass(std::vector<std::pair<double, double>> passes) {
+    if (passes.empty()) return {0.0, 0.0};
+    std::sort(passes.begin(), passes.end(),
+              [](const auto& a, const auto& b) { return a.first + a.second < b.first + b.second; });
+    const size_t h = passes.size() / 2;
+    if (passes.size() % 2 == 1) return passes[h];
+    return {0.5 * (passes[h - 1].first + passes[h].first),
+            0.5 * (passes[h - 1].second + passes[h].second)};
 }
 
 // The worker counts the cores' sharing is measured at: from two up to twice the cores, then
@@ -1062,10 +1073,7 @@ std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int
             std::vector<std::pair<double, double>>& kept = timed[t][i];
             Probe& pr = out[t][i];
             for (const auto& [f, b] : kept) pr.passes.push_back(f + b);
-            std::sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) {
-                return a.first + a.second < b.first + b.second;
-            });
-            std::tie(pr.forward, pr.backward) = kept[kept.size() / 2];
+            std::tie(pr.forward, pr.backward) = median_pass(kept);
         }
     return out;
 }

@@ -16,6 +16,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dist::cli::calibration {
@@ -241,6 +242,12 @@ class OnCpu {
     bool held_ = false;
 };
 
+/// The median of `v` (0 where empty): the middle value, or the mean of the two middle ones. Two
+/// passes' median is their mean, not the slower of the two.
+double median_of(std::vector<double> v);
+/// The median of passes' (forward, backward) by their sum: the middle pass, or the mean of the
+/// two middle ones.
+std::pair<double, double> median_pass(std::vector<std::pair<double, double>> passes);
 /// Whether run_probes' `after_pass` follows pass `pass` of `passes`: every other pass, and the
 /// last; side_passes(passes) of them in all.
 bool after_probe_pass(int pass, int passes);

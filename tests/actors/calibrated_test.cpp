@@ -1643,6 +1643,24 @@ TEST(Calibrate, APassesPaceIsItsProbesAgainstTheTimesTheyKeep) {
     EXPECT_TRUE(cli::calibration::pass_pace({}).empty());
 }
 
+// A row timed in two passes keeps their mean: the upper of the two middle values would take the
+// slower pass every time (a pipeline's row of two passes 120 and 131 ms at the probes' pace came
+// out at 131). The probes keep the middle pass, or the mean of the two middle ones by their sum,
+// forward and backward each.
+TEST(Calibrate, AnEvenCountsMedianIsTheMeanOfItsTwoMiddleValues) {
+    using cli::calibration::median_of;
+    using cli::calibration::median_pass;
+    EXPECT_EQ(median_of({}), 0.0);
+    EXPECT_EQ(median_of({131.0, 120.0}), 125.5);
+    EXPECT_EQ(median_of({4.0, 1.0, 3.0}), 3.0);
+    EXPECT_EQ(median_of({4.0, 1.0, 3.0, 2.0}), 2.5);
+    using Pass = std::pair<double, double>;
+    EXPECT_EQ(median_pass({{1.0, 2.0}, {3.0, 1.0}, {2.0, 4.0}}), Pass(3.0, 1.0)); // sums 3, 4, 6
+    // Sums 3, 4, 6 and 10: the mean of (3, 1) and (2, 4).
+    EXPECT_EQ(median_pass({{5.0, 5.0}, {1.0, 2.0}, {3.0, 1.0}, {2.0, 4.0}}), Pass(2.5, 2.5));
+    EXPECT_EQ(median_pass({}), Pass(0.0, 0.0));
+}
+
 // A core is priced at the cores' mean pace: a one-thread probe is held to one core, and the
 // threads a session starts inherit the hold. Held to a core, a thread started meanwhile runs
 // on it alone; afterwards the caller may use every core again.
@@ -1696,8 +1714,8 @@ TEST(Calibrate, ACoresPaceIsItsHeldRunsAgainstTheCoresMean) {
 // are not held. Each probe runs on both thread counts before the next one starts, and the work
 // after a pass follows every other pass and the last.
 // The work that follows the probes' passes (pipelines beyond the cores, replicas a core) runs
-// after every other pass and the last, as many times as side_passes says: three times in a
-// calibration's six passes, once in a quick one's one.
+// after every other pass and the last, as many times as side_passes says: twice in a
+// calibration's four passes, once in a quick one's one.
 TEST(Calibrate, SideWorkFollowsEveryOtherProbePassAndTheLast) {
     for (int passes = 1; passes <= 8; ++passes) {
         int n = 0;
@@ -1707,6 +1725,7 @@ TEST(Calibrate, SideWorkFollowsEveryOtherProbePassAndTheLast) {
         EXPECT_TRUE(cli::calibration::after_probe_pass(passes - 1, passes));
         EXPECT_EQ(cli::calibration::after_probe_pass(0, passes), passes == 1);
     }
+    EXPECT_EQ(cli::calibration::side_passes(4), 2);
     EXPECT_EQ(cli::calibration::side_passes(6), 3);
     EXPECT_EQ(cli::calibration::side_passes(3), 2);
     EXPECT_EQ(cli::calibration::side_passes(1), 1);
