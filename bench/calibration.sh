@@ -15,7 +15,8 @@
 # prediction (a shared machine's speed drifts over minutes: a calibration in a fast spell and
 # rounds in a slow one move every prediction alike); the default, once, calibrates first only.
 # KEEP_PROFILE=DIR keeps every calibration it makes there. Prints a markdown table and, last,
-# how many are within 10% and the worst ratios.
+# how many are within 10% and the worst ratios, and how much of the cores' time the host took
+# (steal) during the calibration and each round.
 # The machine's pace: a shared machine runs the same work 20-30% slower in one spell than in
 # another, minutes apart, and a calibration sees only its own. Before every mesh and after the
 # last of each width, a short run of the reference mesh (pp 1 at that width) is timed against
@@ -35,7 +36,20 @@ if [[ $calibrate_each != once && $calibrate_each != each ]]; then
     echo "calibration.sh: CALIBRATE is once or each, not '$calibrate_each'" >&2
     exit 2
 fi
+# The host's steal (/proc/stat): the ticks of all the CPUs' time and of the steal, now; and the
+# percent of the time stolen since a reading. A calibration or a round in a spell when the host
+# gave these cores' turns to other guests runs slower than the machine is.
+ticks() { awk '/^cpu / { print $2+$3+$4+$5+$6+$7+$8+$9, $9 }' /proc/stat 2>/dev/null || echo "0 0"; }
+stolen_since() { # "all steal" from ticks
+    local now
+    now=$(ticks)
+    awk -v a="$1" -v b="$now" 'BEGIN { split(a, x, " "); split(b, y, " "); d = y[1] - x[1];
+        printf "%.1f%%", (d > 0 ? 100 * (y[2] - x[2]) / d : 0) }'
+}
+steal_log=()
 calibrate() {
+    local t0
+    t0=$(ticks)
     if [[ -n "${PROFILE:-}" ]]; then
         cp "$PROFILE" "$tmp/hardware/here.toml"
     else
@@ -48,6 +62,7 @@ calibrate() {
         while [[ -e "$KEEP_PROFILE/here-$n.toml" ]]; do n=$((n + 1)); done
         cp "$tmp/hardware/here.toml" "$KEEP_PROFILE/here-$n.toml"
     fi
+    [[ -n "${PROFILE:-}" ]] || steal_log+=("calibration $(stolen_since "$t0")")
 }
 calibrate
 export DIST_PATH="$tmp"
@@ -128,6 +143,7 @@ for round in $(seq "$rounds"); do
         rm -f "$tmp"/sim.*.json
     fi
     index=0
+    round_t0=$(ticks)
     for width in 128 512; do
         while IFS=';' read -r label overrides; do
             pace_one "$round" "$width"
@@ -136,8 +152,9 @@ for round in $(seq "$rounds"); do
         done < <(layouts)
         pace_one "$round" "$width"
     done
+    steal_log+=("round $round $(stolen_since "$round_t0")")
 done
-"$py" - "$tmp" <<'PY'
+"$py" - "$tmp" "$(IFS=';'; echo "${steal_log[*]}")" <<'PY'
 import json, statistics, sys
 tmp = sys.argv[1]
 lines = [json.loads(l) for l in open(f"{tmp}/runs.jsonl")]
@@ -189,4 +206,5 @@ for name, k in (("the fastest round", 0), ("the median of the rounds' ratios", 1
 gaps = sorted(abs(r[2]) for r in rows)
 print(f"bubble (the median of the rounds'): the largest gap {gaps[-1]:.1f} points; "
       f"{sum(g <= 5 for g in gaps)} of {len(gaps)} within 5")
+print(f"the host's steal (/proc/stat, of all the cores' time): {sys.argv[2].replace(';', ', ')}")
 PY

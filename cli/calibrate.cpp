@@ -1004,7 +1004,7 @@ EndsShare ends_share(const Program& program, int rows, int32_t threads) {
 std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int passes, bool quick,
                                            const std::string& devices,
                                            const std::vector<int32_t>& threads, Progress& progress,
-                                           std::vector<std::string>& skipped,
+                                           Retakes& retakes, std::vector<std::string>& skipped,
                                            const std::function<void(int)>& after_pass) {
     // Every probe on every thread count once per pass, the passes one after another; each
     // keeps its median pass's medians (the pass of the median forward and backward): a burst
@@ -1047,9 +1047,13 @@ std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int
                 std::pair<double, double> sum{0, 0};
                 out[t][i].started.push_back(since(t0));
                 for (int cpu : where) {
-                    std::pair<double, double> medians;
+                    std::pair<double, double> medians, tried;
                     OnCpu on(cpu);
-                    if (std::string e = time_probe(planned[i], threads[t], medians); !e.empty()) {
+                    if (std::string e = retakes.take(
+                            on.held() ? std::vector<int>{cpu} : cpus,
+                            [&] { return time_probe(planned[i], threads[t], tried); },
+                            [&] { medians = tried; });
+                        !e.empty()) {
                         skipped.push_back("whole actions: " + e);
                         return failed;
                     }
@@ -1422,9 +1426,9 @@ double cores_busy(const runtime::SessionStep& step, int per_core) {
 
 // Pass `pass`: every pipeline, once.
 void time_oversubscribed(std::vector<OversubscribedRun>& runs, int pass, Progress& progress,
-                         std::vector<std::string>& skipped) {
+                         Retakes& retakes, std::vector<std::string>& skipped) {
     for (OversubscribedRun& run : runs) {
-        std::vector<double> steps, bubbles, busy;
+        std::vector<double> steps, bubbles, busy, kept_steps, kept_bubbles, kept_busy;
         runtime::SessionOptions so;
         so.join_launch = false;
         so.threads = 1;
@@ -1436,15 +1440,26 @@ void time_oversubscribed(std::vector<OversubscribedRun>& runs, int pass, Progres
             }
             return true;
         };
-        if (std::string e = train_probe(run.program, run.graph, so); !e.empty()) {
+        auto once = [&] {
+            steps.clear();
+            bubbles.clear();
+            busy.clear();
+            return train_probe(run.program, run.graph, so);
+        };
+        auto keep = [&] {
+            kept_steps = steps;
+            kept_bubbles = bubbles;
+            kept_busy = busy;
+        };
+        if (std::string e = retakes.take({}, once, keep); !e.empty()) {
             skipped.push_back("ranks beyond the cores: " + e);
             runs.clear();
             return;
         }
         progress.tick("ranks beyond the cores");
-        if (!steps.empty()) run.passes.push_back({pass, median_of(steps)});
-        if (!bubbles.empty()) run.bubbles.push_back(median_of(bubbles));
-        if (!busy.empty()) run.busy.push_back(median_of(busy));
+        if (!kept_steps.empty()) run.passes.push_back({pass, median_of(kept_steps)});
+        if (!kept_bubbles.empty()) run.bubbles.push_back(median_of(kept_bubbles));
+        if (!kept_busy.empty()) run.busy.push_back(median_of(kept_busy));
     }
 }
 
@@ -1581,7 +1596,8 @@ int reuse_ticks(const ReuseRuns& runs) {
     return static_cast<int>((runs.runs.size() + (runs.split ? 1 : 0)) * runs.threads.size());
 }
 
-void time_reuse(ReuseRuns& runs, Progress& progress, std::vector<std::string>& skipped) {
+void time_reuse(ReuseRuns& runs, Progress& progress, Retakes& retakes,
+                std::vector<std::string>& skipped) {
     const std::vector<int> cpus = allowed_cpus();
     std::vector<ReuseRun*> these;
     for (ReuseRun& run : runs.runs) these.push_back(&run);
@@ -1593,11 +1609,19 @@ void time_reuse(ReuseRuns& runs, Progress& progress, std::vector<std::string>& s
             const int cpu = runs.threads[t] == 1 && cpus.size() > 1
                                 ? cpus[run->passes[t].size() % cpus.size()]
                                 : -1;
-            std::pair<double, double> medians{-1, -1};
-            double input = -1;
+            std::pair<double, double> medians{-1, -1}, tried{-1, -1};
+            double input = -1, tried_input = -1;
             OnCpu on(cpu);
-            if (std::string e =
-                    time_probe(probe, runs.threads[t], medians, run == split ? &input : nullptr);
+            auto once = [&] {
+                return time_probe(probe, runs.threads[t], tried,
+                                  run == split ? &tried_input : nullptr);
+            };
+            auto keep = [&] {
+                medians = tried;
+                input = tried_input;
+            };
+            if (std::string e = retakes.take(on.held() ? std::vector<int>{cpu} : std::vector<int>{},
+                                             once, keep);
                 !e.empty()) {
                 skipped.push_back("activations beyond the caches: " + e);
                 runs.runs.clear();
@@ -1770,13 +1794,13 @@ std::optional<SpreadRun> spread_run(int32_t cores, bool quick, std::vector<std::
     return run;
 }
 
-void time_spread(std::optional<SpreadRun>& run, Progress& progress,
+void time_spread(std::optional<SpreadRun>& run, Progress& progress, Retakes& retakes,
                  std::vector<std::string>& skipped) {
     if (!run) return;
     runtime::SessionOptions so;
     so.join_launch = false;
     so.threads = 1;
-    run->passes.emplace_back();
+    std::vector<double> tried;
     so.on_step = [&](const runtime::SessionStep& step) {
         if (step.metrics.step <= 2 || step.timings.size() < 2) return true; // warming up
         std::vector<double> busy;
@@ -1787,10 +1811,15 @@ void time_spread(std::optional<SpreadRun>& run, Progress& progress,
                     b += a.end_s - a.start_s;
             busy.push_back(b);
         }
-        run->passes.back().push_back(relative_variance(busy));
+        tried.push_back(relative_variance(busy));
         return true;
     };
-    if (std::string e = train_probe(run->program, run->graph, so); !e.empty()) {
+    auto once = [&] {
+        tried.clear();
+        return train_probe(run->program, run->graph, so);
+    };
+    run->passes.emplace_back();
+    if (std::string e = retakes.take({}, once, [&] { run->passes.back() = tried; }); !e.empty()) {
         skipped.push_back("the cores' spread: " + e);
         run.reset();
         return;
@@ -1975,7 +2004,7 @@ void write_rows(std::ostream& o, const std::string& transfer_note,
 
 std::string
 profile_text(const std::string& name, const std::string& command, int32_t cores, double took,
-             const ActionFit& fit, const std::vector<ActionFit>& fewer,
+             const std::string& stolen, const ActionFit& fit, const std::vector<ActionFit>& fewer,
              const std::vector<ActionFit>& by_width, const std::vector<MatmulRate>& mm,
              const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt,
              const std::vector<SharingPoint>& sharing, const std::vector<Oversubscribed>& over,
@@ -2035,6 +2064,7 @@ profile_text(const std::string& name, const std::string& command, int32_t cores,
                           std::to_string(cache) + "\n"
                     : std::string())
       << "seconds = " << number(took) << "\n"
+      << stolen
       << "# Whole actions of small GPTs trained on one rank with all the cores, beside their\n"
       << "# kernels' prediction from the rates below: an action costs its kernels scaled and a\n"
       << "# fixed time more per block, fitted by least squares:\n";
@@ -2228,15 +2258,16 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
                       4 * messages * (cores >= 4 ? 2 : 1) + 1;
     Progress progress(err, total);
     auto t0 = Clock::now();
+    Retakes retakes(c.quick ? 10 : 120);
     // The probes on all the cores (one rank alone) and on one thread (many ranks), taking
     // turns in each pass; where there are several cores every other pass is followed by the
     // pipelines of more ranks than cores and by the replicas a core.
     const std::vector<Probe> shapes = probe_shapes(c.quick);
-    std::vector<std::vector<Probe>> both =
-        run_probes(shapes, passes, c.quick, "cpu", counts, progress, skipped, [&](int pass) {
-            time_oversubscribed(beyond, pass, progress, skipped);
-            time_spread(spread, progress, skipped);
-            time_reuse(reuse, progress, skipped);
+    std::vector<std::vector<Probe>> both = run_probes(
+        shapes, passes, c.quick, "cpu", counts, progress, retakes, skipped, [&](int pass) {
+            time_oversubscribed(beyond, pass, progress, retakes, skipped);
+            time_spread(spread, progress, retakes, skipped);
+            time_reuse(reuse, progress, retakes, skipped);
         });
     std::vector<Probe> probes = std::move(both[0]);
     std::vector<Probe> probes_one = both.size() > 1 ? std::move(both[1]) : std::vector<Probe>{};
@@ -2278,10 +2309,10 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     const std::vector<ReuseRow> reused = fit_reuse(reuse, measured, reuse_notes);
     std::vector<SplitRow> split;
     auto text_with = [&](const std::vector<Oversubscribed>& over) {
-        return profile_text(name, command, cores, since(t0), fit, fewer, by_width, mm, att, elt,
-                            sharing, over, reused, reuse_notes, split, split_notes, slice, wake,
-                            collective_wait, core_spread, spread ? spread->width : 0, transfers,
-                            collectives, skipped);
+        return profile_text(name, command, cores, since(t0), steal_lines(retakes), fit, fewer,
+                            by_width, mm, att, elt, sharing, over, reused, reuse_notes, split,
+                            split_notes, slice, wake, collective_wait, core_spread,
+                            spread ? spread->width : 0, transfers, collectives, skipped);
     };
     // Split backwards against whole ones as the profile measured so far prices them.
     if (reuse.split) {
@@ -2295,6 +2326,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     if (!probes_one.empty())
         over = fit_oversubscribed(beyond, text_with({}), cores, pass_pace(probes_one), skipped);
     progress.end();
+    warn_if_stolen(retakes, err);
     std::string text = text_with(over);
     std::string e = models::write_file_atomically(c.out, {text});
     if (!e.empty()) {

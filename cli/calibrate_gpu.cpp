@@ -365,9 +365,10 @@ int run_calibrate_gpu(const CalibrateOptions& c, const std::string& name, int gp
     Progress progress(err, total);
     auto t0 = Clock::now();
     std::vector<std::string> skipped;
+    Retakes retakes(c.quick ? 10 : 60); // the host's threads launch the GPU's work
     // Any GPU profile places a probe's rank on the first GPU; its figures are not used.
-    std::vector<Probe> probes =
-        run_probes(gpu_probes(c.quick), probe_passes, c.quick, "h100", {0}, progress, skipped)[0];
+    std::vector<Probe> probes = run_probes(gpu_probes(c.quick), probe_passes, c.quick, "h100", {0},
+                                           progress, retakes, skipped)[0];
     auto mm = gpu_matmuls(b, plan, progress);
     auto att = gpu_attention(b, plan, progress);
     auto elt = gpu_elementwise(b, plan, progress);
@@ -384,6 +385,7 @@ int run_calibrate_gpu(const CalibrateOptions& c, const std::string& name, int gp
     measured.elementwise = elt;
     ActionFit fit = fit_actions(probes, measured, 1);
     progress.end();
+    warn_if_stolen(retakes, err);
 
     double best = 0, copy = 0;
     for (const MatmulRate& r : mm) best = std::max(best, r.flops);
@@ -450,6 +452,7 @@ int run_calibrate_gpu(const CalibrateOptions& c, const std::string& name, int gp
       << "date = \"" << date << "\"\n"
       << "cores = " << cores << "\n"
       << "seconds = " << number(since(t0)) << "\n"
+      << steal_lines(retakes)
       << "# Whole actions of small GPTs trained on the first GPU, beside their kernels'\n"
       << "# prediction from the rates below, fitted as for a CPU:\n";
     write_fit(o, fit, {}, {}, skipped);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "actors/plan/graph.hpp"
+#include "actors/runtime/steal.hpp"
 #include "lang/program.hpp"
 
 #include <sched.h>
@@ -48,6 +49,44 @@ class Progress {
     bool tty_;
     std::string last_;
 };
+
+/// Timings taken again where the host stole from them (actors/runtime/steal.hpp). A
+/// calibration in a spell when the host took a fifth of the cores' time priced whole actions at
+/// 1.5-3.3 times those of a quiet hour (the kernels, the fastest of three short batches, 4-10%):
+/// every prediction from it was as far off. A timing during which the host took more than
+/// kStolen of its CPUs' time is taken again, at most twice, and its least stolen try kept; the
+/// retakes stop once they have taken `budget_s` seconds (a spell of minutes outlasts them, and
+/// the profile says so).
+class Retakes {
+  public:
+    static constexpr double kStolen = runtime::kStolenShare;
+    using Reader = std::function<runtime::CpuTicks(const std::vector<int>& cpus)>;
+    /// `read`: the CPUs' ticks now (a test's stand-in for /proc/stat).
+    explicit Retakes(double budget_s, Reader read = runtime::read_cpu_ticks);
+    /// Runs `once` (a timing on `cpus`, the process's where empty; what went wrong, or "") and
+    /// again while the host took more than kStolen of those CPUs' time in every try so far;
+    /// `keep` after each try less stolen than the ones before it (the first included), for
+    /// the caller to keep that try's result. Stops at the first error and returns it.
+    std::string take(const std::vector<int>& cpus, const std::function<std::string()>& once,
+                     const std::function<void()>& keep);
+    int retaken() const { return retaken_; } // timings taken again
+    int stolen() const { return stolen_; }   // timings kept with more than kStolen stolen
+    double worst() const { return worst_; }  // the largest share stolen from a kept timing
+    /// The share of the process's CPUs' time the host took since construction.
+    double share() const;
+
+  private:
+    double budget_s_, spent_s_ = 0, worst_ = 0;
+    int retaken_ = 0, stolen_ = 0;
+    Reader read_;
+    std::vector<int> cpus_;
+    runtime::CpuTicks start_;
+};
+
+/// The profile's comment lines on the host's steal while it was measured.
+std::string steal_lines(const Retakes& r);
+/// On `err`, a warning where timings were kept with over Retakes::kStolen stolen.
+void warn_if_stolen(const Retakes& r, std::ostream& err);
 
 /// One-way seconds of messages of each size through the in-process fabric, UCX over shared
 /// memory and UCX over TCP on the loopback; a transport that cannot start is named in `skipped`.
@@ -129,8 +168,9 @@ ReuseRuns reuse_runs(const std::vector<int32_t>& threads, bool quick,
 /// How many trainings one pass of them makes.
 int reuse_ticks(const ReuseRuns& runs);
 /// One turn: each run on each thread count, a one-thread run held to a core (the next one each
-/// turn).
-void time_reuse(ReuseRuns& runs, Progress& progress, std::vector<std::string>& skipped);
+/// turn), each taken again where the host stole from it (`retakes`).
+void time_reuse(ReuseRuns& runs, Progress& progress, Retakes& retakes,
+                std::vector<std::string>& skipped);
 /// The profile's `reuse` rows from the runs: for each thread count and each run beyond the
 /// reference, its backwards' distance (reuse_distances) and the median over the passes of its
 /// backward's time beyond the reference's in the same pass, per byte of a microbatch's
@@ -177,8 +217,8 @@ struct SpreadRun {
 /// The replicas' run (none where it cannot be planned, said in `skipped`).
 std::optional<SpreadRun> spread_run(int32_t cores, bool quick, std::vector<std::string>& skipped);
 /// One pass of it: its steps after the second, a pass of `run`'s (the run dropped where it
-/// failed, said in `skipped`).
-void time_spread(std::optional<SpreadRun>& run, Progress& progress,
+/// failed, said in `skipped`), taken again where the host stole from it (`retakes`).
+void time_spread(std::optional<SpreadRun>& run, Progress& progress, Retakes& retakes,
                  std::vector<std::string>& skipped);
 /// The sample variance of `values` over their mean (n - 1 in the denominator); 0 for fewer than
 /// two or a mean not above 0.
@@ -264,7 +304,7 @@ int side_passes(int passes);
 std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int passes, bool quick,
                                            const std::string& devices,
                                            const std::vector<int32_t>& threads, Progress& progress,
-                                           std::vector<std::string>& skipped,
+                                           Retakes& retakes, std::vector<std::string>& skipped,
                                            const std::function<void(int)>& after_pass = {});
 /// How fast each CPU the probes were held to ran them: for each, the geometric mean of its
 /// runs' forward and backward over the kept ones, over that of all the held runs (1: the

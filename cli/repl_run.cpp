@@ -8,6 +8,7 @@
 #include "actors/runtime/job.hpp"
 #include "actors/runtime/measured.hpp"
 #include "actors/runtime/session.hpp"
+#include "actors/runtime/steal.hpp"
 #include "actors/sim/simulate.hpp"
 #include "kernels/devices.hpp"
 #include "models/trainer.hpp"
@@ -87,7 +88,9 @@ void ReplSession::cmd_run(const std::string& args) {
     };
     runtime::Session session(run_program, graph, so);
     runtime::SessionError e = session.open();
+    const runtime::CpuTicks ticks_before = runtime::read_cpu_ticks();
     if (e.message.empty()) e = session.run();
+    const double stolen = runtime::stolen_share(ticks_before, runtime::read_cpu_ticks());
     if (e.located) {
         out_.flush();
         err_ << e.message << std::flush; // rendered as the checker renders its errors
@@ -119,6 +122,7 @@ void ReplSession::cmd_run(const std::string& args) {
          << "\n";
     if (std::string hint = sim::calibration_hint(p.mesh.profile); !hint.empty())
         out_ << hint << "\n";
+    if (std::string note = runtime::stolen_note(stolen); !note.empty()) out_ << note << "\n";
     out_ << "(`explain` says where they differ)\n";
     last_measured_ = std::move(measured);
 }

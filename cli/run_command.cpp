@@ -8,6 +8,7 @@
 #include "actors/runtime/job.hpp"
 #include "actors/runtime/measured.hpp"
 #include "actors/runtime/session.hpp"
+#include "actors/runtime/steal.hpp"
 #include "actors/sim/simulate.hpp"
 #include "kernels/devices.hpp"
 #include "kernels/tensor.hpp"
@@ -198,7 +199,9 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
         placed = runtime::place_in_one_process(p, graph);
         for (const kernels::Device& d : placed) kernels::backend_for(d).allocator().reset_peak();
     }
+    const runtime::CpuTicks ticks_before = runtime::read_cpu_ticks();
     e = session.run();
+    const double stolen = runtime::stolen_share(ticks_before, runtime::read_cpu_ticks());
     const size_t measured_peak = kernels::Allocator::cpu().peak_bytes_in_use();
     if (tty && session.lead()) err << "\n";
     if (!e.message.empty()) {
@@ -222,6 +225,7 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
                 << "\n";
             if (std::string hint = sim::calibration_hint(p.mesh.profile); !hint.empty())
                 out << hint << "\n";
+            if (std::string note = runtime::stolen_note(stolen); !note.empty()) out << note << "\n";
         }
         if (predicted.ok() && p.mesh.profile.cpu() && session.processes() == 1) {
             // Every rank lives in this process, on the host allocator: its peak against the most

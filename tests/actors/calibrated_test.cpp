@@ -1741,9 +1741,10 @@ TEST(Calibrate, OneThreadProbesRunOnEachCoreInTurn) {
     const std::vector<Probe> shapes = {{64, 1, 1, {}, {}}, {64, 1, 2, {}, {}}};
     const size_t passes = 3;
     std::vector<int> after;
+    cli::calibration::Retakes retakes(10);
     const auto both =
-        cli::calibration::run_probes(shapes, passes, true, "cpu", {2, 1}, progress, skipped,
-                                     [&](int pass) { after.push_back(pass); });
+        cli::calibration::run_probes(shapes, passes, true, "cpu", {2, 1}, progress, retakes,
+                                     skipped, [&](int pass) { after.push_back(pass); });
     ASSERT_TRUE(skipped.empty()) << skipped[0];
     EXPECT_EQ(after, (std::vector<int>{1, 2}));
     ASSERT_EQ(both.size(), 2u);

@@ -1,0 +1,89 @@
+// steal.cpp: reading the host's steal from /proc/stat.
+#include "actors/runtime/steal.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+namespace dist::runtime {
+
+namespace {
+
+// The ticks of one line's fields after its label: user, nice, system, idle, iowait, irq,
+// softirq, steal (the guest fields that follow are counted in user already); false where it
+// has fewer than eight numbers.
+bool line_ticks(std::string_view fields, CpuTicks& out) {
+    CpuTicks t;
+    size_t at = 0;
+    for (int k = 0; k < 8; ++k) {
+        while (at < fields.size() && fields[at] == ' ') ++at;
+        int64_t v = 0;
+        const char* first = fields.data() + at;
+        const auto [end, ec] = std::from_chars(first, fields.data() + fields.size(), v);
+        if (ec != std::errc() || end == first || v < 0) return false;
+        at += static_cast<size_t>(end - first);
+        t.all += v;
+        if (k == 7) t.steal = v;
+    }
+    out = t;
+    return true;
+}
+
+} // namespace
+
+CpuTicks cpu_ticks(std::string_view stat, const std::vector<int>& cpus) {
+    CpuTicks sum;
+    while (!stat.empty()) {
+        const size_t eol = std::min(stat.find('\n'), stat.size());
+        std::string_view line = stat.substr(0, eol);
+        stat.remove_prefix(std::min(eol + 1, stat.size()));
+        if (line.substr(0, 3) != "cpu") continue;
+        const size_t space = line.find(' ');
+        if (space == std::string_view::npos) continue;
+        const std::string_view label = line.substr(3, space - 3);
+        bool wanted = false;
+        if (cpus.empty()) {
+            wanted = label.empty();
+        } else if (!label.empty()) {
+            int n = -1;
+            const auto [end, ec] = std::from_chars(label.data(), label.data() + label.size(), n);
+            wanted = ec == std::errc() && end == label.data() + label.size() &&
+                     std::find(cpus.begin(), cpus.end(), n) != cpus.end();
+        }
+        CpuTicks t;
+        if (wanted && line_ticks(line.substr(space), t)) {
+            sum.all += t.all;
+            sum.steal += t.steal;
+        }
+    }
+    return sum;
+}
+
+CpuTicks read_cpu_ticks(const std::vector<int>& cpus) {
+    std::ifstream in("/proc/stat");
+    if (!in) return {};
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return cpu_ticks(text, cpus);
+}
+
+double stolen_share(const CpuTicks& before, const CpuTicks& after) {
+    const int64_t all = after.all - before.all;
+    const int64_t steal = after.steal - before.steal;
+    if (all <= 0 || steal <= 0) return 0.0;
+    return std::min(1.0, static_cast<double>(steal) / static_cast<double>(all));
+}
+
+std::string stolen_note(double share) {
+    if (!(share > kStolenShare)) return "";
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "(the host took %.1f%% of this machine's time during the run, steal in "
+                  "/proc/stat: the measured steps are slower than the machine is)",
+                  100 * share);
+    return buf;
+}
+
+} // namespace dist::runtime

@@ -1,0 +1,79 @@
+// calibrate_steal.cpp: `dist calibrate`'s timings taken again where the host stole from them.
+#include "cli/calibrate_parts.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <ostream>
+#include <string>
+#include <utility>
+
+namespace dist::cli::calibration {
+
+Retakes::Retakes(double budget_s, Reader read)
+    : budget_s_(budget_s), read_(std::move(read)), cpus_(allowed_cpus()), start_(read_(cpus_)) {}
+
+std::string Retakes::take(const std::vector<int>& cpus, const std::function<std::string()>& once,
+                          const std::function<void()>& keep) {
+    const std::vector<int>& on = cpus.empty() ? cpus_ : cpus;
+    double least = 2;
+    for (int tries = 0;; ++tries) {
+        const auto t0 = Clock::now();
+        const runtime::CpuTicks before = read_(on);
+        if (std::string e = once(); !e.empty()) return e;
+        const runtime::CpuTicks after = read_(on);
+        if (tries > 0) {
+            spent_s_ += since(t0);
+            ++retaken_;
+        }
+        // A tick or two of steal in a short timing is a large share of nothing much.
+        const double share =
+            after.steal - before.steal >= 2 ? runtime::stolen_share(before, after) : 0.0;
+        if (share < least) {
+            least = share;
+            keep();
+        }
+        if (least <= kStolen || tries == 2 || spent_s_ >= budget_s_) break;
+    }
+    worst_ = std::max(worst_, least);
+    if (least > kStolen) ++stolen_;
+    return "";
+}
+
+double Retakes::share() const {
+    return runtime::stolen_share(start_, read_(cpus_));
+}
+
+namespace {
+
+std::string percent(double share) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f%%", 100 * share);
+    return buf;
+}
+
+} // namespace
+
+std::string steal_lines(const Retakes& r) {
+    std::string s = "# The host took " + percent(r.share()) +
+                    " of these cores' time while this ran (steal in /proc/stat: its\n# other "
+                    "guests' turns); " +
+                    std::to_string(r.retaken()) +
+                    " timings taken again, the host having taken over " +
+                    percent(Retakes::kStolen) + " of theirs";
+    if (r.stolen() > 0)
+        s += ",\n# and " + std::to_string(r.stolen()) + " kept so (the most " + percent(r.worst()) +
+             "): their rates are slow";
+    return s + ".\n";
+}
+
+void warn_if_stolen(const Retakes& r, std::ostream& err) {
+    if (r.stolen() == 0) return;
+    err << "calibrate: warning: the host took " << percent(r.share())
+        << " of these cores' time while this ran (steal in /proc/stat), and over "
+        << percent(Retakes::kStolen) << " from " << r.stolen()
+        << " timings even when taken again (the most " << percent(r.worst())
+        << "): what they measured is slower than this machine; calibrate again when its host is "
+           "quieter\n";
+}
+
+} // namespace dist::cli::calibration

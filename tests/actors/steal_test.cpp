@@ -1,0 +1,69 @@
+// steal_test.cpp: reading the host's steal from /proc/stat's text.
+#include "actors/runtime/steal.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace dist::runtime {
+namespace {
+
+// Two CPUs' lines as Linux writes them: user nice system idle iowait irq softirq steal guest
+// guest_nice; the total line is their sum.
+constexpr const char* kStat = "cpu  300 0 40 1000 10 0 5 45 7 0\n"
+                              "cpu0 100 0 20 500 5 0 5 40 7 0\n"
+                              "cpu1 200 0 20 500 5 0 0 5 0 0\n"
+                              "intr 12345 0 0\n"
+                              "ctxt 999\n"
+                              "btime 1700000000\n";
+
+TEST(Steal, TheTotalLineCountsUserThroughSteal) {
+    const CpuTicks t = cpu_ticks(kStat);
+    EXPECT_EQ(t.all, 300 + 40 + 1000 + 10 + 5 + 45); // the guest fields are in user already
+    EXPECT_EQ(t.steal, 45);
+}
+
+TEST(Steal, NamedCpusCountOnlyTheirOwnLines) {
+    EXPECT_EQ(cpu_ticks(kStat, {0}).steal, 40);
+    EXPECT_EQ(cpu_ticks(kStat, {0}).all, 100 + 20 + 500 + 5 + 5 + 40);
+    EXPECT_EQ(cpu_ticks(kStat, {1}).steal, 5);
+    const CpuTicks both = cpu_ticks(kStat, {0, 1});
+    EXPECT_EQ(both.all, cpu_ticks(kStat).all);
+    EXPECT_EQ(both.steal, cpu_ticks(kStat).steal);
+    EXPECT_EQ(cpu_ticks(kStat, {7}).all, 0); // no such line
+}
+
+TEST(Steal, ALineWithoutItsStealFieldCountsNothing) {
+    // Kernels before 2.6.11 wrote seven fields; a torn or garbled line is no better.
+    EXPECT_EQ(cpu_ticks("cpu  300 0 40 1000 10 0 5\n").all, 0);
+    EXPECT_EQ(cpu_ticks("cpu0 1 2 3 x 5 6 7 8\n", {0}).all, 0);
+    EXPECT_EQ(cpu_ticks("cpu0 1 2 3 -4 5 6 7 8\n", {0}).all, 0);
+    EXPECT_EQ(cpu_ticks("cpu10 1 1 1 1 1 1 1 1\n", {1}).all, 0); // cpu10 is not cpu1
+    EXPECT_EQ(cpu_ticks("").all, 0);
+}
+
+TEST(Steal, TheShareIsStealOverAllTheTimeBetweenTwoReadings) {
+    EXPECT_DOUBLE_EQ(stolen_share({1000, 50}, {1200, 100}), 0.25);
+    EXPECT_DOUBLE_EQ(stolen_share({1000, 50}, {1200, 50}), 0.0);
+    EXPECT_DOUBLE_EQ(stolen_share({1000, 50}, {1000, 50}), 0.0); // no time passed
+    EXPECT_DOUBLE_EQ(stolen_share({}, {}), 0.0);                 // /proc/stat unread
+}
+
+TEST(Steal, ARunSaysSoOnlyWhereTheHostTookMoreThanAQuietOnesShare) {
+    EXPECT_EQ(stolen_note(0.0), "");
+    EXPECT_EQ(stolen_note(kStolenShare), "");
+    const std::string note = stolen_note(0.2);
+    EXPECT_NE(note.find("took 20.0% of this machine's time"), std::string::npos) << note;
+}
+
+TEST(Steal, ThisMachinesTicksGrowAndItsStealIsAPartOfThem) {
+    const CpuTicks t = read_cpu_ticks();
+#ifdef __linux__
+    EXPECT_GT(t.all, 0);
+#endif
+    EXPECT_LE(t.steal, t.all);
+    EXPECT_GE(t.steal, 0);
+}
+
+} // namespace
+} // namespace dist::runtime
