@@ -47,44 +47,40 @@ Taken take(Retakes& r, FakeHost& host, const std::vector<int64_t>& steal, int fa
     return t;
 }
 
-TEST(Retakes, AQuietTimingIsTakenOnce) {
+// The tries a timing took and the one kept, and the tally of retakes so far.
+void expect_taken(const Taken& t, const Retakes& r, int tries, int kept, int retaken, int stolen) {
+    EXPECT_EQ(t.tries, tries);
+    EXPECT_EQ(t.kept, kept);
+    EXPECT_EQ(r.retaken(), retaken);
+    EXPECT_EQ(r.stolen(), stolen);
+}
+
+// A host and a calibration's retakes with a minute to spend.
+class RetakesOnAHost : public ::testing::Test {
+  protected:
     FakeHost host;
-    Retakes r(60, host.reader());
-    const Taken t = take(r, host, {0});
-    EXPECT_EQ(t.tries, 1);
-    EXPECT_EQ(t.kept, 0);
-    EXPECT_EQ(r.retaken(), 0);
-    EXPECT_EQ(r.stolen(), 0);
+    Retakes r{60, host.reader()};
+};
+
+TEST_F(RetakesOnAHost, AQuietTimingIsTakenOnce) {
+    expect_taken(take(r, host, {0}), r, 1, 0, 0, 0);
     EXPECT_DOUBLE_EQ(r.share(), 0.0);
 }
 
-TEST(Retakes, AStolenTimingIsTakenAgainUntilQuiet) {
-    FakeHost host;
-    Retakes r(60, host.reader());
-    const Taken t = take(r, host, {200, 0});
-    EXPECT_EQ(t.tries, 2);
-    EXPECT_EQ(t.kept, 1);
-    EXPECT_EQ(r.retaken(), 1);
-    EXPECT_EQ(r.stolen(), 0);
+TEST_F(RetakesOnAHost, AStolenTimingIsTakenAgainUntilQuiet) {
+    expect_taken(take(r, host, {200, 0}), r, 2, 1, 1, 0);
     EXPECT_DOUBLE_EQ(r.worst(), 0.0);
     EXPECT_DOUBLE_EQ(r.share(), 200.0 / 2000.0); // the host's share of everything since
 }
 
-TEST(Retakes, AtMostThreeTriesAndTheLeastStolenKept) {
-    FakeHost host;
-    Retakes r(60, host.reader());
+TEST_F(RetakesOnAHost, AtMostThreeTriesAndTheLeastStolenKept) {
     const Taken t = take(r, host, {300, 100, 200});
-    EXPECT_EQ(t.tries, 3);
-    EXPECT_EQ(t.kept, 1);  // 10%, not the last try's 20%
-    EXPECT_EQ(t.keeps, 2); // the first, then the second, each less stolen than before
-    EXPECT_EQ(r.retaken(), 2);
-    EXPECT_EQ(r.stolen(), 1);
+    expect_taken(t, r, 3, 1, 2, 1); // kept the 10%, not the last try's 20%
+    EXPECT_EQ(t.keeps, 2);          // the first, then the second, each less stolen than before
     EXPECT_DOUBLE_EQ(r.worst(), 0.1);
 }
 
-TEST(Retakes, ASteadyLowStealIsNoReason) {
-    FakeHost host;
-    Retakes r(60, host.reader());
+TEST_F(RetakesOnAHost, ASteadyLowStealIsNoReason) {
     // 5% is at the bound, not beyond it.
     EXPECT_EQ(take(r, host, {50}).tries, 1);
     EXPECT_EQ(r.retaken(), 0);
@@ -108,26 +104,19 @@ TEST(Retakes, OneTickOfAShortTimingIsNotSteal) {
     EXPECT_EQ(r.stolen(), 0);
 }
 
-TEST(Retakes, NoRetakesOnceTheBudgetIsSpent) {
-    FakeHost host;
-    Retakes r(0, host.reader());
-    const Taken t = take(r, host, {300, 0});
-    EXPECT_EQ(t.tries, 1);
-    EXPECT_EQ(r.stolen(), 1);
-    EXPECT_DOUBLE_EQ(r.worst(), 0.3);
+TEST_F(RetakesOnAHost, NoRetakesOnceTheBudgetIsSpent) {
+    Retakes spent(0, host.reader());
+    expect_taken(take(spent, host, {300, 0}), spent, 1, 0, 0, 1);
+    EXPECT_DOUBLE_EQ(spent.worst(), 0.3);
 }
 
-TEST(Retakes, AnErrorEndsTheTries) {
-    FakeHost host;
-    Retakes r(60, host.reader());
+TEST_F(RetakesOnAHost, AnErrorEndsTheTries) {
     const Taken t = take(r, host, {300, 0}, 1);
     EXPECT_EQ(t.error, "the probe failed");
     EXPECT_EQ(t.tries, 2);
 }
 
-TEST(Retakes, TheProfileSaysWhatWasStolenAndAWarningOnlyWhereSomeWasKept) {
-    FakeHost host;
-    Retakes r(60, host.reader());
+TEST_F(RetakesOnAHost, TheProfileSaysWhatWasStolenAndAWarningOnlyWhereSomeWasKept) {
     take(r, host, {300, 0});
     std::ostringstream quiet;
     warn_if_stolen(r, quiet);
