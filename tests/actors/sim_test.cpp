@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <initializer_list>
 #include <regex>
 
 using namespace dist;
@@ -72,6 +73,19 @@ Program hand_device(double intra = 1e9, double inter = 1e9) {
     p.mesh.profile.intra_host = {intra, 0.0};
     p.mesh.profile.inter_host = {inter, 0.0};
     return p;
+}
+
+// Actions of these kinds, each of stage 0 and microbatch 0.
+std::vector<plan::PlanAction> first_actions(std::initializer_list<ActionKind> kinds) {
+    std::vector<plan::PlanAction> out;
+    for (ActionKind k : kinds) {
+        plan::PlanAction a;
+        a.kind = k;
+        a.stage = 0;
+        a.microbatch = 0;
+        out.push_back(a);
+    }
+    return out;
 }
 
 // A timeline of one rank running `actions`, with no spans yet: a run's and its prediction's.
@@ -243,7 +257,7 @@ TEST(Render, SvgAndTraceParse) {
     EXPECT_GT(collectives, 0u);
     EXPECT_EQ(bars, collectives);
     // A span whose thread's time on a core is known carries it, in the trace's unit (us).
-    sim::Timeline shared = one_rank({{ActionKind::forward, 0, 0}, {ActionKind::backward, 0, 0}});
+    sim::Timeline shared = one_rank(first_actions({ActionKind::forward, ActionKind::backward}));
     shared.ranks[0].spans = {{0, 0.000, 0.010, 0.0, 0.004}, {1, 0.010, 0.030}};
     std::vector<nlohmann::json> events;
     const nlohmann::json parsed = nlohmann::json::parse(sim::chrome_trace(shared));
@@ -406,8 +420,8 @@ TEST(Simulate, SharedPeakCountsAMomentarySpikeAndNoHandOverTwice) {
 // `explain` after a run of a mixture of experts: the all-to-alls inside the compute actions get
 // a row of their own, measured (with the waits for the group) beside predicted.
 TEST(Simulate, TheDisagreementShowsTheAllToAllsInsideTheComputeApart) {
-    std::vector<plan::PlanAction> actions = {{ActionKind::forward, 0, 0},
-                                             {ActionKind::dispatch_forward, 0, 0}};
+    std::vector<plan::PlanAction> actions =
+        first_actions({ActionKind::forward, ActionKind::dispatch_forward});
     actions[1].block = 0;
     sim::Timeline measured = one_rank(actions), predicted = one_rank(actions);
     measured.ranks[0].spans = {{0, 0.000, 0.010}};
@@ -432,8 +446,8 @@ TEST(Simulate, TheDisagreementShowsTheAllToAllsInsideTheComputeApart) {
 // Under a kind of action, where both timelines know it, the time its threads had a core; not
 // where one of them does not (a span of unknown time on a core).
 TEST(Simulate, TheDisagreementShowsTheTimeOnACoreWhereBothKnowIt) {
-    const std::vector<plan::PlanAction> actions = {{ActionKind::forward, 0, 0},
-                                                   {ActionKind::backward, 0, 0}};
+    const std::vector<plan::PlanAction> actions =
+        first_actions({ActionKind::forward, ActionKind::backward});
     sim::Timeline measured = one_rank(actions), predicted = one_rank(actions);
     measured.ranks[0].spans = {{0, 0.000, 0.010, 0.0, 0.004}, {1, 0.010, 0.030, 0.0, 0.012}};
     predicted.ranks[0].spans = {{0, 0.000, 0.008, 0.0, 0.006}, {1, 0.008, 0.020}};
@@ -451,8 +465,8 @@ TEST(Simulate, TheDisagreementShowsTheTimeOnACoreWhereBothKnowIt) {
 // `explain` after a run with ZeRO 3: the communication thread's gathers get a row of their own,
 // measured (unit by unit) beside predicted, and when they are the largest gap it says so.
 TEST(Simulate, TheDisagreementShowsTheCommunicationThreadsCollectives) {
-    const std::vector<plan::PlanAction> actions = {{ActionKind::gather_forward, 0, 0},
-                                                   {ActionKind::forward, 0, 0}};
+    const std::vector<plan::PlanAction> actions =
+        first_actions({ActionKind::gather_forward, ActionKind::forward});
     sim::Timeline measured = one_rank(actions), predicted = one_rank(actions);
     measured.ranks[0].spans = {{1, 0.000, 0.010}};
     measured.ranks[0].collectives = {{0, 0.000, 0.003}, {0, 0.004, 0.009}};

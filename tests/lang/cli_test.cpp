@@ -555,7 +555,9 @@ TEST(Cli, RunTracesTheCollectivesOnACommunicationTrackMeasuredAndPredicted) {
                     EXPECT_TRUE(expected) << x.name << " under ZeRO " << zero;
                     EXPECT_GE(x.start, 0.0);
                     EXPECT_LE(x.end, step_end + 1.0) << x.name; // microseconds
-                    if (i > 0) EXPECT_GE(x.start, comm[i - 1].end - 1.0) << x.name << " overlaps";
+                    if (i > 0) {
+                        EXPECT_GE(x.start, comm[i - 1].end - 1.0) << x.name << " overlaps";
+                    }
                 }
                 if (pid == 1) predicted_spans = comm.size();
             }
