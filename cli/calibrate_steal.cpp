@@ -56,13 +56,11 @@ std::string percent(double share) {
 std::string steal_lines(const Retakes& r) {
     std::string s = "# The host took " + percent(r.share()) +
                     " of these cores' time while this ran (steal in /proc/stat: its\n# other "
-                    "guests' turns); " +
-                    std::to_string(r.retaken()) +
-                    " timings taken again, the host having taken over " +
-                    percent(Retakes::kStolen) + " of theirs";
+                    "guests' turns). Timings it took over " +
+                    percent(Retakes::kStolen) + " of, taken again: " + std::to_string(r.retaken());
     if (r.stolen() > 0)
-        s += ",\n# and " + std::to_string(r.stolen()) + " kept so (the most " + percent(r.worst()) +
-             "): their rates are slow";
+        s += "; kept so even then: " + std::to_string(r.stolen()) + " (the most " +
+             percent(r.worst()) + "),\n# their rates slow";
     return s + ".\n";
 }
 
@@ -70,8 +68,8 @@ void warn_if_stolen(const Retakes& r, std::ostream& err) {
     if (r.stolen() == 0) return;
     err << "calibrate: warning: the host took " << percent(r.share())
         << " of these cores' time while this ran (steal in /proc/stat), and over "
-        << percent(Retakes::kStolen) << " from " << r.stolen()
-        << " timings even when taken again (the most " << percent(r.worst())
+        << percent(Retakes::kStolen) << " of the time of " << r.stolen()
+        << " timings kept even after taking them again (the most " << percent(r.worst())
         << "): what they measured is slower than this machine; calibrate again when its host is "
            "quieter\n";
 }
