@@ -14,12 +14,16 @@ namespace {
 // The CPUs' ticks as a test moves them: each try runs 1000 ticks of which `stolen` the host's.
 struct FakeHost {
     runtime::CpuTicks now{5000, 100};
+    std::vector<int> read_last{-1}; // the CPUs the last reading was of
     void run(int64_t stolen) {
         now.all += 1000;
         now.steal += stolen;
     }
     Retakes::Reader reader() {
-        return [this](const std::vector<int>&) { return now; };
+        return [this](const std::vector<int>& cpus) {
+            read_last = cpus;
+            return now;
+        };
     }
 };
 
@@ -64,7 +68,15 @@ class RetakesOnAHost : public ::testing::Test {
 
 TEST_F(RetakesOnAHost, AQuietTimingIsTakenOnce) {
     expect_taken(take(r, host, {0}), r, 1, 0, 0, 0);
+    EXPECT_EQ(host.read_last, std::vector<int>{0}); // the CPU the timing was held to, alone
     EXPECT_DOUBLE_EQ(r.share(), 0.0);
+}
+
+TEST_F(RetakesOnAHost, ATimingOnNoCpuInParticularReadsTheProcesssCpus) {
+    EXPECT_EQ(r.take(
+                  {}, [] { return std::string(); }, [] {}),
+              "");
+    EXPECT_EQ(host.read_last, allowed_cpus());
 }
 
 TEST_F(RetakesOnAHost, AStolenTimingIsTakenAgainUntilQuiet) {
