@@ -157,7 +157,10 @@ Plan plan_for(int32_t cores, bool quick) {
 
 // ----- compute ------------------------------------------------------------------------------
 
-std::vector<MatmulRate> measure_matmuls(const Plan& plan, Progress& progress) {
+// Each thread count's sweep of a kernel (of attention, of the element-wise kernels) is taken
+// again where the host stole from it (Retakes): a spell of steal slows every batch of a short
+// timing alike, and the fastest of three keeps it.
+std::vector<MatmulRate> measure_matmuls(const Plan& plan, Progress& progress, Retakes& retakes) {
     std::vector<MatmulRate> out;
     const int64_t big = plan.grid.back();
     std::vector<float> a = filled(big * big), b = filled(big * big),
@@ -174,76 +177,85 @@ std::vector<MatmulRate> measure_matmuls(const Plan& plan, Progress& progress) {
     for (int32_t t : plan.threads) {
         omp_set_num_threads(t);
         for (const char* kernel : {"nt", "nn", "tn"}) {
-            for (int64_t m : plan.grid)
-                for (int64_t n : plan.grid)
-                    for (int64_t k : plan.grid) {
-                        std::string kn = kernel;
-                        // The weight (n, k) of nt and (k, n) of nn; the gradient (m, n) of tn.
-                        const int64_t size = kn == "tn" ? m * n : n * k;
-                        const int64_t slots = std::max<int64_t>(1, arena_floats / size);
-                        int64_t next = 0;
-                        bool cold = true;
-                        auto weight = [&, size, slots] {
-                            float* w = arena.data() + (cold ? next % slots : 0) * size;
-                            ++next;
-                            return w;
-                        };
-                        std::function<void()> call;
-                        if (kn == "nt") // out (m, n) = in (m, k) weight (n, k)^T
-                            call = [&, m, n, k] {
-                                cpu::matmul_forward<float>(a.data(), weight(), nullptr, m, k, n,
-                                                           c.data());
+            const std::string kn = kernel;
+            auto sweep = [&](std::vector<MatmulRate>& rows) {
+                for (int64_t m : plan.grid)
+                    for (int64_t n : plan.grid)
+                        for (int64_t k : plan.grid) {
+                            // The weight (n, k) of nt and (k, n) of nn; the gradient (m, n) of tn.
+                            const int64_t size = kn == "tn" ? m * n : n * k;
+                            const int64_t slots = std::max<int64_t>(1, arena_floats / size);
+                            int64_t next = 0;
+                            bool cold = true;
+                            auto weight = [&, size, slots] {
+                                float* w = arena.data() + (cold ? next % slots : 0) * size;
+                                ++next;
+                                return w;
                             };
-                        else if (kn == "nn") // dinp (m, n) += dout (m, k) weight (k, n)
-                            call = [&, m, n, k] {
-                                cpu::matmul_backward_input<float>(a.data(), weight(), m, n, k,
-                                                                  c.data());
-                            };
-                        else // dweight (m, n) += dout^T (m, k) in (k, n)
-                            call = [&, m, n, k] {
-                                cpu::matmul_backward_weight<float>(a.data(), b.data(), k, n, m,
-                                                                   weight(), nullptr);
-                            };
-                        const double flop = 2.0 * static_cast<double>(m * n * k);
-                        const double s = per_call(call, plan.kernel_s);
-                        cold = false;
-                        const double s_warm = per_call(call, plan.kernel_s);
-                        out.push_back({kn, m, n, k, t, flop / s, flop / s_warm});
-                        progress.tick("matmuls (" + kn + ", " + std::to_string(t) + " threads)");
-                    }
+                            std::function<void()> call;
+                            if (kn == "nt") // out (m, n) = in (m, k) weight (n, k)^T
+                                call = [&, m, n, k] {
+                                    cpu::matmul_forward<float>(a.data(), weight(), nullptr, m, k, n,
+                                                               c.data());
+                                };
+                            else if (kn == "nn") // dinp (m, n) += dout (m, k) weight (k, n)
+                                call = [&, m, n, k] {
+                                    cpu::matmul_backward_input<float>(a.data(), weight(), m, n, k,
+                                                                      c.data());
+                                };
+                            else // dweight (m, n) += dout^T (m, k) in (k, n)
+                                call = [&, m, n, k] {
+                                    cpu::matmul_backward_weight<float>(a.data(), b.data(), k, n, m,
+                                                                       weight(), nullptr);
+                                };
+                            const double flop = 2.0 * static_cast<double>(m * n * k);
+                            const double s = per_call(call, plan.kernel_s);
+                            cold = false;
+                            const double s_warm = per_call(call, plan.kernel_s);
+                            rows.push_back({kn, m, n, k, t, flop / s, flop / s_warm});
+                            progress.tick("matmuls (" + kn + ", " + std::to_string(t) +
+                                          " threads)");
+                        }
+                return std::string();
+            };
+            sweep_under<MatmulRate>(retakes, progress, out, sweep);
         }
     }
     return out;
 }
 
-std::vector<AttentionRate> measure_attention(const Plan& plan, Progress& progress) {
+std::vector<AttentionRate> measure_attention(const Plan& plan, Progress& progress,
+                                             Retakes& retakes) {
     std::vector<AttentionRate> out;
     const int64_t H = 4;
     for (int32_t t : plan.threads) {
         omp_set_num_threads(t);
-        for (int64_t D : plan.head_dims)
-            for (int64_t T : plan.seqs) {
-                const int64_t n = T * H * D;
-                std::vector<float> q = filled(n), k = filled(n), v = filled(n), o(n), lse(T * H),
-                                   dq(n), dk(n), dv(n), dout = filled(n);
-                double f = per_call(
-                    [&] {
-                        cpu::attention_forward<float>(q.data(), k.data(), v.data(), 1, T, H, H, D,
-                                                      o.data(), lse.data());
-                    },
-                    plan.kernel_s);
-                double bw = per_call(
-                    [&] {
-                        cpu::attention_backward<float>(dout.data(), q.data(), k.data(), v.data(),
-                                                       o.data(), lse.data(), 1, T, H, H, D,
-                                                       dq.data(), dk.data(), dv.data());
-                    },
-                    plan.kernel_s);
-                // The plan's count: 4 T^2 H D forward (scores and values, no causal halving).
-                const double flops = 4.0 * static_cast<double>(T * T * H * D);
-                out.push_back({T, D, t, flops / f, 2 * flops / bw});
-                progress.tick("attention (" + std::to_string(t) + " threads)");
-            }
+        sweep_under<AttentionRate>(retakes, progress, out, [&](std::vector<AttentionRate>& rows) {
+            for (int64_t D : plan.head_dims)
+                for (int64_t T : plan.seqs) {
+                    const int64_t n = T * H * D;
+                    std::vector<float> q = filled(n), k = filled(n), v = filled(n), o(n),
+                                       lse(T * H), dq(n), dk(n), dv(n), dout = filled(n);
+                    double f = per_call(
+                        [&] {
+                            cpu::attention_forward<float>(q.data(), k.data(), v.data(), 1, T, H, H,
+                                                          D, o.data(), lse.data());
+                        },
+                        plan.kernel_s);
+                    double bw = per_call(
+                        [&] {
+                            cpu::attention_backward<float>(dout.data(), q.data(), k.data(),
+                                                           v.data(), o.data(), lse.data(), 1, T, H,
+                                                           H, D, dq.data(), dk.data(), dv.data());
+                        },
+                        plan.kernel_s);
+                    // The plan's count: 4 T^2 H D forward (scores and values, no causal halving).
+                    const double flops = 4.0 * static_cast<double>(T * T * H * D);
+                    rows.push_back({T, D, t, flops / f, 2 * flops / bw});
+                    progress.tick("attention (" + std::to_string(t) + " threads)");
+                }
+            return std::string();
+        });
     }
     return out;
 }
@@ -254,7 +266,8 @@ struct Elementwise {
     std::function<void(int64_t n, bool backward)> run;
 };
 
-std::vector<StreamRate> measure_elementwise(const Plan& plan, Progress& progress) {
+std::vector<StreamRate> measure_elementwise(const Plan& plan, Progress& progress,
+                                            Retakes& retakes) {
     const int64_t most = plan.elements.back();
     const int64_t C = 256, V = 256;
     std::vector<float> x = filled(most * 2), y(static_cast<size_t>(most * 2)), z = filled(most * 2),
@@ -266,6 +279,7 @@ std::vector<StreamRate> measure_elementwise(const Plan& plan, Progress& progress
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % V);
     cpu::AdamWConfig adam;
     std::vector<Elementwise> ops = {
+        // as many as elementwise_kernels
         {"embedding",
          [&](int64_t n, bool bw) {
              if (bw)
@@ -382,13 +396,17 @@ std::vector<StreamRate> measure_elementwise(const Plan& plan, Progress& progress
     std::vector<StreamRate> out;
     for (int32_t t : plan.threads) {
         omp_set_num_threads(t);
-        for (const Elementwise& e : ops)
-            for (int64_t n : plan.elements) {
-                double f = per_call([&] { e.run(n, false); }, plan.kernel_s);
-                double b = per_call([&] { e.run(n, true); }, plan.kernel_s);
-                out.push_back({e.op, n, t, static_cast<double>(n) / f, static_cast<double>(n) / b});
-                progress.tick("element-wise kernels (" + std::to_string(t) + " threads)");
-            }
+        sweep_under<StreamRate>(retakes, progress, out, [&](std::vector<StreamRate>& rows) {
+            for (const Elementwise& e : ops)
+                for (int64_t n : plan.elements) {
+                    double f = per_call([&] { e.run(n, false); }, plan.kernel_s);
+                    double b = per_call([&] { e.run(n, true); }, plan.kernel_s);
+                    rows.push_back(
+                        {e.op, n, t, static_cast<double>(n) / f, static_cast<double>(n) / b});
+                    progress.tick("element-wise kernels (" + std::to_string(t) + " threads)");
+                }
+            return std::string();
+        });
     }
     return out;
 }
@@ -429,7 +447,8 @@ constexpr int sharing_sets = 2;
 // each count is timed right after one worker alone, in `sharing_rounds` rounds over all the
 // counts, and keeps the median of its rounds' ratios.
 constexpr int sharing_rounds = 5;
-std::vector<SharingPoint> measure_sharing(int32_t cores, const Plan& plan, Progress& progress) {
+std::vector<SharingPoint> measure_sharing(int32_t cores, const Plan& plan, Progress& progress,
+                                          Retakes& retakes) {
     const std::vector<int32_t> counts = sharing_counts(cores);
     std::vector<SharingPoint> out;
     for (auto [M, K, N] :
@@ -469,16 +488,21 @@ std::vector<SharingPoint> measure_sharing(int32_t cores, const Plan& plan, Progr
             for (double r : rates) sum += r;
             return sum / workers;
         };
-        std::vector<std::vector<double>> ratios(counts.size());
-        for (int round = 0; round < sharing_rounds; ++round)
+        // A working set's rounds are taken again where the host stole from them: one worker
+        // alone is slowed as much as many, but a spell of steal need not cover both.
+        sweep_under<SharingPoint>(retakes, progress, out, [&](std::vector<SharingPoint>& rows) {
+            std::vector<std::vector<double>> ratios(counts.size());
+            for (int round = 0; round < sharing_rounds; ++round)
+                for (size_t k = 0; k < counts.size(); ++k) {
+                    const double alone = rate_with(1);
+                    ratios[k].push_back(rate_with(counts[k]) / alone);
+                }
             for (size_t k = 0; k < counts.size(); ++k) {
-                const double alone = rate_with(1);
-                ratios[k].push_back(rate_with(counts[k]) / alone);
+                rows.push_back({counts[k], median_of(ratios[k]), bytes});
+                progress.tick("cores shared by ranks");
             }
-        for (size_t k = 0; k < counts.size(); ++k) {
-            out.push_back({counts[k], median_of(ratios[k]), bytes});
-            progress.tick("cores shared by ranks");
-        }
+            return std::string();
+        });
     }
     return out;
 }
@@ -606,17 +630,24 @@ template <class Sample, class Kind> void bound_by_larger(std::vector<Sample>& ro
 }
 
 std::vector<TransferSample> measure_transfers(const std::vector<int64_t>& message,
-                                              Progress& progress,
+                                              Progress& progress, Retakes& retakes,
                                               std::vector<std::string>& skipped) {
     std::vector<TransferSample> out;
     auto iters = [](int64_t bytes) { return bytes >= (1 << 22) ? 5 : 30; };
+    // Every message size between two endpoints, in one sweep under `retakes`.
+    auto sweep = [&](const char* name, transport::PointToPoint& a, transport::PointToPoint& b) {
+        sweep_under<TransferSample>(retakes, progress, out, [&](std::vector<TransferSample>& rows) {
+            for (int64_t bytes : message) {
+                rows.push_back({name, bytes, ping_pong(a, b, bytes, iters(bytes))});
+                progress.tick("transfers");
+            }
+            return std::string();
+        });
+    };
     {
         transport::InProcessFabric fabric;
         auto a = fabric.endpoint(0), b = fabric.endpoint(1);
-        for (int64_t bytes : message) {
-            out.push_back({"inprocess", bytes, ping_pong(*a, *b, bytes, iters(bytes))});
-            progress.tick("transfers");
-        }
+        sweep("inprocess", *a, *b);
     }
     for (auto [name, tls, devices] :
          {std::tuple{"ucx-sm", "sm,self", ""}, std::tuple{"ucx-tcp", "tcp,self", "lo"}}) {
@@ -631,10 +662,7 @@ std::vector<TransferSample> measure_transfers(const std::vector<int64_t>& messag
             });
             auto b = transport::make_ucx_endpoint(store, name, 1, 2, o);
             auto a = fa.get();
-            for (int64_t bytes : message) {
-                out.push_back({name, bytes, ping_pong(*a, *b, bytes, iters(bytes))});
-                progress.tick("transfers");
-            }
+            sweep(name, *a, *b);
             // Both close at once, as two processes do.
             auto closing = std::async(std::launch::async, [&] { a.reset(); });
             b.reset();
@@ -719,7 +747,7 @@ double measure_collective_wait(int32_t cores, Progress& progress,
 }
 
 std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& plan,
-                                                  Progress& progress,
+                                                  Progress& progress, Retakes& retakes,
                                                   std::vector<std::string>& skipped) {
     std::vector<CollectiveSample> out;
     // Seconds per call of `count` calls in a row on every member's thread (0: as many as fill
@@ -766,27 +794,30 @@ std::vector<CollectiveSample> measure_collectives(int32_t cores, const Plan& pla
         Members gloo = join_gloo(size, "calibrate", skipped);
         // Every collective once per pass, the passes one after another, each keeping its
         // fastest: a burst of other load on the machine slows one pass of a collective, not
-        // all of its runs (run back to back, a small one's all fit in 10 ms).
+        // all of its runs (run back to back, a small one's all fit in 10 ms). A pass the host
+        // stole from is taken again.
         const size_t first = out.size();
-        std::vector<int> count;
+        for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "all_to_all"})
+            for (int64_t bytes : plan.message)
+                for (const char* backend : {"inprocess", "gloo"})
+                    if (std::string(backend) == "inprocess" || !gloo.empty())
+                        out.push_back(
+                            {backend, op, size, bytes, std::numeric_limits<double>::infinity()});
+        std::vector<int> count(out.size() - first, 0);
         for (int pass = 0; pass < 3; ++pass) {
-            size_t k = 0; // this collective's index, from `first` in out and in count
-            for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "all_to_all"})
-                for (int64_t bytes : plan.message) {
-                    for (const char* backend : {"inprocess", "gloo"}) {
-                        const bool is_gloo = std::string(backend) == "gloo";
-                        if (is_gloo && gloo.empty()) continue;
-                        if (pass == 0) {
-                            out.push_back({backend, op, size, bytes,
-                                           std::numeric_limits<double>::infinity()});
-                            count.push_back(0);
-                        }
-                        const double t = time_op(is_gloo ? gloo : inprocess, op, bytes, count[k]);
-                        out[first + k].seconds = std::min(out[first + k].seconds, t);
-                        ++k;
-                    }
-                    if (pass == 2) progress.tick("collectives");
+            std::vector<double> seconds;
+            sweep_under<double>(retakes, progress, seconds, [&](std::vector<double>& times) {
+                for (size_t k = 0; first + k < out.size(); ++k) {
+                    const CollectiveSample& c = out[first + k];
+                    times.push_back(
+                        time_op(c.backend == "gloo" ? gloo : inprocess, c.op, c.bytes, count[k]));
+                    if (pass == 2 && (c.backend == "gloo" || gloo.empty())) // one per size
+                        progress.tick("collectives");
                 }
+                return std::string();
+            });
+            for (size_t k = 0; k < seconds.size(); ++k)
+                out[first + k].seconds = std::min(out[first + k].seconds, seconds[k]);
         }
     }
     bound_by_larger(
@@ -2002,18 +2033,17 @@ void write_rows(std::ostream& o, const std::string& transfer_note,
     o << "]\n";
 }
 
-std::string
-profile_text(const std::string& name, const std::string& command, int32_t cores, double took,
-             const std::string& stolen, const ActionFit& fit, const std::vector<ActionFit>& fewer,
-             const std::vector<ActionFit>& by_width, const std::vector<MatmulRate>& mm,
-             const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt,
-             const std::vector<SharingPoint>& sharing, const std::vector<Oversubscribed>& over,
-             const std::vector<ReuseRow>& reuse, const std::vector<std::string>& reuse_notes,
-             const std::vector<SplitRow>& split, const std::vector<std::string>& split_notes,
-             double slice, double wake, double collective_wait, double core_spread,
-             int spread_width, const std::vector<TransferSample>& transfers,
-             const std::vector<CollectiveSample>& collectives,
-             const std::vector<std::string>& skipped) {
+std::string profile_text(
+    const std::string& name, const std::string& command, int32_t cores, double took,
+    const std::string& host_lines, const ActionFit& fit, const std::vector<ActionFit>& fewer,
+    const std::vector<ActionFit>& by_width, const std::vector<MatmulRate>& mm,
+    const std::vector<AttentionRate>& att, const std::vector<StreamRate>& elt,
+    const std::vector<SharingPoint>& sharing, const std::vector<Oversubscribed>& over,
+    const std::vector<ReuseRow>& reuse, const std::vector<std::string>& reuse_notes,
+    const std::vector<SplitRow>& split, const std::vector<std::string>& split_notes, double slice,
+    double wake, double collective_wait, double core_spread, int spread_width,
+    const std::vector<TransferSample>& transfers, const std::vector<CollectiveSample>& collectives,
+    const std::vector<std::string>& skipped) {
     const std::string date = utc_now();
     double best_one = 0, best_copy = 0;
     for (const MatmulRate& r : mm)
@@ -2064,7 +2094,7 @@ profile_text(const std::string& name, const std::string& command, int32_t cores,
                           std::to_string(cache) + "\n"
                     : std::string())
       << "seconds = " << number(took) << "\n"
-      << stolen
+      << host_lines // the host's steal, the probes' pace pass by pass
       << "# Whole actions of small GPTs trained on one rank with all the cores, beside their\n"
       << "# kernels' prediction from the rates below: an action costs its kernels scaled and a\n"
       << "# fixed time more per block, fitted by least squares:\n";
@@ -2250,7 +2280,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     const int scheduler = 2; // the time slice and the wake-up, a tick each
     const int total = threads * (3 * sizes * sizes * sizes +
                                  static_cast<int>(plan.seqs.size() * plan.head_dims.size()) +
-                                 13 * static_cast<int>(plan.elements.size())) +
+                                 elementwise_kernels * static_cast<int>(plan.elements.size())) +
                       probe_runs + sharing_sets * static_cast<int>(sharing_counts(cores).size()) +
                       oversubscribed_ticks(beyond, side_passes(passes)) +
                       (spread ? side_passes(passes) : 0) +
@@ -2271,15 +2301,16 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
         });
     std::vector<Probe> probes = std::move(both[0]);
     std::vector<Probe> probes_one = both.size() > 1 ? std::move(both[1]) : std::vector<Probe>{};
-    auto mm = measure_matmuls(plan, progress);
-    auto att = measure_attention(plan, progress);
-    auto elt = measure_elementwise(plan, progress);
+    const std::vector<double> pace_all = pass_pace(probes), pace_one = pass_pace(probes_one);
+    auto mm = measure_matmuls(plan, progress, retakes);
+    auto att = measure_attention(plan, progress, retakes);
+    auto elt = measure_elementwise(plan, progress, retakes);
     omp_set_num_threads(cores);
-    auto sharing = measure_sharing(cores, plan, progress);
+    auto sharing = measure_sharing(cores, plan, progress, retakes);
     const double slice = measure_slice(progress);
     const double wake = measure_wake(progress);
-    auto transfers = measure_transfers(plan.message, progress, skipped);
-    auto collectives = measure_collectives(cores, plan, progress, skipped);
+    auto transfers = measure_transfers(plan.message, progress, retakes, skipped);
+    auto collectives = measure_collectives(cores, plan, progress, retakes, skipped);
     const double collective_wait = measure_collective_wait(cores, progress, skipped);
     Calibration measured;
     measured.cores = cores;
@@ -2309,7 +2340,8 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     const std::vector<ReuseRow> reused = fit_reuse(reuse, measured, reuse_notes);
     std::vector<SplitRow> split;
     auto text_with = [&](const std::vector<Oversubscribed>& over) {
-        return profile_text(name, command, cores, since(t0), steal_lines(retakes), fit, fewer,
+        return profile_text(name, command, cores, since(t0),
+                            steal_lines(retakes) + pace_lines(pace_all, pace_one), fit, fewer,
                             by_width, mm, att, elt, sharing, over, reused, reuse_notes, split,
                             split_notes, slice, wake, collective_wait, core_spread,
                             spread ? spread->width : 0, transfers, collectives, skipped);
@@ -2327,6 +2359,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
         over = fit_oversubscribed(beyond, text_with({}), cores, pass_pace(probes_one), skipped);
     progress.end();
     warn_if_stolen(retakes, err);
+    warn_if_moved(pace_all, pace_one, err);
     std::string text = text_with(over);
     std::string e = models::write_file_atomically(c.out, {text});
     if (!e.empty()) {

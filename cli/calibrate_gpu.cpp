@@ -188,6 +188,7 @@ std::vector<StreamRate> gpu_elementwise(Backend& b, const GpuPlan& plan, Progres
     const int32_t* tok = tokens.data<int32_t>();
     using Run = std::function<void(int64_t, bool)>;
     const std::vector<std::pair<const char*, Run>> ops = {
+        // as many as elementwise_kernels
         {"embedding",
          [&](int64_t n, bool bw) {
              if (bw)
@@ -359,7 +360,7 @@ int run_calibrate_gpu(const CalibrateOptions& c, const std::string& name, int gp
     int groups = 0;
     for (int size = 2; size <= gpus && size <= 8; size *= 2) ++groups;
     const int total = 3 * g * g * g + static_cast<int>(plan.seqs.size() * plan.head_dims.size()) +
-                      14 * static_cast<int>(plan.elements.size()) +
+                      elementwise_kernels * static_cast<int>(plan.elements.size()) +
                       static_cast<int>(gpu_probes(c.quick).size()) * probe_passes + 7 +
                       groups * 3 * static_cast<int>(plan.message.size());
     Progress progress(err, total);
@@ -376,7 +377,7 @@ int run_calibrate_gpu(const CalibrateOptions& c, const std::string& name, int gp
     // The host's side: UCX over TCP on the loopback stands for the link to another host.
     const int32_t cores = omp_get_num_procs();
     auto transfers =
-        measure_transfers({plan.message.front(), plan.message.back()}, progress, skipped);
+        measure_transfers({plan.message.front(), plan.message.back()}, progress, retakes, skipped);
     Calibration measured;
     measured.cores = cores;
     measured.device = "cuda";

@@ -41,6 +41,9 @@ class Progress {
   public:
     Progress(std::ostream& err, int total);
     void tick(const std::string& what);
+    /// How many steps are done; back_to(done()) rewinds to here (a sweep taken again).
+    int done() const { return done_; }
+    void back_to(int done) { done_ = done; }
     void end();
 
   private:
@@ -83,15 +86,56 @@ class Retakes {
     runtime::CpuTicks start_;
 };
 
+/// A sweep of timings under `retakes`: `sweep` writes its rows into the vector it is given and
+/// ticks `progress` as it goes; a try the host stole from runs again from the same point of the
+/// progress line, and only the kept try's rows are added to `out` (those of a try before an
+/// error too). What went wrong, or "".
+template <class Row>
+std::string sweep_under(Retakes& retakes, Progress& progress, std::vector<Row>& out,
+                        const std::function<std::string(std::vector<Row>&)>& sweep,
+                        const std::vector<int>& cpus = {}) {
+    const int from = progress.done();
+    std::vector<Row> tried, kept;
+    std::string e = retakes.take(
+        cpus,
+        [&] {
+            progress.back_to(from);
+            tried.clear();
+            return sweep(tried);
+        },
+        [&] { kept = tried; });
+    out.insert(out.end(), kept.begin(), kept.end());
+    return e;
+}
+
 /// The profile's comment lines on the host's steal while it was measured.
 std::string steal_lines(const Retakes& r);
 /// On `err`, a warning where timings were kept with over Retakes::kStolen stolen.
 void warn_if_stolen(const Retakes& r, std::ostream& err);
 
+/// How far the machine's pace moved while it was measured: the slowest pass of the whole-action
+/// probes over the fastest, less 1, in each set of passes (pass_pace: on all the cores, on one
+/// thread), the larger; 0 where no set has two passes. Other guests of the host slow these
+/// cores without steal too, through the caches and the memory they share, and a pace that
+/// moved by a tenth leaves every rate measured in that spell as unsure.
+double pace_moved(const std::vector<double>& all, const std::vector<double>& one);
+/// Beyond this, the profile is less sure than the simulator's goal of 10%, and stderr says so.
+inline constexpr double kPaceMoved = 0.10;
+/// The profile's comment lines on the probes' pace pass by pass.
+std::string pace_lines(const std::vector<double>& all, const std::vector<double>& one);
+/// On `err`, a warning where the pace moved more than kPaceMoved.
+void warn_if_moved(const std::vector<double>& all, const std::vector<double>& one,
+                   std::ostream& err);
+
+/// The element-wise kernels a calibration times at each size (measure_elementwise,
+/// gpu_elementwise): a step of the progress line each.
+inline constexpr int elementwise_kernels = 14;
+
 /// One-way seconds of messages of each size through the in-process fabric, UCX over shared
 /// memory and UCX over TCP on the loopback; a transport that cannot start is named in `skipped`.
+/// Each transport's messages are one sweep under `retakes`.
 std::vector<TransferSample> measure_transfers(const std::vector<int64_t>& message,
-                                              Progress& progress,
+                                              Progress& progress, Retakes& retakes,
                                               std::vector<std::string>& skipped);
 /// Latency (the smallest message) and bandwidth (between the two largest) of `transport`.
 LinkSpec link_of(const std::vector<TransferSample>& samples, const std::string& transport);

@@ -1,4 +1,5 @@
-// calibrate_steal.cpp: `dist calibrate`'s timings taken again where the host stole from them.
+// calibrate_steal.cpp: `dist calibrate`'s timings taken again where the host stole from them,
+// and how far the machine's pace moved while it was measured.
 #include "cli/calibrate_parts.hpp"
 
 #include <algorithm>
@@ -72,6 +73,54 @@ void warn_if_stolen(const Retakes& r, std::ostream& err) {
         << " timings kept even after taking them again (the most " << percent(r.worst())
         << "): what they measured is slower than this machine; calibrate again when its host is "
            "quieter\n";
+}
+
+namespace {
+
+// The slowest pass over the fastest, less 1; 0 for fewer than two passes.
+double moved(const std::vector<double>& pace) {
+    if (pace.size() < 2) return 0.0;
+    const auto [least, most] = std::minmax_element(pace.begin(), pace.end());
+    return *least > 0 ? *most / *least - 1 : 0.0;
+}
+
+std::string paces(const std::vector<double>& pace) {
+    std::string s;
+    for (double p : pace) s += (s.empty() ? "" : ", ") + number(p);
+    return s;
+}
+
+} // namespace
+
+double pace_moved(const std::vector<double>& all, const std::vector<double>& one) {
+    return std::max(moved(all), moved(one));
+}
+
+std::string pace_lines(const std::vector<double>& all, const std::vector<double>& one) {
+    if (all.size() < 2 && one.size() < 2) return "";
+    const double m = pace_moved(all, one);
+    std::string s = "# The whole-action probes' pace pass by pass (each pass's time over the "
+                    "times kept):\n# ";
+    if (!all.empty()) s += "on all the cores " + paces(all);
+    if (!one.empty()) s += std::string(all.empty() ? "" : "; ") + "on one thread " + paces(one);
+    s += ". The slowest pass\n# took " + percent(m) + " longer than the fastest";
+    if (m > kPaceMoved)
+        s += " (over " + percent(kPaceMoved) +
+             ": other load on the host,\n# steal or not, slowed some passes, and the rates are "
+             "less sure than that)";
+    return s + ".\n";
+}
+
+void warn_if_moved(const std::vector<double>& all, const std::vector<double>& one,
+                   std::ostream& err) {
+    const double m = pace_moved(all, one);
+    if (m <= kPaceMoved) return;
+    err << "calibrate: warning: this machine's pace moved while it was measured: the slowest pass "
+           "of the whole-action probes took "
+        << percent(m)
+        << " longer than the fastest (other load on the host slows its cores through their "
+           "caches and memory, steal or not); predictions from this profile are no surer than "
+           "that: calibrate again when the machine is quieter\n";
 }
 
 } // namespace dist::cli::calibration

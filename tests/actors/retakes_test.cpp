@@ -1,9 +1,13 @@
 // retakes_test.cpp: `dist calibrate` takes a timing again where its host stole from it, with a
-// stand-in for /proc/stat whose steal each test sets try by try.
+// stand-in for /proc/stat whose steal each test sets try by try; and says how far the machine's
+// pace moved between the passes of its probes.
 #include "cli/calibrate_parts.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -148,6 +152,95 @@ TEST_F(RetakesOnAHost, TheProfileSaysWhatWasStolenAndAWarningOnlyWhereSomeWasKep
         << warned.str();
     EXPECT_NE(steal_lines(spent).find("kept so even then: 1 (the most 25.0%)"), std::string::npos)
         << steal_lines(spent);
+}
+
+// A host that steals a fifth of the first try of the first timing and nothing after: each
+// reading moves the ticks on by 1000, the first try's second reading with 200 of them stolen.
+Retakes::Reader steals_first_try() {
+    auto reads = std::make_shared<int>(0);
+    auto now = std::make_shared<runtime::CpuTicks>(runtime::CpuTicks{5000, 100});
+    return [reads, now](const std::vector<int>&) {
+        now->all += 1000;
+        if (++*reads == 3) now->steal += 200; // the construction's, then the try's two
+        return *now;
+    };
+}
+
+TEST(Sweeps, AStolenSweepIsTakenAgainAndOnlyTheKeptTrysRowsAdded) {
+    Retakes r(60, steals_first_try());
+    std::ostringstream err;
+    Progress progress(err, 10);
+    progress.tick("before");
+    std::vector<int> out = {-1};
+    int tries = 0;
+    const std::string e = sweep_under<int>(r, progress, out, [&](std::vector<int>& rows) {
+        ++tries;
+        for (int i = 0; i < 3; ++i) {
+            rows.push_back(10 * tries + i);
+            progress.tick("rows");
+        }
+        return std::string();
+    });
+    EXPECT_EQ(e, "");
+    EXPECT_EQ(tries, 2);
+    EXPECT_EQ(r.retaken(), 1);
+    EXPECT_EQ(out, (std::vector<int>{-1, 20, 21, 22})); // the quiet second try's, once
+    EXPECT_EQ(progress.done(), 4); // the retake redrew its three steps, not added to them
+}
+
+TEST(Sweeps, EachTransportsMessagesOnceWhenTheirSweepIsTakenAgain) {
+    Retakes r(60, steals_first_try());
+    std::ostringstream err;
+    const std::vector<int64_t> message = {256, 4096};
+    Progress progress(err, 3 * static_cast<int>(message.size()));
+    std::vector<std::string> skipped;
+    const std::vector<TransferSample> got = measure_transfers(message, progress, r, skipped);
+    EXPECT_EQ(r.retaken(), 1); // the in-process fabric's sweep, the first
+    std::map<std::string, std::vector<int64_t>> sizes;
+    for (const TransferSample& t : got) {
+        EXPECT_GT(t.seconds, 0) << t.transport << " " << t.bytes;
+        sizes[t.transport].push_back(t.bytes);
+    }
+    EXPECT_EQ(sizes["inprocess"], message);
+    for (const char* ucx : {"ucx-sm", "ucx-tcp"}) {
+        const bool named = std::any_of(skipped.begin(), skipped.end(),
+                                       [&](const std::string& s) { return s.rfind(ucx, 0) == 0; });
+        if (!named) {
+            EXPECT_EQ(sizes[ucx], message) << ucx;
+        }
+    }
+    EXPECT_EQ(progress.done(), static_cast<int>(got.size()));
+}
+
+// The pace moved by the slowest pass over the fastest, in whichever set of passes moved more;
+// one pass alone is no movement.
+TEST(PaceMoved, TheSlowestPassOverTheFastestInEitherSet) {
+    EXPECT_NEAR(pace_moved({1.0, 1.1, 0.95}, {1.0, 1.02}), 1.1 / 0.95 - 1, 1e-12);
+    EXPECT_NEAR(pace_moved({1.0, 1.02}, {0.9, 1.08}), 0.2, 1e-12);
+    EXPECT_DOUBLE_EQ(pace_moved({1.3}, {}), 0.0);
+    EXPECT_DOUBLE_EQ(pace_moved({}, {}), 0.0);
+}
+
+TEST(PaceMoved, TheProfileListsEachPassAndWarnsOnlyBeyondATenth) {
+    const std::string steady = pace_lines({1.0, 1.05}, {0.99, 1.01});
+    EXPECT_NE(steady.find("on all the cores 1.0, 1.05; on one thread 0.99, 1.01"),
+              std::string::npos)
+        << steady;
+    EXPECT_NE(steady.find("took 5.0% longer than the fastest."), std::string::npos) << steady;
+    for (size_t at = 0; at < steady.size(); at = steady.find('\n', at) + 1)
+        EXPECT_EQ(steady[at], '#') << steady; // comments: the profile's numbers are unchanged
+    std::ostringstream quiet;
+    warn_if_moved({1.0, 1.08}, {}, quiet); // within a tenth
+    EXPECT_EQ(quiet.str(), "");
+
+    const std::string moved = pace_lines({1.0, 0.8, 1.0}, {});
+    EXPECT_NE(moved.find("took 25.0% longer than the fastest (over 10.0%"), std::string::npos)
+        << moved;
+    std::ostringstream warned;
+    warn_if_moved({1.0, 0.8, 1.0}, {}, warned);
+    EXPECT_NE(warned.str().find("took 25.0% longer than the fastest"), std::string::npos)
+        << warned.str();
+    EXPECT_EQ(pace_lines({1.2}, {}), ""); // one pass: nothing to say
 }
 
 } // namespace
