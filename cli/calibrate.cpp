@@ -1096,7 +1096,7 @@ std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int
                 timed[t][i].push_back({sum.first / n, sum.second / n});
                 progress.tick("whole actions");
             }
-        if (after_pass && after_probe_pass(pass, passes)) after_pass(pass);
+        if (after_pass) after_pass(pass);
     }
     // The ends' share of each probe on the CPU, timed unit by unit on its threads.
     if (devices == "cpu")
@@ -1879,12 +1879,15 @@ double spread_of(std::vector<double> variances, int32_t ranks) {
     return std::sqrt(median_of(std::move(variances)) / middle);
 }
 
+double spread_of(const SpreadRun& run, int32_t ranks, size_t pass) {
+    return pass < run.passes.size() ? spread_of(run.passes[pass], ranks) : 0.0;
+}
+
 double spread_of(const SpreadRun& run, int32_t ranks) {
-    double sum = 0;
-    int n = 0;
-    for (const std::vector<double>& pass : run.passes)
-        if (!pass.empty()) sum += spread_of(pass, ranks), ++n;
-    return n ? sum / n : 0.0;
+    std::vector<double> each;
+    for (size_t pass = 0; pass < run.passes.size(); ++pass)
+        if (!run.passes[pass].empty()) each.push_back(spread_of(run, ranks, pass));
+    return median_of(each);
 }
 
 // ----- the profile --------------------------------------------------------------------------
@@ -2041,9 +2044,9 @@ std::string profile_text(
     const std::vector<SharingPoint>& sharing, const std::vector<Oversubscribed>& over,
     const std::vector<ReuseRow>& reuse, const std::vector<std::string>& reuse_notes,
     const std::vector<SplitRow>& split, const std::vector<std::string>& split_notes, double slice,
-    double wake, double collective_wait, double core_spread, int spread_width,
-    const std::vector<TransferSample>& transfers, const std::vector<CollectiveSample>& collectives,
-    const std::vector<std::string>& skipped) {
+    double wake, double collective_wait, double core_spread, const std::string& spread_passes,
+    int spread_width, const std::vector<TransferSample>& transfers,
+    const std::vector<CollectiveSample>& collectives, const std::vector<std::string>& skipped) {
     const std::string date = utc_now();
     double best_one = 0, best_copy = 0;
     for (const MatmulRate& r : mm)
@@ -2193,12 +2196,13 @@ std::string profile_text(
         o << "# How far apart the cores' paces are: the standard deviation of one core's pace\n"
           << "# over a step against the cores' mean. " << cores
           << " data-parallel replicas of a GPT (width " << spread_width << ", four\n"
-          << "# blocks), one a core on one thread each, trained after every other pass of the\n"
-          << "# probes; in each such pass the median over the steps of the replicas' compute's\n"
-          << "# sample variance (against its mean), at the median of a normal sample variance;\n"
-          << "# the mean of the passes. Ranks that hold a core each are priced at the expected\n"
-          << "# paces of as many cores, the slowest to each in turn: a stage's members wait in\n"
-          << "# their collectives for the slowest, a pipeline's stages for each other.\n"
+          << "# blocks), one a core on one thread each, trained after every pass of the\n"
+          << "# probes; in each pass the median over the steps of the replicas' compute's\n"
+          << "# sample variance (against its mean), at the median of a normal sample variance\n"
+          << "# (" << spread_passes << "); the median of the passes. Ranks that hold a core\n"
+          << "# each are priced at the expected paces of as many cores, the slowest to each in\n"
+          << "# turn: a stage's members wait in their collectives for the slowest, a\n"
+          << "# pipeline's stages for each other.\n"
           << "core_spread = " << number(core_spread) << "\n";
     write_rows(o,
                "One-way seconds of a message (half an activation's round trip with its "
@@ -2282,21 +2286,22 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
                                  static_cast<int>(plan.seqs.size() * plan.head_dims.size()) +
                                  elementwise_kernels * static_cast<int>(plan.elements.size())) +
                       probe_runs + sharing_sets * static_cast<int>(sharing_counts(cores).size()) +
-                      oversubscribed_ticks(beyond, side_passes(passes)) +
-                      (spread ? side_passes(passes) : 0) +
+                      oversubscribed_ticks(beyond, side_passes(passes)) + (spread ? passes : 0) +
                       reuse_ticks(reuse) * side_passes(passes) + scheduler + 3 * messages +
                       4 * messages * (cores >= 4 ? 2 : 1) + 1;
     Progress progress(err, total);
     auto t0 = Clock::now();
     Retakes retakes(c.quick ? 10 : 120);
     // The probes on all the cores (one rank alone) and on one thread (many ranks), taking
-    // turns in each pass; where there are several cores every other pass is followed by the
-    // pipelines of more ranks than cores and by the replicas a core.
+    // turns in each pass; where there are several cores every pass is followed by the replicas
+    // a core (a second apiece), and every other pass by the pipelines of more ranks than cores
+    // and the activations beyond the caches.
     const std::vector<Probe> shapes = probe_shapes(c.quick);
     std::vector<std::vector<Probe>> both = run_probes(
         shapes, passes, c.quick, "cpu", counts, progress, retakes, skipped, [&](int pass) {
-            time_oversubscribed(beyond, pass, progress, retakes, skipped);
             time_spread(spread, progress, retakes, skipped);
+            if (!after_probe_pass(pass, passes)) return;
+            time_oversubscribed(beyond, pass, progress, retakes, skipped);
             time_reuse(reuse, progress, retakes, skipped);
         });
     std::vector<Probe> probes = std::move(both[0]);
@@ -2331,6 +2336,9 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
                           (c.device == "cpu" ? " --device cpu" : "") +
                           (c.cores > 0 ? " --cores " + std::to_string(c.cores) : "");
     double core_spread = spread ? spread_of(*spread, cores) : 0.0;
+    std::string spread_passes = "the passes'"; // each pass's spread, in pass order
+    for (size_t pass = 0; spread && pass < spread->passes.size(); ++pass)
+        spread_passes += (pass ? ", " : " ") + number(spread_of(*spread, cores, pass));
     if (core_spread >= 0.5) { // what a profile holds: a machine this uneven is not priced so
         skipped.push_back("the cores' spread: " + number(core_spread) +
                           " of a core's pace, beyond the 0.5 a profile holds");
@@ -2343,7 +2351,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
         return profile_text(name, command, cores, since(t0),
                             steal_lines(retakes) + pace_lines(pace_all, pace_one), fit, fewer,
                             by_width, mm, att, elt, sharing, over, reused, reuse_notes, split,
-                            split_notes, slice, wake, collective_wait, core_spread,
+                            split_notes, slice, wake, collective_wait, core_spread, spread_passes,
                             spread ? spread->width : 0, transfers, collectives, skipped);
     };
     // Split backwards against whole ones as the profile measured so far prices them.

@@ -270,9 +270,13 @@ double relative_variance(const std::vector<double>& values);
 /// A core's pace's standard deviation against its mean, from the steps' relative variances of
 /// `ranks` ranks at once: their median, at the median of a normal sample variance.
 double spread_of(std::vector<double> variances, int32_t ranks);
-/// The mean over the run's passes of each one's spread: the cores' paces move apart and
-/// together over minutes.
+/// The median over the run's passes of each one's spread (spread_of(run, ranks, pass)): the
+/// cores' paces move apart and together over minutes, and a pass in a spell of other load on
+/// one of them (0.05-0.07 where forty passes back to back gave 0.004-0.035 otherwise) sets
+/// the level no more than a slow pass of the probes does.
 double spread_of(const SpreadRun& run, int32_t ranks);
+/// Pass `pass`'s spread.
+double spread_of(const SpreadRun& run, int32_t ranks, size_t pass);
 
 /// The share of a model's time in its units that its ends take (embeddings, final norm, head
 /// and loss), forward and backward, and the share that its first end takes (the embeddings),
@@ -340,9 +344,9 @@ int side_passes(int passes);
 /// GPU's) with each of `threads` compute threads (0: the runtime's choice) and times their
 /// forwards and backwards, `passes` times each, each probe on every thread count in turn; the
 /// probes of each thread count, in its order (each empty where a probe failed). Run first, on
-/// a quiet process. `after_pass`, where given, runs after every other pass and the last
-/// (after_probe_pass) with the pass's index (other work timed at the same pace). Where a rank
-/// of one thread is probed beside one of several, each pass runs each one-thread probe on each
+/// a quiet process. `after_pass`, where given, runs after every pass with its index (other
+/// work timed at the same pace: after_probe_pass says which passes the heavier follow). Where a
+/// rank of one thread is probed beside one of several, each pass runs each one-thread probe on each
 /// of those cores, held to it (Probe::held), and keeps the mean, so that a core is priced at
 /// the cores' mean pace.
 std::vector<std::vector<Probe>> run_probes(const std::vector<Probe>& shapes, int passes, bool quick,

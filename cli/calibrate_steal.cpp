@@ -99,15 +99,15 @@ double pace_moved(const std::vector<double>& all, const std::vector<double>& one
 std::string pace_lines(const std::vector<double>& all, const std::vector<double>& one) {
     if (all.size() < 2 && one.size() < 2) return "";
     const double m = pace_moved(all, one);
-    std::string s = "# The whole-action probes' pace pass by pass (each pass's time over the "
-                    "times kept):\n# ";
-    if (!all.empty()) s += "on all the cores " + paces(all);
-    if (!one.empty()) s += std::string(all.empty() ? "" : "; ") + "on one thread " + paces(one);
-    s += ". The slowest pass\n# took " + percent(m) + " longer than the fastest";
+    std::string s = "# The whole-action probes' pace in each pass (its time over the times "
+                    "kept):\n";
+    if (!all.empty()) s += "# on all the cores " + paces(all) + "\n";
+    if (!one.empty()) s += "# on one thread " + paces(one) + "\n";
+    s += "# The slowest pass took " + percent(m) + " longer than the fastest";
     if (m > kPaceMoved)
         s += " (over " + percent(kPaceMoved) +
-             ": other load on the host,\n# steal or not, slowed some passes, and the rates are "
-             "less sure than that)";
+             ": other\n# load on the host, steal or not, slowed some passes, and the rates are "
+             "less sure\n# than that)";
     return s + ".\n";
 }
 

@@ -1607,11 +1607,19 @@ TEST(Calibrate, TheCoresSpreadIsTheDeviationOfTheirPaces) {
         }
         EXPECT_NEAR(cli::calibration::spread_of(variances, ranks), sigma, 0.05 * sigma) << ranks;
     }
-    // The run's passes: the mean of each one's.
+    // The run's passes: the median of each one's (a pass with no steps counts for none), so
+    // that one pass in a spell of other load does not set the level.
     cli::calibration::SpreadRun run;
-    run.passes = {{0.5 * 0.4549364 * 0.01}, {}, {0.5 * 0.4549364 * 0.09}};
-    EXPECT_NEAR(cli::calibration::spread_of(run, 2), (std::sqrt(0.005) + std::sqrt(0.045)) / 2,
-                1e-12);
+    auto pass_of = [](double spread) { // one step's variance whose spread is `spread`
+        return std::vector<double>{0.4549364 * spread * spread};
+    };
+    run.passes = {pass_of(0.01), {}, pass_of(0.2), pass_of(0.03)};
+    EXPECT_NEAR(cli::calibration::spread_of(run, 2, 2), 0.2, 1e-9);
+    EXPECT_EQ(cli::calibration::spread_of(run, 2, 1), 0.0);
+    EXPECT_EQ(cli::calibration::spread_of(run, 2, 9), 0.0);
+    EXPECT_NEAR(cli::calibration::spread_of(run, 2), 0.03, 1e-9);
+    run.passes.push_back(pass_of(0.02));
+    EXPECT_NEAR(cli::calibration::spread_of(run, 2), 0.025, 1e-9); // the middle two's mean
 }
 
 namespace {
@@ -1709,13 +1717,9 @@ TEST(Calibrate, ACoresPaceIsItsHeldRunsAgainstTheCoresMean) {
     EXPECT_TRUE(cli::calibration::cpu_paces({small, large}).empty());
 }
 
-// The probes of one thread beside those of every core: in each pass each one-thread probe runs
-// on two cores, held to each in turn, and the pass keeps their mean; the probes of every core
-// are not held. Each probe runs on both thread counts before the next one starts, and the work
-// after a pass follows every other pass and the last.
-// The work that follows the probes' passes (pipelines beyond the cores, replicas a core) runs
-// after every other pass and the last, as many times as side_passes says: twice in a
-// calibration's four passes, once in a quick one's one.
+// The heavier work that follows the probes' passes (pipelines beyond the cores, activations
+// beyond the caches) runs after every other pass and the last, as many times as side_passes
+// says: twice in a calibration's four passes, once in a quick one's one.
 TEST(Calibrate, SideWorkFollowsEveryOtherProbePassAndTheLast) {
     for (int passes = 1; passes <= 8; ++passes) {
         int n = 0;
@@ -1731,6 +1735,10 @@ TEST(Calibrate, SideWorkFollowsEveryOtherProbePassAndTheLast) {
     EXPECT_EQ(cli::calibration::side_passes(1), 1);
 }
 
+// The probes of one thread beside those of every core: in each pass each one-thread probe runs
+// on two cores, held to each in turn, and the pass keeps their mean; the probes of every core
+// are not held. Each probe runs on both thread counts before the next one starts, and
+// `after_pass` follows every pass.
 TEST(Calibrate, OneThreadProbesRunOnEachCoreInTurn) {
     const std::vector<int> cpus = cli::calibration::allowed_cpus();
     if (cpus.size() < 2) GTEST_SKIP() << "one CPU: no turns to take";
@@ -1746,7 +1754,7 @@ TEST(Calibrate, OneThreadProbesRunOnEachCoreInTurn) {
         cli::calibration::run_probes(shapes, passes, true, "cpu", {2, 1}, progress, retakes,
                                      skipped, [&](int pass) { after.push_back(pass); });
     ASSERT_TRUE(skipped.empty()) << skipped[0];
-    EXPECT_EQ(after, (std::vector<int>{1, 2}));
+    EXPECT_EQ(after, (std::vector<int>{0, 1, 2})); // every pass; after_probe_pass says for what
     ASSERT_EQ(both.size(), 2u);
     for (const Probe& pr : both[0]) {
         EXPECT_TRUE(pr.held.empty());
