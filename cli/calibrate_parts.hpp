@@ -270,6 +270,17 @@ double relative_variance(const std::vector<double>& values);
 /// A core's pace's standard deviation against its mean, from the steps' relative variances of
 /// `ranks` ranks at once: their median, at the median of a normal sample variance.
 double spread_of(std::vector<double> variances, int32_t ranks);
+/// A pass's pace (pass_pace) where the probes ran that pass, 1 (the kept pace) elsewhere.
+double at_pace(const std::vector<double>& pace, int pass);
+/// Whether the two passes (pass, median step) of a pipeline of ranks beyond the cores ran more
+/// than kPassesApart apart, each at the probes' pace in its pass: one of them met a spell of
+/// other load, and a third settles which. Run AS's calibration met one in its last pass: its
+/// pipelines' steps there 9-41% longer than in the pass before at the probes' pace, their
+/// factors the mean of the two, and dp 2 x tp 2 x pp 2 priced 1.16-1.22 times its step.
+bool passes_apart(const std::vector<std::pair<int, double>>& passes,
+                  const std::vector<double>& pace);
+inline constexpr double kPassesApart = 0.10;
+
 /// The median over the run's passes of each one's spread (spread_of(run, ranks, pass)): the
 /// cores' paces move apart and together over minutes, and a pass in a spell of other load on
 /// one of them (0.05-0.07 where forty passes back to back gave 0.004-0.035 otherwise) sets

@@ -1651,6 +1651,25 @@ TEST(Calibrate, APassesPaceIsItsProbesAgainstTheTimesTheyKeep) {
     EXPECT_TRUE(cli::calibration::pass_pace({}).empty());
 }
 
+// A pipeline beyond the cores timed in two passes is timed a third time where the two ran more
+// than a tenth apart at the probes' pace in each: a pass the probes ran 10% slow too says the
+// machine was slow then, not the pipeline.
+TEST(Calibrate, TwoPassesOfAPipelineMoreThanATenthApartAtThePacesAreTakenAThirdTime) {
+    using cli::calibration::at_pace;
+    using cli::calibration::passes_apart;
+    const std::vector<double> pace = {1.0, 1.0, 0.98, 1.1};
+    EXPECT_DOUBLE_EQ(at_pace(pace, 3), 1.1);
+    EXPECT_DOUBLE_EQ(at_pace(pace, 4), 1.0); // beyond the probes' passes: the kept pace
+    EXPECT_DOUBLE_EQ(at_pace(pace, -1), 1.0);
+    EXPECT_DOUBLE_EQ(at_pace({0.0}, 0), 1.0);
+    EXPECT_TRUE(passes_apart({{1, 0.100}, {2, 0.115}}, pace));  // 0.100 and 0.117
+    EXPECT_FALSE(passes_apart({{1, 0.100}, {3, 0.115}}, pace)); // 0.100 and 0.105
+    EXPECT_TRUE(passes_apart({{1, 0.130}, {3, 0.115}}, pace));  // 0.130 and 0.105
+    EXPECT_FALSE(passes_apart({{1, 0.100}, {2, 0.107}}, pace));
+    EXPECT_FALSE(passes_apart({{1, 0.100}}, pace)); // one pass: nothing to set it against
+    EXPECT_FALSE(passes_apart({{1, 0.100}, {2, 0.2}, {4, 0.1}}, pace)); // three: their median
+}
+
 // A row timed in two passes keeps their mean: the upper of the two middle values would take the
 // slower pass every time (a pipeline's row of two passes 120 and 131 ms at the probes' pace came
 // out at 131). The probes keep the middle pass, or the mean of the two middle ones by their sum,
