@@ -1515,12 +1515,15 @@ bool passes_apart(const std::vector<std::pair<int, double>>& passes,
 }
 
 // A pipeline whose two passes ran apart is timed a third time, at once (at the kept pace: the
-// probes have no pass there), for the median of three; `pass`: the index it is timed as.
-void settle_oversubscribed(std::vector<OversubscribedRun>& runs, const std::vector<double>& pace,
-                           int pass, Progress& progress, Retakes& retakes,
-                           std::vector<std::string>& skipped) {
+// probes have no pass there), for the median of three; `pass`: the index it is timed as. How
+// many ran apart.
+int settle_oversubscribed(std::vector<OversubscribedRun>& runs, const std::vector<double>& pace,
+                          int pass, Progress& progress, Retakes& retakes,
+                          std::vector<std::string>& skipped) {
+    int apart = 0;
     for (OversubscribedRun& run : runs) {
         if (!passes_apart(run.passes, pace)) continue;
+        ++apart;
         const int done = progress.done(); // a step the line did not count on
         std::string e =
             time_pipeline(run, pass, progress, retakes, "ranks beyond the cores, again");
@@ -1528,9 +1531,10 @@ void settle_oversubscribed(std::vector<OversubscribedRun>& runs, const std::vect
         if (!e.empty()) {
             skipped.push_back("ranks beyond the cores: " + e);
             runs.clear();
-            return;
+            break;
         }
     }
+    return apart;
 }
 
 DraftProfile::DraftProfile(const std::string& text) {
@@ -2345,7 +2349,10 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     std::vector<Probe> probes = std::move(both[0]);
     std::vector<Probe> probes_one = both.size() > 1 ? std::move(both[1]) : std::vector<Probe>{};
     const std::vector<double> pace_all = pass_pace(probes), pace_one = pass_pace(probes_one);
-    settle_oversubscribed(beyond, pace_one, passes, progress, retakes, skipped);
+    const int pipelines = static_cast<int>( // those timed in two passes
+        std::count_if(beyond.begin(), beyond.end(),
+                      [](const OversubscribedRun& r) { return r.passes.size() == 2; }));
+    const int apart = settle_oversubscribed(beyond, pace_one, passes, progress, retakes, skipped);
     auto mm = measure_matmuls(plan, progress, retakes);
     auto att = measure_attention(plan, progress, retakes);
     auto elt = measure_elementwise(plan, progress, retakes);
@@ -2387,11 +2394,12 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     const std::vector<ReuseRow> reused = fit_reuse(reuse, measured, reuse_notes);
     std::vector<SplitRow> split;
     auto text_with = [&](const std::vector<Oversubscribed>& over) {
-        return profile_text(name, command, cores, since(t0),
-                            steal_lines(retakes) + pace_lines(pace_all, pace_one), fit, fewer,
-                            by_width, mm, att, elt, sharing, over, reused, reuse_notes, split,
-                            split_notes, slice, wake, collective_wait, core_spread, spread_passes,
-                            spread ? spread->width : 0, transfers, collectives, skipped);
+        return profile_text(
+            name, command, cores, since(t0),
+            steal_lines(retakes) + pace_lines(pace_all, pace_one) + apart_lines(apart, pipelines),
+            fit, fewer, by_width, mm, att, elt, sharing, over, reused, reuse_notes, split,
+            split_notes, slice, wake, collective_wait, core_spread, spread_passes,
+            spread ? spread->width : 0, transfers, collectives, skipped);
     };
     // Split backwards against whole ones as the profile measured so far prices them.
     if (reuse.split) {
@@ -2407,6 +2415,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     progress.end();
     warn_if_stolen(retakes, err);
     warn_if_moved(pace_all, pace_one, err);
+    warn_if_apart(apart, pipelines, err);
     std::string text = text_with(over);
     std::string e = models::write_file_atomically(c.out, {text});
     if (!e.empty()) {

@@ -280,6 +280,13 @@ double at_pace(const std::vector<double>& pace, int pass);
 bool passes_apart(const std::vector<std::pair<int, double>>& passes,
                   const std::vector<double>& pace);
 inline constexpr double kPassesApart = 0.10;
+/// The profile's comment line on how many of the `pipelines` beyond the cores timed in two
+/// passes ran them apart ("" where none was: one core, or a quick calibration's one pass).
+std::string apart_lines(int apart, int pipelines);
+/// On `err`, a warning where half of the pipelines or more ran their passes apart: the spell of
+/// other load lasted. Calibrations that met the simulator's goals had one of eight so (runs AQ,
+/// AT); those that missed them four and seven (AU; AR and AS).
+void warn_if_apart(int apart, int pipelines, std::ostream& err);
 
 /// The median over the run's passes of each one's spread (spread_of(run, ranks, pass)): the
 /// cores' paces move apart and together over minutes, and a pass in a spell of other load on

@@ -123,4 +123,20 @@ void warn_if_moved(const std::vector<double>& all, const std::vector<double>& on
            "that: calibrate again when the machine is quieter\n";
 }
 
+std::string apart_lines(int apart, int pipelines) {
+    if (pipelines <= 0) return "";
+    return "# Pipelines beyond the cores whose two passes ran over " + percent(kPassesApart) +
+           " apart at the\n# probes' pace (each timed a third time, the median kept): " +
+           std::to_string(apart) + " of " + std::to_string(pipelines) + ".\n";
+}
+
+void warn_if_apart(int apart, int pipelines, std::ostream& err) {
+    if (pipelines <= 0 || 2 * apart < pipelines) return;
+    err << "calibrate: warning: " << apart << " of " << pipelines
+        << " pipelines beyond the cores ran their two passes over " << percent(kPassesApart)
+        << " apart at the probes' pace (each timed a third time): other load on the host moved "
+           "this machine's pace while it was measured, and predictions from this profile are "
+           "less sure: calibrate again when the machine is quieter\n";
+}
+
 } // namespace dist::cli::calibration

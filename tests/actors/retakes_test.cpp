@@ -243,5 +243,23 @@ TEST(PaceMoved, TheProfileListsEachPassAndWarnsOnlyBeyondATenth) {
     EXPECT_EQ(pace_lines({1.2}, {}), ""); // one pass: nothing to say
 }
 
+// The pipelines beyond the cores whose passes ran apart: always in the profile, on stderr from
+// half of them on.
+TEST(PaceMoved, PipelinesWhosePassesRanApartWarnFromHalfOfThem) {
+    EXPECT_NE(apart_lines(1, 8).find("(each timed a third time, the median kept): 1 of 8.\n"),
+              std::string::npos)
+        << apart_lines(1, 8);
+    EXPECT_EQ(apart_lines(0, 0), ""); // one core: no pipelines beyond it
+    std::ostringstream few, half, none;
+    warn_if_apart(3, 8, few);
+    EXPECT_EQ(few.str(), "");
+    warn_if_apart(4, 8, half);
+    EXPECT_NE(half.str().find("4 of 8 pipelines beyond the cores ran their two passes over 10.0%"),
+              std::string::npos)
+        << half.str();
+    warn_if_apart(0, 0, none);
+    EXPECT_EQ(none.str(), "");
+}
+
 } // namespace
 } // namespace dist::cli::calibration
