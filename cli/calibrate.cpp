@@ -2139,7 +2139,7 @@ std::string profile_text(
                           std::to_string(cache) + "\n"
                     : std::string())
       << "seconds = " << number(took) << "\n"
-      << host_lines // the host's steal, the probes' pace pass by pass
+      << host_lines // the host's steal, the probes' pace in each pass, the pipelines apart
       << "# Whole actions of small GPTs trained on one rank with all the cores, beside their\n"
       << "# kernels' prediction from the rates below: an action costs its kernels scaled and a\n"
       << "# fixed time more per block, fitted by least squares:\n";
@@ -2411,7 +2411,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     // Ranks beyond the cores, priced by the profile measured so far (one core: none beyond).
     std::vector<Oversubscribed> over;
     if (!probes_one.empty())
-        over = fit_oversubscribed(beyond, text_with({}), cores, pass_pace(probes_one), skipped);
+        over = fit_oversubscribed(beyond, text_with({}), cores, pace_one, skipped);
     progress.end();
     warn_if_stolen(retakes, err);
     warn_if_moved(pace_all, pace_one, err);

@@ -92,12 +92,11 @@ class Retakes {
 /// error too). What went wrong, or "".
 template <class Row>
 std::string sweep_under(Retakes& retakes, Progress& progress, std::vector<Row>& out,
-                        const std::function<std::string(std::vector<Row>&)>& sweep,
-                        const std::vector<int>& cpus = {}) {
+                        const std::function<std::string(std::vector<Row>&)>& sweep) {
     const int from = progress.done();
     std::vector<Row> tried, kept;
     std::string e = retakes.take(
-        cpus,
+        {}, // the process's CPUs
         [&] {
             progress.back_to(from);
             tried.clear();
