@@ -2298,7 +2298,15 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
             return 1;
         }
     }
-    const int32_t cores = c.cores > 0 ? c.cores : omp_get_num_procs();
+    // A calibration measures these cores: more than the process may run on would time ranks
+    // taking turns as if each had one (and 99 of them on two cores ran out of memory).
+    const int32_t here = omp_get_num_procs();
+    if (c.cores > here) {
+        err << "error: --cores " << c.cores << ": this process may run on " << here
+            << " cores, and a calibration measures those (give at most " << here << ")\n";
+        return 2;
+    }
+    const int32_t cores = c.cores > 0 ? c.cores : here;
     // Rates measured beside other work are low: say so before spending the minute.
     double load = 0;
     if (std::ifstream("/proc/loadavg") >> load; load > 0.5 * cores)

@@ -2731,6 +2731,11 @@ TEST(Calibrate, RefusesAnOutputThatIsNotAProfile) {
     r = run(std::string(DIST_BINARY) + " calibrate --device cuda --cores 2 --out " + file.string());
     EXPECT_EQ(r.status, 2);
     EXPECT_NE(r.out.find("a GPU's calibration has no cores to choose"), std::string::npos) << r.out;
+    // More cores than the process may run on: refused before anything is measured.
+    r = run(std::string(DIST_BINARY) + " calibrate --quick --device cpu --cores 4096 --out " +
+            file.string());
+    EXPECT_EQ(r.status, 2);
+    EXPECT_NE(r.out.find("--cores 4096: this process may run on"), std::string::npos) << r.out;
     if (kernels::gpu_count() == 0) {
         r = run(std::string(DIST_BINARY) + " calibrate --quick --device cuda --out " +
                 file.string());
