@@ -23,7 +23,9 @@
 # its prediction; each mesh is also set beside its prediction at the pace of the two reference
 # runs around it (their geometric mean of measured / predicted): the simulator's error with the
 # machine's speed of the moment taken out, what comparing two layouts rests on. The raw ratios
-# stay the first measure.
+# stay the first measure. Each run also times one of the profile's matmuls again before and after
+# it (`dist run`'s pace line): its rate over the calibrated one, each round, and each mesh beside
+# its prediction slowed as that matmul was, the check a user of `dist run` has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dist=$(realpath "${1:-build/bin/dist}")
@@ -117,7 +119,7 @@ run_one() { # round index label width overrides: one measured run, and the predi
     measure "$width" "$steps" "$tmp/m.jsonl" "$tmp/sim.$index.json" "$label" "$overrides" ||
         return 0
     "$py" - "$round" "$index" "$label" "$width" "$tmp" <<'PY'
-import json, sys
+import json, re, sys
 rnd, index, label, width, tmp = sys.argv[1:]
 # Steps 6 to the end, in the order they ran: the median step and, apart, the median bubble
 # (what `dist run` prints for the steps after the first).
@@ -126,11 +128,15 @@ steps = sorted(m["step_time_s"] for m in kept)
 bubbles = sorted(100 * m["bubble"] for m in kept)
 bubble = bubbles[len(bubbles) // 2]
 sim = json.load(open(f"{tmp}/sim.{index}.json"))
+# The run's own pace line: the profile's matmul timed again before and after it, its rate over
+# the calibrated one.
+rates = re.search(r"\npace: .* ran at ([\d.]+)x and ([\d.]+)x", open(f"{tmp}/run.txt").read())
 with open(f"{tmp}/runs.jsonl", "a") as f:
     f.write(json.dumps({"round": int(rnd), "index": int(index), "label": label, "width": int(width),
                         "step": steps[len(steps) // 2], "bubble": bubble,
                         "predicted": sim["step_time_s"],
-                        "predicted_bubble": 100 * sim["bubble_fraction"]}) + "\n")
+                        "predicted_bubble": 100 * sim["bubble_fraction"],
+                        "matmul": [float(x) for x in rates.groups()] if rates else None}) + "\n")
 PY
 }
 
@@ -172,8 +178,10 @@ for i, line in enumerate(lines):
 print("| mesh | width | measured step (ms), each round | predicted (ms), each round | "
       "predicted / measured, each round | fastest round: predicted / measured | median of the "
       "ratios | the reference's pace, each round | at that pace: predicted / measured, each round | "
-      "at that pace: median | measured bubble, each round | predicted bubble | bubble gap (points) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+      "at that pace: median | the run's matmul over its calibrated rate, before / after, each "
+      "round | at that pace: median | measured bubble, each round | predicted bubble | "
+      "bubble gap (points) |")
+print("|" + " --- |" * 15)
 rows = []
 for index in sorted({r["index"] for r in runs}):
     mine = sorted((r for r in runs if r["index"] == index), key=lambda r: r["round"])
@@ -183,22 +191,30 @@ for index in sorted({r["index"] for r in runs}):
     median = statistics.median(ratios)
     paced = [r["predicted"] * r["pace"] / r["step"] for r in mine if r["pace"]]
     paced_median = statistics.median(paced) if paced else float("nan")
+    # At the pace of the run's own matmul (the geometric mean of its two timings): the
+    # prediction slowed as the matmul was.
+    by_matmul = [r["predicted"] / statistics.geometric_mean(r["matmul"]) / r["step"]
+                 for r in mine if r.get("matmul") and min(r["matmul"]) > 0]
+    matmul_median = statistics.median(by_matmul) if by_matmul else float("nan")
     # The bubble of each round is its steps' median; the rounds' median beside the prediction.
     bubble = statistics.median(r["bubble"] for r in mine)
     predicted_bubble = statistics.median(r["predicted_bubble"] for r in mine)
     gap = predicted_bubble - bubble
     label = f"{mine[0]['label']} {mine[0]['width']}"
-    rows.append((at_fastest, median, gap, label, paced_median))
+    rows.append((at_fastest, median, gap, label, paced_median, matmul_median))
     print(f"| {mine[0]['label']} | {mine[0]['width']} | "
           f"{', '.join('%.1f' % (r['step'] * 1e3) for r in mine)} | "
           f"{', '.join('%.1f' % (r['predicted'] * 1e3) for r in mine)} | "
           f"{', '.join('%.2f' % x for x in ratios)} | {at_fastest:.2f} | {median:.2f} | "
           f"{', '.join('%.2f' % r['pace'] if r['pace'] else '-' for r in mine)} | "
           f"{', '.join('%.2f' % x for x in paced)} | {paced_median:.2f} | "
+          f"{', '.join('%.2f/%.2f' % tuple(r['matmul']) if r.get('matmul') else '-' for r in mine)} | "
+          f"{matmul_median:.2f} | "
           f"{', '.join('%.1f%%' % r['bubble'] for r in mine)} | {predicted_bubble:.1f}% | "
           f"{gap:+.1f} |")
 for name, k in (("the fastest round", 0), ("the median of the rounds' ratios", 1),
-                ("the median of the rounds' ratios at the reference's pace", 4)):
+                ("the median of the rounds' ratios at the reference's pace", 4),
+                ("the median of the rounds' ratios at the run's matmul's pace", 5)):
     errors = sorted((abs(r[k] - 1), r[k], r[3]) for r in rows)
     print(f"\nagainst {name}: {sum(e <= 0.10 for e, *_ in errors)} of {len(errors)} within 10% "
           f"of the measured step, {sum(e <= 0.15 for e, *_ in errors)} within 15%; worst: "

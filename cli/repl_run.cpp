@@ -2,6 +2,7 @@
 // training session, one worker per rank, as `dist run`), the loss of each, then the measured
 // step time and bubble (medians after the first step) beside the simulator's prediction for the
 // same plan; `explain` compares the last step's timeline.
+#include "cli/pace.hpp"
 #include "cli/repl.hpp"
 #include "cli/repl_format.hpp"
 
@@ -88,9 +89,13 @@ void ReplSession::cmd_run(const std::string& args) {
     };
     runtime::Session session(run_program, graph, so);
     runtime::SessionError e = session.open();
+    // On a calibrated CPU, the profile's matmul timed around the run (pace.hpp).
+    PaceCheck pace(p.mesh.profile);
+    if (e.message.empty()) pace.before();
     const runtime::CpuTicks ticks_before = runtime::read_cpu_ticks();
     if (e.message.empty()) e = session.run();
     const double stolen = runtime::stolen_share(ticks_before, runtime::read_cpu_ticks());
+    const std::string pace_line = e.message.empty() ? pace.after() : "";
     if (e.located) {
         out_.flush();
         err_ << e.message << std::flush; // rendered as the checker renders its errors
@@ -123,6 +128,7 @@ void ReplSession::cmd_run(const std::string& args) {
     if (std::string hint = sim::calibration_hint(p.mesh.profile); !hint.empty())
         out_ << hint << "\n";
     if (std::string note = runtime::stolen_note(stolen); !note.empty()) out_ << note << "\n";
+    if (!pace_line.empty()) out_ << pace_line << "\n";
     out_ << "(`explain` says where they differ)\n";
     last_measured_ = std::move(measured);
 }

@@ -2,6 +2,7 @@
 // (actors/runtime/session.hpp) on its mesh, in this process or as one of a job's processes; a
 // progress line, and after the run the measured bubble beside the simulated, a trace of the
 // last step and a sample.
+#include "cli/pace.hpp"
 #include "cli/planned.hpp"
 
 #include "actors/plan/stages.hpp"
@@ -199,9 +200,18 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
         placed = runtime::place_in_one_process(p, graph);
         for (const kernels::Device& d : placed) kernels::backend_for(d).allocator().reset_peak();
     }
+    // One process on a calibrated CPU: the profile's matmul timed before the run and after it,
+    // to say whether the machine ran as calibrated (pace.hpp). Another process's ranks would be
+    // waiting on this one's, or still running, while it is timed.
+    std::optional<PaceCheck> pace;
+    if (p.mesh.profile.cpu() && session.processes() == 1 && session.lead()) {
+        pace.emplace(p.mesh.profile);
+        pace->before();
+    }
     const runtime::CpuTicks ticks_before = runtime::read_cpu_ticks();
     e = session.run();
     const double stolen = runtime::stolen_share(ticks_before, runtime::read_cpu_ticks());
+    const std::string pace_line = pace && e.message.empty() ? pace->after() : "";
     const size_t measured_peak = kernels::Allocator::cpu().peak_bytes_in_use();
     if (tty && session.lead()) err << "\n";
     if (!e.message.empty()) {
@@ -226,6 +236,7 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
             if (std::string hint = sim::calibration_hint(p.mesh.profile); !hint.empty())
                 out << hint << "\n";
             if (std::string note = runtime::stolen_note(stolen); !note.empty()) out << note << "\n";
+            if (!pace_line.empty()) out << pace_line << "\n";
         }
         if (predicted.ok() && p.mesh.profile.cpu() && session.processes() == 1) {
             // Every rank lives in this process, on the host allocator: its peak against the most

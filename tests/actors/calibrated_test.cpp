@@ -2377,6 +2377,22 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     double t8 = nlohmann::json::parse(eight.out)["step_time_s"].get<double>();
     EXPECT_GT(t4, 0);
     EXPECT_GT(t8, 1.5 * t4);
+    // `dist run` on it times one of its matmuls again around the run, the squarest forward of
+    // the quick grid (32 and 256, one thread), and says how it ran against its calibrated rate.
+    Result ran =
+        run("DIST_PATH=" + dir.path.string() + " " + DIST_BINARY + " run " + DIST_SOURCE_DIR +
+            "/examples/gpt_tiny.dist --quiet --set mesh.devices=quick --set "
+            "model.width=32 --set train.batch=4 --set 'train.data=synthetic()' --set "
+            "train.stop_after=2");
+    ASSERT_EQ(ran.status, 0) << ran.out;
+    const size_t pace = ran.out.find("\npace: the profile's nt matmul 256 x 256 x 256 on 1 thread "
+                                     "ran at ");
+    ASSERT_NE(pace, std::string::npos) << ran.out;
+    EXPECT_NE(ran.out.find("its calibrated rate (" + c.date.substr(0, 10) +
+                               ") before and after the run; ",
+                           pace),
+              std::string::npos)
+        << ran.out;
 
     // Ranks beyond the cores: rows of 2 and 4 ranks a core at the probes' width where there are
     // several cores, of pipelines and of tensor-parallel groups of 2 along them. A plan of that

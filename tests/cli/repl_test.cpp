@@ -272,6 +272,11 @@ TEST(Repl, ExplainSetsApartTheWaitForACoreWhereRanksOutnumberTheCores) {
     ASSERT_EQ(ran.status, 0) << ran.out;
     EXPECT_NE(ran.out.find("(`dist sim` with the one profile)"), std::string::npos) << ran.out;
     EXPECT_EQ(ran.out.find("dist calibrate"), std::string::npos) << ran.out;
+    // ... and times again one of the profile's matmuls, the squarest forward of the quick
+    // calibration's one thread and its shapes of 32 and 256, against its calibrated rate.
+    EXPECT_NE(ran.out.find("\npace: the profile's nt matmul 256 x 256 x 256 on 1 thread ran at "),
+              std::string::npos)
+        << ran.out;
     // `explain` then gives, under F, its time on a core: measured by the rank's CPU clock,
     // predicted by the simulator of ranks sharing the cores.
     const size_t f = ran.out.find("\n  F ", ran.out.find("measured against predicted"));
@@ -283,6 +288,7 @@ TEST(Repl, ExplainSetsApartTheWaitForACoreWhereRanksOutnumberTheCores) {
                              "calibrate --device cpu --out"),
               std::string::npos)
         << guess.out;
+    EXPECT_EQ(guess.out.find("pace:"), std::string::npos) << guess.out; // nothing to time again
 }
 
 TEST(Repl, AThousandRanksPlanAndSimulate) {

@@ -470,6 +470,7 @@ TEST(Cli, RunWritesTheMeasuredStepBesideThePredictedOne) {
     EXPECT_NE(r.out.find("(the cpu profile is a datasheet guess, not this machine: "),
               std::string::npos)
         << r.out;
+    EXPECT_EQ(r.out.find("\npace: "), std::string::npos) << r.out; // no calibrated rate to time
     EXPECT_NE(r.out.find("predicted "), std::string::npos) << r.out;
     auto j = nlohmann::json::parse(slurp(dir / "t.json"));
     std::map<int, std::string> processes;

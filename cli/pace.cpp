@@ -1,0 +1,83 @@
+// pace.cpp: the profile's matmul timed again around a run (pace.hpp).
+#include "cli/pace.hpp"
+
+#include "cli/calibrate_parts.hpp"
+#include "kernels/cpu/ops.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <tuple>
+#include <vector>
+
+namespace dist::cli {
+
+std::optional<MatmulRate> pace_reference(const Calibration& c) {
+    if (c.gpu() || c.cores <= 0) return std::nullopt;
+    constexpr double most_flop = 512.0 * 512 * 512;
+    // The most threads, then the squarest (its smallest side the largest), then the largest.
+    auto key = [](const MatmulRate& r) {
+        return std::make_tuple(r.threads, std::min({r.m, r.n, r.k}), r.m * r.n * r.k);
+    };
+    std::optional<MatmulRate> best;
+    for (const MatmulRate& r : c.matmul) {
+        if (r.kernel != "nt" || !(r.warm > 0) || r.m <= 0 || r.n <= 0 || r.k <= 0 ||
+            r.threads <= 0 ||
+            static_cast<double>(r.m) * static_cast<double>(r.n) * static_cast<double>(r.k) >
+                most_flop)
+            continue;
+        if (!best || key(r) > key(*best)) best = r;
+    }
+    return best;
+}
+
+double pace_now(const MatmulRate& ref, double min_s) {
+    const std::vector<float> in = calibration::filled(ref.m * ref.k),
+                             weight = calibration::filled(ref.n * ref.k);
+    std::vector<float> out(static_cast<size_t>(ref.m * ref.n));
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(ref.threads);
+    const double s = calibration::per_call(
+        [&] {
+            kernels::cpu::matmul_forward<float>(in.data(), weight.data(), nullptr, ref.m, ref.k,
+                                                ref.n, out.data());
+        },
+        min_s);
+    omp_set_num_threads(threads);
+    const double flop =
+        2.0 * static_cast<double>(ref.m) * static_cast<double>(ref.n) * static_cast<double>(ref.k);
+    return s > 0 ? flop / s / ref.warm : 0.0;
+}
+
+std::string pace_note(const MatmulRate& ref, double before, double after,
+                      const std::string& calibrated_on) {
+    const char* meaning = "the machine ran as calibrated";
+    if (before < 1 - kPaceOff || after < 1 - kPaceOff)
+        meaning = "slower than calibrated: other load on the host slows the measured steps, "
+                  "not the prediction";
+    else if (before > 1 + kPaceOff || after > 1 + kPaceOff)
+        meaning = "faster than calibrated: the calibration met other load, and the prediction "
+                  "is slower than this machine now";
+    char buf[400];
+    std::snprintf(buf, sizeof buf,
+                  "pace: the profile's %s matmul %lld x %lld x %lld on %d thread%s ran at %.2fx "
+                  "and %.2fx its calibrated rate (%s) before and after the run; %s",
+                  ref.kernel.c_str(), static_cast<long long>(ref.m), static_cast<long long>(ref.n),
+                  static_cast<long long>(ref.k), ref.threads, ref.threads == 1 ? "" : "s", before,
+                  after, calibrated_on.c_str(), meaning);
+    return buf;
+}
+
+PaceCheck::PaceCheck(const HardwareProfile& profile)
+    : ref_(pace_reference(profile.calibration)), date_(profile.calibration.date) {
+    // The date alone ("2026-12-07T11:18:38Z" -> "2026-12-07").
+    if (const size_t t = date_.find('T'); t != std::string::npos) date_.resize(t);
+}
+
+std::string PaceCheck::after() {
+    if (!ref_) return "";
+    return pace_note(*ref_, before_, pace_now(*ref_), date_.empty() ? "undated" : date_);
+}
+
+} // namespace dist::cli

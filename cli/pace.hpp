@@ -1,0 +1,52 @@
+// pace.hpp: how fast this machine runs now against the profile it was calibrated into. A shared
+// machine runs the same work 20-30% slower in one spell than in another, minutes apart, with
+// little or no steal to show for it (other guests on the host's cores, their caches and their
+// memory): a run in a slow spell is slower than its prediction whatever the model. `dist run`
+// and the REPL's `run` time one of the profile's own matmuls again before and after the run and
+// set its rate beside the calibrated one.
+#pragma once
+
+#include "lang/program.hpp"
+
+#include <optional>
+#include <string>
+
+namespace dist::cli {
+
+/// The profile's row to time again: of the forward ("nt") matmuls a CPU calibration measured
+/// with their weight used again (`warm`: no arena of weights to fill), those on the most
+/// threads, and of them the squarest up to 512 x 512 x 512 (a few milliseconds a call); none in
+/// a profile without such rows (a datasheet's, a GPU's).
+std::optional<MatmulRate> pace_reference(const Calibration& c);
+
+/// The row's rate now over its calibrated one (`warm`), timed as `dist calibrate` timed it: on
+/// its threads, the fastest of three batches of at least `min_s` seconds after a warm-up call.
+double pace_now(const MatmulRate& ref, double min_s = 0.005);
+
+/// The rate's move, before or after the run, beyond which a run says the machine is not the one
+/// calibrated: the simulator's goal of a tenth.
+inline constexpr double kPaceOff = 0.10;
+
+/// The run's line on the pace: the row timed, its rate over the calibrated one before the run
+/// and after it, and what that means for the measured step against the predicted one.
+std::string pace_note(const MatmulRate& ref, double before, double after,
+                      const std::string& calibrated_on);
+
+/// Times `ref` before a run and again after it, for the run's line: nothing without a row to
+/// time (pace_reference).
+class PaceCheck {
+  public:
+    explicit PaceCheck(const HardwareProfile& profile);
+    void before() {
+        if (ref_) before_ = pace_now(*ref_);
+    }
+    /// The run's line, after timing the row again; "" without a row.
+    std::string after();
+
+  private:
+    std::optional<MatmulRate> ref_;
+    std::string date_;
+    double before_ = 0;
+};
+
+} // namespace dist::cli

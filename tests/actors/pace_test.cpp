@@ -1,0 +1,91 @@
+// pace_test.cpp: the profile's matmul that `dist run` and the REPL's `run` time again around a
+// run, and the line that says whether the machine ran as calibrated (cli/pace.hpp).
+#include "cli/pace.hpp"
+
+#include <gtest/gtest.h>
+
+#include <omp.h>
+
+#include <cmath>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+
+namespace dist::cli {
+namespace {
+
+MatmulRate row(const std::string& kernel, int64_t m, int64_t n, int64_t k, int32_t threads,
+               double warm) {
+    return {kernel, m, n, k, threads, 1e10, warm};
+}
+
+Calibration cpu_calibration() {
+    Calibration c;
+    c.cores = 2;
+    c.date = "2026-12-07T11:18:38Z";
+    c.matmul = {
+        row("nt", 512, 512, 512, 1, 9e10),    // one thread: fewer than the most measured
+        row("nt", 128, 128, 128, 2, 1.2e11),  // smaller than the square one below
+        row("nt", 32, 2048, 2048, 2, 1.5e11), // as many FLOPs as 512^3, far from square
+        row("nt", 512, 512, 512, 2, 1.8e11),  // the one
+        row("nt", 2048, 2048, 2048, 2, 2e11), // beyond 512^3: a tenth of a second a call
+        row("nn", 512, 512, 512, 4, 1.8e11),  // not a forward
+        row("nt", 512, 512, 512, 4, 0),       // no warm rate (a profile that did not time it)
+    };
+    return c;
+}
+
+TEST(Pace, TheReferenceIsTheSquarestForwardUpTo512CubedOnTheMostThreads) {
+    std::optional<MatmulRate> r = pace_reference(cpu_calibration());
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->kernel, "nt");
+    EXPECT_EQ(std::make_tuple(r->m, r->n, r->k, r->threads), std::make_tuple(512, 512, 512, 2));
+    EXPECT_EQ(r->warm, 1.8e11);
+}
+
+TEST(Pace, NoReferenceWithoutACpuCalibrationsWarmForwards) {
+    Calibration datasheet = cpu_calibration();
+    datasheet.cores = 0; // a datasheet profile's calibration is empty
+    EXPECT_FALSE(pace_reference(datasheet));
+    Calibration gpu = cpu_calibration();
+    gpu.device = "cuda"; // its rows are a GPU's kernels
+    EXPECT_FALSE(pace_reference(gpu));
+    Calibration cold = cpu_calibration();
+    for (MatmulRate& m : cold.matmul) m.warm = 0;
+    EXPECT_FALSE(pace_reference(cold));
+    EXPECT_EQ(PaceCheck(HardwareProfile{}).after(), "");
+}
+
+TEST(Pace, TheLineSaysWhichWayTheMachineMovedBeyondATenth) {
+    const MatmulRate ref = row("nt", 512, 512, 512, 2, 1.8e11);
+    const std::string calm = pace_note(ref, 0.95, 1.08, "2026-12-07");
+    EXPECT_NE(calm.find("the profile's nt matmul 512 x 512 x 512 on 2 threads ran at 0.95x and "
+                        "1.08x its calibrated rate (2026-12-07) before and after the run"),
+              std::string::npos)
+        << calm;
+    EXPECT_NE(calm.find("ran as calibrated"), std::string::npos) << calm;
+    // Slower beyond a tenth before or after: the measured steps, not the prediction.
+    for (auto [before, after] : {std::pair{0.85, 1.0}, std::pair{1.0, 0.85}}) {
+        const std::string slow = pace_note(ref, before, after, "2026-12-07");
+        EXPECT_NE(slow.find("slower than calibrated"), std::string::npos) << slow;
+    }
+    const std::string fast = pace_note(row("nt", 256, 256, 256, 1, 9e10), 1.0, 1.15, "d");
+    EXPECT_NE(fast.find("on 1 thread ran"), std::string::npos) << fast;
+    EXPECT_NE(fast.find("faster than calibrated"), std::string::npos) << fast;
+    // Both ways at once: the slow spell is the one that says the measured steps are off.
+    EXPECT_NE(pace_note(ref, 1.2, 0.8, "d").find("slower than calibrated"), std::string::npos);
+}
+
+// Timed for real: a rate over the row's, and the caller's OpenMP threads as they were.
+TEST(Pace, TimingTheRowLeavesTheCallersThreadsAsTheyWere) {
+    omp_set_num_threads(3);
+    const MatmulRate ref = row("nt", 64, 64, 64, 1, 1e9);
+    const double pace = pace_now(ref, 0.001);
+    EXPECT_TRUE(std::isfinite(pace));
+    EXPECT_GT(pace, 0);
+    EXPECT_EQ(omp_get_max_threads(), 3);
+}
+
+} // namespace
+} // namespace dist::cli
