@@ -179,7 +179,7 @@ print("| mesh | width | measured step (ms), each round | predicted (ms), each ro
       "predicted / measured, each round | fastest round: predicted / measured | median of the "
       "ratios | the reference's pace, each round | at that pace: predicted / measured, each round | "
       "at that pace: median | the run's matmul over its calibrated rate, before / after, each "
-      "round | at that pace: median | measured bubble, each round | predicted bubble | "
+      "round | at the matmul's pace: median | measured bubble, each round | predicted bubble | "
       "bubble gap (points) |")
 print("|" + " --- |" * 15)
 rows = []
