@@ -946,16 +946,6 @@ std::string time_probe(const Probe& pr, int32_t threads, std::pair<double, doubl
 
 } // namespace
 
-std::vector<int> allowed_cpus() {
-    cpu_set_t mask;
-    CPU_ZERO(&mask);
-    std::vector<int> cpus;
-    if (sched_getaffinity(0, sizeof mask, &mask) != 0) return cpus;
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-        if (CPU_ISSET(c, &mask)) cpus.push_back(c);
-    return cpus;
-}
-
 OnCpu::OnCpu(int cpu) {
     if (cpu < 0) return;
     CPU_ZERO(&saved_);
@@ -2305,11 +2295,14 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
         return 2;
     }
     const int32_t cores = c.cores > 0 ? c.cores : here;
-    // Rates measured beside other work are low: say so before spending the minute.
-    double load = 0;
-    if (std::ifstream("/proc/loadavg") >> load; load > 0.5 * cores)
-        err << "calibrate: warning: this machine is busy (load average " << load << " on " << cores
-            << " cores); what is measured now will be slower than an idle machine\n";
+    // Rates measured beside other work are low: say so before spending the minutes. Half a
+    // second of the cores' time as other processes use it now (the load average, a mean over
+    // the last minute, still counts a build that has just ended).
+    {
+        const runtime::OtherLoad before;
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        warn_if_others(before.share(), "over the last half second", err);
+    }
     Plan plan = plan_for(cores, c.quick);
     // One tick per measurement, in the order they run.
     const int threads = static_cast<int>(plan.threads.size());
@@ -2340,6 +2333,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     Progress progress(err, total);
     auto t0 = Clock::now();
     Retakes retakes(c.quick ? 10 : 120);
+    const runtime::OtherLoad others;
     // The probes on all the cores (one rank alone) and on one thread (many ranks), taking
     // turns in each pass; where there are several cores every pass is followed by the replicas
     // a core (a second apiece), and every other pass by the pipelines of more ranks than cores
@@ -2400,12 +2394,13 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     const std::vector<ReuseRow> reused = fit_reuse(reuse, measured, reuse_notes);
     std::vector<SplitRow> split;
     auto text_with = [&](const std::vector<Oversubscribed>& over) {
-        return profile_text(
-            name, command, cores, since(t0),
-            steal_lines(retakes) + pace_lines(pace_all, pace_one) + apart_lines(apart, pipelines),
-            fit, fewer, by_width, mm, att, elt, sharing, over, reused, reuse_notes, split,
-            split_notes, slice, wake, collective_wait, core_spread, spread_passes,
-            spread ? spread->width : 0, transfers, collectives, skipped);
+        return profile_text(name, command, cores, since(t0),
+                            steal_lines(retakes) + others_lines(others.share()) +
+                                pace_lines(pace_all, pace_one) + apart_lines(apart, pipelines),
+                            fit, fewer, by_width, mm, att, elt, sharing, over, reused, reuse_notes,
+                            split, split_notes, slice, wake, collective_wait, core_spread,
+                            spread_passes, spread ? spread->width : 0, transfers, collectives,
+                            skipped);
     };
     // Split backwards against whole ones as the profile measured so far prices them.
     if (reuse.split) {
@@ -2420,6 +2415,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
         over = fit_oversubscribed(beyond, text_with({}), cores, pace_one, skipped);
     progress.end();
     warn_if_stolen(retakes, err);
+    warn_if_others(others.share(), "while this ran", err);
     warn_if_moved(pace_all, pace_one, err);
     warn_if_apart(apart, pipelines, err);
     std::string text = text_with(over);

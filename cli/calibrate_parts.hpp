@@ -115,6 +115,13 @@ std::string steal_lines(const Retakes& r);
 /// On `err`, a warning where timings were kept with over Retakes::kStolen stolen.
 void warn_if_stolen(const Retakes& r, std::ostream& err);
 
+/// The profile's comment line on the cores' time other processes used while it was measured
+/// (runtime::OtherLoad).
+std::string others_lines(double share);
+/// On `err`, a warning where other processes used more than runtime::kOthersShare of the cores'
+/// time `when` ("while this ran").
+void warn_if_others(double share, const std::string& when, std::ostream& err);
+
 /// How far the machine's pace moved while it was measured: the slowest pass of the whole-action
 /// probes over the fastest, less 1, in each set of passes (pass_pace: on all the cores, on one
 /// thread), the larger; 0 where no set has two passes. Other guests of the host slow these
@@ -332,7 +339,7 @@ EndsShare ends_share(const Program& program, int rows, int32_t threads);
 std::pair<size_t, size_t> end_units(const ModelSpec& spec);
 
 /// The CPUs this process may run on, in order (empty where they cannot be read).
-std::vector<int> allowed_cpus();
+using runtime::allowed_cpus;
 
 /// Holds the calling thread, and every thread it starts meanwhile (a session's executor and
 /// actor threads inherit the mask of the thread that opens it), to one CPU until destroyed;

@@ -75,6 +75,20 @@ void warn_if_stolen(const Retakes& r, std::ostream& err) {
            "quieter\n";
 }
 
+std::string others_lines(double share) {
+    return "# Other processes on this machine used " + percent(share) +
+           " of these cores' time while this ran (in /proc/stat,\n# neither idle nor stolen nor "
+           "this process's own).\n";
+}
+
+void warn_if_others(double share, const std::string& when, std::ostream& err) {
+    if (!(share > runtime::kOthersShare)) return;
+    err << "calibrate: warning: other processes on this machine used " << percent(share)
+        << " of its cores' time " << when
+        << ": what is measured beside them is slower than this machine alone; calibrate when it "
+           "is idle\n";
+}
+
 namespace {
 
 // The slowest pass over the fastest, less 1; 0 for fewer than two passes.

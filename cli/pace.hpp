@@ -8,6 +8,7 @@
 
 #include "lang/program.hpp"
 
+#include <chrono>
 #include <optional>
 #include <string>
 
@@ -20,15 +21,22 @@ namespace dist::cli {
 std::optional<MatmulRate> pace_reference(const Calibration& c);
 
 /// The row's rate now over its calibrated one (`warm`), timed as `dist calibrate` timed it: on
-/// its threads, the fastest of three batches of at least `min_s` seconds after a warm-up call.
-double pace_now(const MatmulRate& ref, double min_s = 0.005);
+/// its threads, the fastest of three batches of at least `min_s` seconds, after calls for
+/// kPaceWarmUp_s.
+double pace_now(const MatmulRate& ref, double min_s = 0.01);
+inline constexpr double kPaceWarmUp_s = 0.02;
+/// How long a run's check waits before it times the row: the threads of a session just opened
+/// or just ended still held the cores for some milliseconds (timed at once, the row ran at a
+/// fifth of its rate after half the runs of a pipeline at width 512 here; after 50 ms, in none).
+inline constexpr std::chrono::milliseconds kPaceSettle{50};
 
-/// The rate's move, before or after the run, beyond which a run says the machine is not the one
-/// calibrated: the simulator's goal of a tenth.
+/// The rate's move over the run (the geometric mean of before and after) beyond which a run says
+/// the machine is not the one calibrated: the simulator's goal of a tenth.
 inline constexpr double kPaceOff = 0.10;
 
 /// The run's line on the pace: the row timed, its rate over the calibrated one before the run
-/// and after it, and what that means for the measured step against the predicted one.
+/// and after it, and what their geometric mean beyond kPaceOff means for the measured step
+/// against the predicted one.
 std::string pace_note(const MatmulRate& ref, double before, double after,
                       const std::string& calibrated_on);
 
@@ -37,9 +45,7 @@ std::string pace_note(const MatmulRate& ref, double before, double after,
 class PaceCheck {
   public:
     explicit PaceCheck(const HardwareProfile& profile);
-    void before() {
-        if (ref_) before_ = pace_now(*ref_);
-    }
+    void before();
     /// The run's line, after timing the row again; "" without a row.
     std::string after();
 

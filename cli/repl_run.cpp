@@ -93,8 +93,10 @@ void ReplSession::cmd_run(const std::string& args) {
     PaceCheck pace(p.mesh.profile);
     if (e.message.empty()) pace.before();
     const runtime::CpuTicks ticks_before = runtime::read_cpu_ticks();
+    const runtime::OtherLoad others;
     if (e.message.empty()) e = session.run();
     const double stolen = runtime::stolen_share(ticks_before, runtime::read_cpu_ticks());
+    const double others_used = others.share();
     const std::string pace_line = e.message.empty() ? pace.after() : "";
     if (e.located) {
         out_.flush();
@@ -128,6 +130,7 @@ void ReplSession::cmd_run(const std::string& args) {
     if (std::string hint = sim::calibration_hint(p.mesh.profile); !hint.empty())
         out_ << hint << "\n";
     if (std::string note = runtime::stolen_note(stolen); !note.empty()) out_ << note << "\n";
+    if (std::string note = runtime::others_note(others_used); !note.empty()) out_ << note << "\n";
     if (!pace_line.empty()) out_ << pace_line << "\n";
     out_ << "(`explain` says where they differ)\n";
     last_measured_ = std::move(measured);

@@ -209,8 +209,12 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
         pace->before();
     }
     const runtime::CpuTicks ticks_before = runtime::read_cpu_ticks();
+    // What other programs used of the cores over the run (in one process: with --procs the
+    // others would be this run's own).
+    const runtime::OtherLoad others;
     e = session.run();
     const double stolen = runtime::stolen_share(ticks_before, runtime::read_cpu_ticks());
+    const double others_used = session.processes() == 1 ? others.share() : 0.0;
     const std::string pace_line = pace && e.message.empty() ? pace->after() : "";
     const size_t measured_peak = kernels::Allocator::cpu().peak_bytes_in_use();
     if (tty && session.lead()) err << "\n";
@@ -236,6 +240,8 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
             if (std::string hint = sim::calibration_hint(p.mesh.profile); !hint.empty())
                 out << hint << "\n";
             if (std::string note = runtime::stolen_note(stolen); !note.empty()) out << note << "\n";
+            if (std::string note = runtime::others_note(others_used); !note.empty())
+                out << note << "\n";
             if (!pace_line.empty()) out << pace_line << "\n";
         }
         if (predicted.ok() && p.mesh.profile.cpu() && session.processes() == 1) {

@@ -1,6 +1,10 @@
 // steal.cpp: reading the host's steal from /proc/stat.
 #include "actors/runtime/steal.hpp"
 
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -26,6 +30,7 @@ bool line_ticks(std::string_view fields, CpuTicks& out) {
         if (ec != std::errc() || end == first || v < 0) return false;
         at += static_cast<size_t>(end - first);
         t.all += v;
+        if (k == 3 || k == 4) t.idle += v;
         if (k == 7) t.steal = v;
     }
     out = t;
@@ -57,6 +62,7 @@ CpuTicks cpu_ticks(std::string_view stat, const std::vector<int>& cpus) {
         if (wanted && line_ticks(line.substr(space), t)) {
             sum.all += t.all;
             sum.steal += t.steal;
+            sum.idle += t.idle;
         }
     }
     return sum;
@@ -74,6 +80,52 @@ double stolen_share(const CpuTicks& before, const CpuTicks& after) {
     const int64_t steal = after.steal - before.steal;
     if (all <= 0 || steal <= 0) return 0.0;
     return std::min(1.0, static_cast<double>(steal) / static_cast<double>(all));
+}
+
+std::vector<int> allowed_cpus() {
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    std::vector<int> cpus;
+    if (sched_getaffinity(0, sizeof mask, &mask) != 0) return cpus;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &mask)) cpus.push_back(c);
+    return cpus;
+}
+
+double process_cpu_seconds() {
+    rusage u{};
+    if (getrusage(RUSAGE_SELF, &u) != 0) return 0.0;
+    auto seconds = [](const timeval& t) {
+        return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+    };
+    return seconds(u.ru_utime) + seconds(u.ru_stime);
+}
+
+double others_share(const CpuTicks& before, const CpuTicks& after, double own_s, double tick_s) {
+    const int64_t all = after.all - before.all;
+    if (all <= 0 || !(tick_s > 0)) return 0.0;
+    const int64_t busy = all - (after.idle - before.idle) - (after.steal - before.steal);
+    const double others = static_cast<double>(busy) - std::max(0.0, own_s) / tick_s;
+    return std::clamp(others / static_cast<double>(all), 0.0, 1.0);
+}
+
+OtherLoad::OtherLoad()
+    : cpus_(allowed_cpus()), start_(read_cpu_ticks(cpus_)), own_s_(process_cpu_seconds()) {}
+
+double OtherLoad::share() const {
+    const long hz = ::sysconf(_SC_CLK_TCK);
+    return others_share(start_, read_cpu_ticks(cpus_), process_cpu_seconds() - own_s_,
+                        hz > 0 ? 1.0 / static_cast<double>(hz) : 0.0);
+}
+
+std::string others_note(double share) {
+    if (!(share > kOthersShare)) return "";
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "(other processes on this machine used %.1f%% of its cores' time during the "
+                  "run: the measured steps are slower than the machine is)",
+                  100 * share);
+    return buf;
 }
 
 std::string stolen_note(double share) {

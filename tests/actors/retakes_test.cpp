@@ -214,6 +214,21 @@ TEST(Sweeps, EachTransportsMessagesOnceWhenTheirSweepIsTakenAgain) {
 
 // The pace moved by the slowest pass over the fastest, in whichever set of passes moved more;
 // one pass alone is no movement.
+TEST(OtherLoad, TheProfileSaysWhatOtherProcessesUsedAndWarnsBeyondATenth) {
+    const std::string lines = others_lines(0.234);
+    EXPECT_NE(lines.find("used 23.4% of these cores' time while this ran"), std::string::npos)
+        << lines;
+    for (size_t at = 0; at < lines.size(); at = lines.find('\n', at) + 1)
+        EXPECT_EQ(lines[at], '#') << lines; // comments only
+    std::ostringstream quiet, busy;
+    warn_if_others(0.10, "while this ran", quiet);
+    EXPECT_EQ(quiet.str(), "");
+    warn_if_others(0.4, "over the last half second", busy);
+    EXPECT_NE(busy.str().find("used 40.0% of its cores' time over the last half second"),
+              std::string::npos)
+        << busy.str();
+}
+
 TEST(PaceMoved, TheSlowestPassOverTheFastestInEitherSet) {
     EXPECT_NEAR(pace_moved({1.0, 1.1, 0.95}, {1.0, 1.02}), 1.1 / 0.95 - 1, 1e-12);
     EXPECT_NEAR(pace_moved({1.0, 1.02}, {0.9, 1.08}), 0.2, 1e-12);

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <string>
 #include <thread>
@@ -70,6 +73,52 @@ TEST(Steal, ThisMachinesTicksGrowAndItsStealIsAPartOfThem) {
     EXPECT_GT(after.all, before.all);
     EXPECT_GE(after.steal, before.steal);
 #endif
+}
+
+TEST(Steal, TheIdleTicksAreIdleAndIowait) {
+    EXPECT_EQ(cpu_ticks(kStat).idle, 1000 + 10);
+    EXPECT_EQ(cpu_ticks(kStat, {0}).idle, 500 + 5);
+}
+
+// Worked by hand: 200 ticks of 10 ms pass, 60 of them idle and 10 stolen; of the 130 busy
+// ones this process used 0.9 s, 90 ticks: the other 40 are other processes', a fifth.
+TEST(OtherLoad, OthersAreTheBusyTimeBeyondThisProcesssOwn) {
+    const CpuTicks before{1000, 0, 500}, after{1200, 10, 560};
+    EXPECT_DOUBLE_EQ(others_share(before, after, 0.9, 0.01), 0.2);
+    EXPECT_DOUBLE_EQ(others_share(before, after, 1.3, 0.01), 0.0);  // all of it this process's
+    EXPECT_DOUBLE_EQ(others_share(before, after, 5.0, 0.01), 0.0);  // no less than none
+    EXPECT_DOUBLE_EQ(others_share(before, before, 0.0, 0.01), 0.0); // no time passed
+    EXPECT_DOUBLE_EQ(others_share({}, {}, 0.0, 0.01), 0.0);         // /proc/stat unread
+}
+
+// Another process that spins while this one waits for it: its time is others', at least its
+// one CPU's share of those this process may run on (more where others took the CPUs from it).
+TEST(OtherLoad, AnotherProcessSpinningIsOthers) {
+    const size_t cpus = allowed_cpus().size();
+    ASSERT_GT(cpus, 0u);
+    const OtherLoad load;
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
+        volatile double x = 0;
+        while (std::chrono::steady_clock::now() < end) x = x + 1;
+        ::_exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    const double share = load.share();
+    EXPECT_GT(share, 0.5 / static_cast<double>(cpus));
+    EXPECT_LE(share, 1.0);
+}
+
+TEST(OtherLoad, ARunSaysSoOnlyBeyondATenth) {
+    EXPECT_EQ(others_note(0.0), "");
+    EXPECT_EQ(others_note(kOthersShare), "");
+    const std::string note = others_note(0.35);
+    EXPECT_NE(note.find("other processes on this machine used 35.0% of its cores' time"),
+              std::string::npos)
+        << note;
 }
 
 } // namespace
