@@ -70,6 +70,8 @@ double since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// Seconds per call: one warm-up call, then three batches of at least `min_s` each; the fastest
+// (other work on a shared machine only ever slows a batch).
 double per_call(const std::function<void()>& call, double min_s) {
     call();
     std::vector<double> batches;

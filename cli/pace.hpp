@@ -20,11 +20,13 @@ namespace dist::cli {
 /// a profile without such rows (a datasheet's, a GPU's).
 std::optional<MatmulRate> pace_reference(const Calibration& c);
 
-/// The row's rate now over its calibrated one (`warm`), timed as `dist calibrate` timed it: on
-/// its threads, the fastest of three batches of at least `min_s` seconds, after calls for
-/// kPaceWarmUp_s.
+/// The row's rate now over its calibrated one (`warm`), timed as `dist calibrate` timed it, the
+/// fastest of batches on its threads: after calls for kPaceWarmUp_s, kPaceBatches batches of at
+/// least `min_s` seconds each, kPaceGap apart.
 double pace_now(const MatmulRate& ref, double min_s = 0.01);
 inline constexpr double kPaceWarmUp_s = 0.02;
+inline constexpr int kPaceBatches = 5;
+inline constexpr std::chrono::milliseconds kPaceGap{20};
 /// How long a run's check waits before it times the row: the threads of a session just opened
 /// or just ended still held the cores for some milliseconds (timed at once, the row ran at a
 /// fifth of its rate after half the runs of a pipeline at width 512 here; after 50 ms, in none).
