@@ -25,7 +25,8 @@
 # machine's speed of the moment taken out, what comparing two layouts rests on. The raw ratios
 # stay the first measure. Each run also times one of the profile's matmuls again before and after
 # it (`dist run`'s pace line): its rate over the calibrated one, each round, and each mesh beside
-# its prediction slowed as that matmul was, the check a user of `dist run` has.
+# its prediction slowed as that matmul was, the check a user of `dist run` has; a line after the
+# summaries says how often a timing read low and how the error follows either pace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dist=$(realpath "${1:-build/bin/dist}")
@@ -219,6 +220,26 @@ for name, k in (("the fastest round", 0), ("the median of the rounds' ratios", 1
     print(f"\nagainst {name}: {sum(e <= 0.10 for e, *_ in errors)} of {len(errors)} within 10% "
           f"of the measured step, {sum(e <= 0.15 for e, *_ in errors)} within 15%; worst: "
           + "; ".join(f"{label} {r:.2f}" for e, r, label in errors[-3:]))
+# The runs' pace lines: how often a timing read low, whether the runs the line calls slower (the
+# geometric mean of its two timings a tenth low, as `dist run` judges) ran further below their
+# prediction, and how the error follows the matmul's pace and the reference's.
+timed = [r for r in runs if r.get("matmul") and min(r["matmul"]) > 0 and r["pace"]]
+if len(timed) > 2:
+    readings = [x for r in timed for x in r["matmul"]]
+    error = [r["predicted"] / r["step"] for r in timed]
+    mm = [statistics.geometric_mean(r["matmul"]) for r in timed]
+    slow = [e for e, m in zip(error, mm) if m < 0.9]
+    rest = [e for e, m in zip(error, mm) if m >= 0.9]
+    def median(v): return f"{statistics.median(v):.2f}" if v else "-"
+    def corr(x, y):
+        try: return f"{statistics.correlation(x, y):.2f}"
+        except statistics.StatisticsError: return "-"
+    print(f"the runs' matmul: {sum(x < 0.6 for x in readings)} and {sum(x < 0.8 for x in readings)} "
+          f"of {len(readings)} timings below 0.6 and 0.8 of its calibrated rate; {len(slow)} of "
+          f"{len(timed)} runs its line calls slower, their median predicted / measured "
+          f"{median(slow)}, the others' {median(rest)}; the correlation of predicted / measured "
+          f"with the matmul's pace {corr(mm, error)}, with the reference's "
+          f"{corr([1 / r['pace'] for r in timed], error)}")
 gaps = sorted(abs(r[2]) for r in rows)
 print(f"bubble (the median of the rounds'): the largest gap {gaps[-1]:.1f} points; "
       f"{sum(g <= 5 for g in gaps)} of {len(gaps)} within 5")

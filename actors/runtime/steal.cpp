@@ -1,4 +1,4 @@
-// steal.cpp: reading the host's steal from /proc/stat.
+// steal.cpp: reading the host's steal, and other processes' busy time, from /proc/stat.
 #include "actors/runtime/steal.hpp"
 
 #include <sched.h>

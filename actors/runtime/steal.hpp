@@ -1,7 +1,9 @@
 // steal.hpp: how much of this machine's CPU time its host gave to others. On a virtual machine
 // the hypervisor runs other guests in a virtual CPU's turns; Linux counts that time as `steal`
 // in /proc/stat. A step timed then is slower than the machine is: `dist calibrate` takes such a
-// timing again, and `dist run` says how much was stolen beside its measured step.
+// timing again, and `dist run` says how much was stolen beside its measured step. Likewise the
+// time other processes of this machine used (OtherLoad): `/proc/stat`'s busy time beyond this
+// process's own.
 #pragma once
 
 #include <cstdint>
