@@ -118,24 +118,29 @@ double OtherLoad::share() const {
                         hz > 0 ? 1.0 / static_cast<double>(hz) : 0.0);
 }
 
-std::string others_note(double share) {
-    if (!(share > kOthersShare)) return "";
+namespace {
+
+// A run's line where `share` of the cores' time, beyond `limit`, went elsewhere: `who` took it
+// ("the host took"), of `what` ("this machine's time during the run").
+std::string slower_note(double share, double limit, const char* who, const char* what) {
+    if (!(share > limit)) return "";
     char buf[200];
     std::snprintf(buf, sizeof buf,
-                  "(other processes on this machine used %.1f%% of its cores' time during the "
-                  "run: the measured steps are slower than the machine is)",
-                  100 * share);
+                  "(%s %.1f%% of %s: the measured steps are slower than the machine is)", who,
+                  100 * share, what);
     return buf;
 }
 
+} // namespace
+
+std::string others_note(double share) {
+    return slower_note(share, kOthersShare, "other processes on this machine used",
+                       "its cores' time during the run");
+}
+
 std::string stolen_note(double share) {
-    if (!(share > kStolenShare)) return "";
-    char buf[200];
-    std::snprintf(buf, sizeof buf,
-                  "(the host took %.1f%% of this machine's time during the run, steal in "
-                  "/proc/stat: the measured steps are slower than the machine is)",
-                  100 * share);
-    return buf;
+    return slower_note(share, kStolenShare, "the host took",
+                       "this machine's time during the run, steal in /proc/stat");
 }
 
 } // namespace dist::runtime

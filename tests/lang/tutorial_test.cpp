@@ -52,6 +52,11 @@ std::string without_timings(std::string s) {
         {std::regex(R"(MB \([0-9.]+x\))"), "MB (#x)"},
         // Routing follows the weights, whose last bits differ between machines.
         {std::regex(R"(busiest took [0-9.]+x)"), "busiest took #x"},
+        // What other programs and the host took of the cores during a run, and how fast the
+        // profile's matmul ran around it, are the moment's (the tests beside this one take the
+        // other core): lines that come and go.
+        {std::regex(R"(\((other processes on this machine used|the host took) [^\n]*\)\n)"), ""},
+        {std::regex(R"(\npace: [^\n]*)"), ""},
     };
     for (const auto& [re, with] : masks) s = std::regex_replace(s, re, with);
     return s;
