@@ -70,12 +70,12 @@ double since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Seconds per call: one warm-up call, then three batches of at least `min_s` each; the fastest
-// (other work on a shared machine only ever slows a batch).
-double per_call(const std::function<void()>& call, double min_s) {
+double per_call(const std::function<void()>& call, double min_s, int batches_of,
+                std::chrono::milliseconds gap) {
     call();
     std::vector<double> batches;
-    for (int b = 0; b < 3; ++b) {
+    for (int b = 0; b < batches_of; ++b) {
+        if (b > 0 && gap.count() > 0) std::this_thread::sleep_for(gap);
         auto t0 = Clock::now();
         int calls = 0;
         do {
@@ -2336,6 +2336,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     auto t0 = Clock::now();
     Retakes retakes(c.quick ? 10 : 120);
     const runtime::OtherLoad others;
+    double others_used = 0; // read once the measuring is done, for the warning and the profile
     // The probes on all the cores (one rank alone) and on one thread (many ranks), taking
     // turns in each pass; where there are several cores every pass is followed by the replicas
     // a core (a second apiece), and every other pass by the pipelines of more ranks than cores
@@ -2397,7 +2398,7 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     std::vector<SplitRow> split;
     auto text_with = [&](const std::vector<Oversubscribed>& over) {
         return profile_text(name, command, cores, since(t0),
-                            steal_lines(retakes) + others_lines(others.share()) +
+                            steal_lines(retakes) + others_lines(others_used) +
                                 pace_lines(pace_all, pace_one) + apart_lines(apart, pipelines),
                             fit, fewer, by_width, mm, att, elt, sharing, over, reused, reuse_notes,
                             split, split_notes, slice, wake, collective_wait, core_spread,
@@ -2417,7 +2418,8 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
         over = fit_oversubscribed(beyond, text_with({}), cores, pace_one, skipped);
     progress.end();
     warn_if_stolen(retakes, err);
-    warn_if_others(others.share(), "while this ran", err);
+    others_used = others.share();
+    warn_if_others(others_used, "while this ran", err);
     warn_if_moved(pace_all, pace_one, err);
     warn_if_apart(apart, pipelines, err);
     std::string text = text_with(over);

@@ -26,6 +26,10 @@ using Clock = std::chrono::steady_clock;
 
 /// Seconds since `t0`.
 double since(Clock::time_point t0);
+/// Seconds per call of `call`: one warm-up call, then `batches` batches of at least `min_s`
+/// each, `gap` apart; the fastest (other work on a shared machine only ever slows a batch).
+double per_call(const std::function<void()>& call, double min_s, int batches = 3,
+                std::chrono::milliseconds gap = {});
 /// `n` floats drawn uniformly from [-scale, scale] (a fixed seed).
 std::vector<float> filled(int64_t n, float scale = 0.01f);
 /// A TOML float with four significant digits.

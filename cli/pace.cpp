@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -22,11 +23,11 @@ std::optional<MatmulRate> pace_reference(const Calibration& c) {
     auto key = [](const MatmulRate& r) {
         return std::make_tuple(r.threads, std::min({r.m, r.n, r.k}), r.m * r.n * r.k);
     };
+    // Each side within the calibration's grid (to 2048): a row edited by hand to a side of a
+    // billion would not ask for gigabytes here.
+    auto side = [](int64_t x) { return x > 0 && x <= 4096; };
     std::optional<MatmulRate> best;
     for (const MatmulRate& r : c.matmul) {
-        // Each side within the calibration's grid (to 2048): a row edited by hand to a side of a
-        // billion would not ask for gigabytes here.
-        auto side = [](int64_t x) { return x > 0 && x <= 4096; };
         if (r.kernel != "nt" || !(r.warm > 0) || !side(r.m) || !side(r.n) || !side(r.k) ||
             r.threads <= 0 ||
             static_cast<double>(r.m) * static_cast<double>(r.n) * static_cast<double>(r.k) >
@@ -41,7 +42,7 @@ double pace_now(const MatmulRate& ref, double min_s) {
     const std::vector<float> in = calibration::filled(ref.m * ref.k),
                              weight = calibration::filled(ref.n * ref.k);
     std::vector<float> out(static_cast<size_t>(ref.m * ref.n));
-    auto call = [&] {
+    const std::function<void()> call = [&] {
         kernels::cpu::matmul_forward<float>(in.data(), weight.data(), nullptr, ref.m, ref.k, ref.n,
                                             out.data());
     };
@@ -55,18 +56,7 @@ double pace_now(const MatmulRate& ref, double min_s) {
     while (calibration::since(t0) < kPaceWarmUp_s);
     // The fastest of batches apart: one of the two cores here ran at half its speed for tens of
     // milliseconds at a time in a slow hour, and three batches back to back all met it.
-    double s = 0;
-    for (int b = 0; b < kPaceBatches; ++b) {
-        if (b > 0) std::this_thread::sleep_for(kPaceGap);
-        const auto b0 = calibration::Clock::now();
-        int calls = 0;
-        do {
-            call();
-            ++calls;
-        } while (calibration::since(b0) < min_s);
-        const double each = calibration::since(b0) / calls;
-        s = b == 0 ? each : std::min(s, each);
-    }
+    const double s = calibration::per_call(call, min_s, kPaceBatches, kPaceGap);
     omp_set_num_threads(threads);
     const double flop =
         2.0 * static_cast<double>(ref.m) * static_cast<double>(ref.n) * static_cast<double>(ref.k);
