@@ -27,21 +27,51 @@ double unit_interval(uint64_t bits) {
 
 namespace {
 
+// Box-Muller turns two uniforms into two independent normals, r cos t and r sin t: elements
+// 2k and 2k + 1 of a parameter are that pair, drawn from one hash of (seed, name, k), its high
+// half the radius's uniform and its low half the angle's. Both outputs of one log and one
+// sincos, rather than one of each per element, make initialisation about three times faster.
+struct NormalPair {
+    float even, odd;
+};
+
+NormalPair normal_pair(uint64_t seed, uint64_t h, uint64_t k, double sd) {
+    const uint64_t bits = hash64(seed, h, k);
+    const double u1 = 1.0 - static_cast<double>(bits >> 32) * 0x1.0p-32; // in (0, 1]
+    const float u2 = static_cast<float>(static_cast<double>(bits & 0xffffffffu) * 0x1.0p-32);
+    const float r = static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * sd);
+    float s = 0.0f, c = 0.0f;
+    ::sincosf(2.0f * static_cast<float>(M_PI) * u2, &s, &c);
+    return {r * c, r * s};
+}
+
 // initial_value with the name's hash taken once, not at every element.
 float initial_value_of(uint64_t seed, uint64_t h, int64_t index, const Init& init) {
     switch (init.kind) {
     case Init::Kind::zeros: return 0.0f;
     case Init::Kind::ones: return 1.0f;
     case Init::Kind::normal: {
-        // Box-Muller on two uniforms drawn from (seed, name, index) alone.
-        uint64_t i = static_cast<uint64_t>(index);
-        double u1 = 1.0 - unit_interval(hash64(seed, h, 2 * i));
-        double u2 = unit_interval(hash64(seed, h, 2 * i + 1));
-        double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-        return static_cast<float>(z * init.std);
+        const NormalPair z = normal_pair(seed, h, static_cast<uint64_t>(index) >> 1, init.std);
+        return index % 2 == 0 ? z.even : z.odd;
     }
     }
     return 0.0f;
+}
+
+// Elements [0, n) of a whole parameter under `init`: a pair of normals at a time.
+void fill_whole(uint64_t seed, uint64_t h, int64_t n, const Init& init, float* x) {
+    if (init.kind != Init::Kind::normal) {
+        std::fill(x, x + n, initial_value_of(seed, h, 0, init));
+        return;
+    }
+    const int64_t pairs = n / 2;
+#pragma omp parallel for schedule(static) if (pairs >= (int64_t{1} << 15))
+    for (int64_t k = 0; k < pairs; ++k) {
+        const NormalPair z = normal_pair(seed, h, static_cast<uint64_t>(k), init.std);
+        x[2 * k] = z.even;
+        x[2 * k + 1] = z.odd;
+    }
+    if (n % 2 != 0) x[n - 1] = initial_value_of(seed, h, n - 1, init);
 }
 
 } // namespace
@@ -89,12 +119,17 @@ Parameter& ParameterStore::add(std::string name, std::vector<int64_t> shape, Ini
     p.shape = local;
     kernels::Tensor host(local);
     float* x = host.data<float>();
-    // Each element depends on its index alone: the threads split them in any order.
+    // Each element depends on its index alone: the threads split them in any order, and a
+    // shard evaluates the elements of the whole parameter it holds.
     const uint64_t h = name_hash(p.name);
     const int64_t n = host.numel();
+    if (shard.whole()) {
+        fill_whole(seed, h, n, init, x);
+    } else {
 #pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
-    for (int64_t i = 0; i < n; ++i)
-        x[i] = initial_value_of(seed, h, shard.global_index(shape, i), init);
+        for (int64_t i = 0; i < n; ++i)
+            x[i] = initial_value_of(seed, h, shard.global_index(shape, i), init);
+    }
     p.value = allocator_->device().kind == kernels::Device::Kind::cpu ? host : host.to(*allocator_);
     p.grad = kernels::Tensor::zeros(local, kernels::DType::f32, *allocator_);
     p.m = kernels::Tensor::zeros(local, kernels::DType::f32, *allocator_);

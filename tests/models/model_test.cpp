@@ -117,6 +117,49 @@ TEST(Model, InitialisationDependsOnSeedNameAndIndexOnly) {
     EXPECT_EQ(a.params().find("h.0.attn.qkv.bias")->value.data<float>()[3], 0.0f);
 }
 
+// The initial weights are independent normal draws: their moments, the share within one
+// standard deviation and the correlation of neighbours (the two halves of one Box-Muller pair,
+// and the last of one pair with the first of the next) are those of N(0, std^2). Bounds are
+// five standard errors of each statistic over n = 2^20 draws; a whole parameter filled a pair
+// at a time holds what each element's own function gives, odd lengths included.
+TEST(Model, InitialWeightsAreIndependentNormalDraws) {
+    const double sd = 0.05;
+    ParameterStore store;
+    const Parameter& p = store.add("w", {1024, 1024}, Init::normal(sd), true, 11);
+    const float* x = p.value.data<float>();
+    const int64_t n = p.value.numel();
+    double sum = 0, sq = 0, fourth = 0, within = 0, pair = 0, across = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const double z = x[i] / sd;
+        sum += z;
+        sq += z * z;
+        fourth += z * z * z * z;
+        within += std::abs(z) < 1.0 ? 1.0 : 0.0;
+        if (i + 1 < n) (i % 2 == 0 ? pair : across) += z * (x[i + 1] / sd);
+    }
+    const double N = static_cast<double>(n), se = 1.0 / std::sqrt(N);
+    EXPECT_NEAR(sum / N, 0.0, 5 * se);
+    EXPECT_NEAR(sq / N, 1.0, 5 * std::sqrt(2.0) * se);         // var(z^2) = 2
+    EXPECT_NEAR(fourth / N, 3.0, 5 * std::sqrt(96.0) * se);    // var(z^4) = 105 - 9
+    EXPECT_NEAR(within / N, 0.682689, 5 * 0.466 * se);         // sqrt(p (1 - p))
+    EXPECT_NEAR(pair / (N / 2), 0.0, 5 * std::sqrt(2.0) * se); // var(z z') = 1, n/2 terms
+    EXPECT_NEAR(across / (N / 2), 0.0, 5 * std::sqrt(2.0) * se);
+    for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{77}, n - 2, n - 1})
+        EXPECT_EQ(x[i], initial_value(11, "w", i, p.init)) << i;
+    const Parameter& odd = store.add("b", {7}, Init::normal(sd), false, 11);
+    for (int64_t i = 0; i < 7; ++i)
+        EXPECT_EQ(odd.value.data<float>()[i], initial_value(11, "b", i, odd.init)) << i;
+    // A shard evaluates each element on its own: the same values at the same global indices.
+    const Parameter& cols =
+        store.add("w_cols", {4, 9}, Init::normal(sd), true, 11, Shard::range(1, 3, 8));
+    ParameterStore whole;
+    const Parameter& all = whole.add("w_cols", {4, 9}, Init::normal(sd), true, 11);
+    for (int64_t i = 0; i < cols.value.numel(); ++i)
+        EXPECT_EQ(cols.value.data<float>()[i],
+                  all.value.data<float>()[cols.shard.global_index({4, 9}, i)])
+            << i;
+}
+
 TEST(Model, InitialLossIsNearTheUniformOne) {
     // With small random weights the predictions are nearly uniform: loss ~ ln(vocab).
     ModelSpec spec = spec_of("gpt(vocab: 64, context: 16, layers: 2, heads: 2, width: 32)");
