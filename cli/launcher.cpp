@@ -7,6 +7,7 @@
 // the others get a grace period to stop on their own (the coordinator tells them), then
 // SIGTERM, then SIGKILL. Ctrl-C or SIGTERM to the launcher ends them the same way. The
 // children die with the launcher (PR_SET_PDEATHSIG) even when it is killed outright.
+#include "actors/runtime/steal.hpp"
 #include "cli/commands.hpp"
 #include "transport/launch.hpp"
 
@@ -105,6 +106,9 @@ int launch_local(int procs, const std::vector<std::string>& args, std::ostream& 
     ::sigaction(SIGTERM, &sa, nullptr);
     std::signal(SIGPIPE, SIG_IGN);
 
+    // What other programs used of the cores while the job ran: this launcher's children are the
+    // job's own, counted once they have been waited for.
+    const runtime::OtherLoad others(true);
     std::vector<Child> children(static_cast<size_t>(procs));
     // On a failure to start them all, those started go (killed, reaped, their pipes closed).
     auto give_up = [&](const std::string& what) {
@@ -252,6 +256,9 @@ int launch_local(int procs, const std::vector<std::string>& args, std::ostream& 
             killed = true;
         }
     }
+    if (result == 0)
+        if (std::string note = runtime::others_note(others.share()); !note.empty())
+            out << note << "\n";
     return result;
 }
 

@@ -92,13 +92,16 @@ std::vector<int> allowed_cpus() {
     return cpus;
 }
 
-double process_cpu_seconds() {
-    rusage u{};
-    if (getrusage(RUSAGE_SELF, &u) != 0) return 0.0;
-    auto seconds = [](const timeval& t) {
-        return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+double process_cpu_seconds(bool with_children) {
+    auto seconds = [](int who) {
+        rusage u{};
+        if (getrusage(who, &u) != 0) return 0.0;
+        auto of = [](const timeval& t) {
+            return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+        };
+        return of(u.ru_utime) + of(u.ru_stime);
     };
-    return seconds(u.ru_utime) + seconds(u.ru_stime);
+    return seconds(RUSAGE_SELF) + (with_children ? seconds(RUSAGE_CHILDREN) : 0.0);
 }
 
 double others_share(const CpuTicks& before, const CpuTicks& after, double own_s, double tick_s) {
@@ -109,12 +112,13 @@ double others_share(const CpuTicks& before, const CpuTicks& after, double own_s,
     return std::clamp(others / static_cast<double>(all), 0.0, 1.0);
 }
 
-OtherLoad::OtherLoad()
-    : cpus_(allowed_cpus()), start_(read_cpu_ticks(cpus_)), own_s_(process_cpu_seconds()) {}
+OtherLoad::OtherLoad(bool with_children)
+    : with_children_(with_children), cpus_(allowed_cpus()), start_(read_cpu_ticks(cpus_)),
+      own_s_(process_cpu_seconds(with_children)) {}
 
 double OtherLoad::share() const {
     const long hz = ::sysconf(_SC_CLK_TCK);
-    return others_share(start_, read_cpu_ticks(cpus_), process_cpu_seconds() - own_s_,
+    return others_share(start_, read_cpu_ticks(cpus_), process_cpu_seconds(with_children_) - own_s_,
                         hz > 0 ? 1.0 / static_cast<double>(hz) : 0.0);
 }
 

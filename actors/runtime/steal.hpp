@@ -29,20 +29,23 @@ double stolen_share(const CpuTicks& before, const CpuTicks& after);
 
 /// The CPUs this process may run on (its affinity); empty where that cannot be read.
 std::vector<int> allowed_cpus();
-/// The CPU time this process's threads have used, user and system, in seconds.
-double process_cpu_seconds();
+/// The CPU time this process's threads have used, user and system, in seconds; with
+/// `with_children`, and that of its children that have ended and been waited for.
+double process_cpu_seconds(bool with_children = false);
 /// The share of the CPUs' time between two readings that other processes of this machine used:
 /// the time neither idle nor stolen, less `own_s` seconds of this process's own (/proc/stat
 /// counts in ticks of `tick_s` seconds); 0 where no time passed.
 double others_share(const CpuTicks& before, const CpuTicks& after, double own_s, double tick_s);
 /// How much of its CPUs' time other processes used since construction: the CPUs this process
-/// may run on, read from /proc/stat (0 where it cannot be read), against this process's own.
+/// may run on, read from /proc/stat (0 where it cannot be read), against this process's own
+/// (and, with `with_children`, its children's: a launcher reads it once it has waited for them).
 class OtherLoad {
   public:
-    OtherLoad();
+    explicit OtherLoad(bool with_children = false);
     double share() const;
 
   private:
+    bool with_children_;
     std::vector<int> cpus_;
     CpuTicks start_;
     double own_s_;

@@ -112,6 +112,27 @@ TEST(OtherLoad, AnotherProcessSpinningIsOthers) {
     EXPECT_LE(share, 1.0);
 }
 
+// A launcher counts the children it has waited for as its own: the child's spinning is then
+// not others', by at least the same share.
+TEST(OtherLoad, ALaunchersChildrenAreItsOwn) {
+    const size_t cpus = allowed_cpus().size();
+    ASSERT_GT(cpus, 0u);
+    const OtherLoad alone, with_children(true);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
+        volatile double x = 0;
+        while (std::chrono::steady_clock::now() < end) x = x + 1;
+        ::_exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    const double without = alone.share(), with = with_children.share();
+    EXPECT_GT(without - with, 0.5 / static_cast<double>(cpus)) << without << " " << with;
+    EXPECT_GE(with, 0.0);
+}
+
 TEST(OtherLoad, ARunSaysSoOnlyBeyondATenth) {
     EXPECT_EQ(others_note(0.0), "");
     EXPECT_EQ(others_note(kOthersShare), "");
