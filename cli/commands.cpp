@@ -1,6 +1,7 @@
 // commands.cpp: check, fmt and eval: thin layers over the front end and the models.
 // (plan and sim are in plan_commands.cpp, run in run_command.cpp.)
 #include "cli/commands.hpp"
+#include "cli/planned.hpp"
 #include "lang/program_json.hpp"
 
 #include "lang/check.hpp"
@@ -27,19 +28,8 @@ namespace fs = std::filesystem;
 
 namespace dist::cli {
 
-namespace {
-
-lang::CheckResult check(const CommonOptions& o) {
-    lang::FrontendOptions fo;
-    fo.search_roots = lang::default_search_roots();
-    fo.overrides = o.overrides;
-    return lang::check_file(o.file, fo);
-}
-
-} // namespace
-
 int run_check(const CommonOptions& o, std::ostream& out, std::ostream& err) {
-    lang::CheckResult r = check(o);
+    lang::CheckResult r = check_script(o);
     if (!r.ok()) {
         err << r.report();
         return 1;
@@ -93,7 +83,7 @@ int run_fmt(const CommonOptions& o, bool write, bool check_only, std::ostream& o
 int run_eval(const CommonOptions& o, const std::string& load, const std::string& data_file,
              bool json, std::ostream& out, std::ostream& err) {
     // Evaluation runs the whole model on this machine, whatever the mesh.
-    lang::CheckResult checked = check(o);
+    lang::CheckResult checked = check_script(o);
     if (!checked.ok()) {
         err << checked.report();
         return 1;

@@ -65,9 +65,16 @@ struct RunOptions {
 int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, std::ostream& err);
 /// `dist run --procs N`: runs `args` (argv[0] first, without --procs) as N processes of one job
 /// on this host, forwarding their output with a "[i] " prefix; the exit status is the first
-/// failing process's (0 when all succeed).
+/// failing process's (0 when all succeed). After a job that succeeded, it says what other
+/// processes used of the cores while it ran (beyond a tenth) and, with `pace`, how fast the
+/// profile's matmul ran before the processes started and after they ended (pace.hpp).
+class PaceCheck;
 int launch_local(int procs, const std::vector<std::string>& args, std::ostream& out,
-                 std::ostream& err);
+                 std::ostream& err, PaceCheck* pace = nullptr);
+/// launch_local for the script of `o`: with the pace check of its profile where the script
+/// checks and its devices are a calibrated CPU's (its errors are the processes' to print).
+int run_procs(const CommonOptions& o, int procs, const std::vector<std::string>& args,
+              std::ostream& out, std::ostream& err);
 /// The mean next-token loss of the weights in `load` over a data file.
 /// Continues prompts (given, or read one per line from `in`) with the model in `load`, on the
 /// script's mesh; the text goes to `out` as it is produced, tokens per second to `err`.

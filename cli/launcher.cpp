@@ -9,6 +9,7 @@
 // children die with the launcher (PR_SET_PDEATHSIG) even when it is killed outright.
 #include "actors/runtime/steal.hpp"
 #include "cli/commands.hpp"
+#include "cli/pace.hpp"
 #include "transport/launch.hpp"
 
 #include <csignal>
@@ -82,7 +83,7 @@ std::string describe(int status) {
 } // namespace
 
 int launch_local(int procs, const std::vector<std::string>& args, std::ostream& out,
-                 std::ostream& err) {
+                 std::ostream& err, PaceCheck* pace) {
     if (procs < 1) {
         err << "error: --procs needs at least 1 process\n";
         return 2;
@@ -106,6 +107,9 @@ int launch_local(int procs, const std::vector<std::string>& args, std::ostream& 
     ::sigaction(SIGTERM, &sa, nullptr);
     std::signal(SIGPIPE, SIG_IGN);
 
+    // The profile's matmul timed with the machine to itself, before the processes start and
+    // after they have all ended.
+    if (pace) pace->before();
     // What other programs used of the cores while the job ran: this launcher's children are the
     // job's own, counted once they have been waited for.
     const runtime::OtherLoad others(true);
@@ -256,9 +260,11 @@ int launch_local(int procs, const std::vector<std::string>& args, std::ostream& 
             killed = true;
         }
     }
-    if (result == 0)
+    if (result == 0) {
         if (std::string note = runtime::others_note(others.share()); !note.empty())
             out << note << "\n";
+        if (std::string line = pace ? pace->after() : ""; !line.empty()) out << line << "\n";
+    }
     return result;
 }
 

@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
                 if (a.rfind("--procs=", 0) == 0) continue;
                 args.push_back(a);
             }
-            return dist::cli::launch_local(procs, args, std::cout, std::cerr);
+            return dist::cli::run_procs(common, procs, args, std::cout, std::cerr);
         }
         run_options.progress = !quiet;
         return dist::cli::run_train(common, run_options, std::cout, std::cerr);

@@ -16,11 +16,15 @@
 
 namespace dist::cli {
 
-std::optional<Planned> planned(const CommonOptions& o, std::ostream& err) {
+lang::CheckResult check_script(const CommonOptions& o) {
     lang::FrontendOptions fo;
     fo.search_roots = lang::default_search_roots();
     fo.overrides = o.overrides;
-    lang::CheckResult r = lang::check_file(o.file, fo);
+    return lang::check_file(o.file, fo);
+}
+
+std::optional<Planned> planned(const CommonOptions& o, std::ostream& err) {
+    lang::CheckResult r = check_script(o);
     if (!r.ok()) {
         err << r.report();
         return std::nullopt;

@@ -5,6 +5,7 @@
 
 #include "actors/plan/graph.hpp"
 #include "cli/commands.hpp"
+#include "lang/check.hpp"
 #include "lang/program.hpp"
 
 #include <iosfwd>
@@ -16,6 +17,9 @@ struct Planned {
     Program program;
     plan::Graph graph;
 };
+
+/// The script of `o` checked, with its `--set` values and the default search roots.
+lang::CheckResult check_script(const CommonOptions& o);
 
 /// The program of `o` and its graph, or nothing after printing why to `err`.
 std::optional<Planned> planned(const CommonOptions& o, std::ostream& err);

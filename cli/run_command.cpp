@@ -132,6 +132,14 @@ std::string gpu_memory_line(const std::vector<kernels::Device>& placed, const si
 
 } // namespace
 
+int run_procs(const CommonOptions& o, int procs, const std::vector<std::string>& args,
+              std::ostream& out, std::ostream& err) {
+    const lang::CheckResult r = check_script(o);
+    std::optional<PaceCheck> pace;
+    if (r.ok() && r.program->mesh.profile.cpu()) pace.emplace(r.program->mesh.profile);
+    return launch_local(procs, args, out, err, pace ? &*pace : nullptr);
+}
+
 int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, std::ostream& err) {
     std::optional<Planned> plan = planned(o, err);
     if (!plan) return 1;
@@ -202,7 +210,8 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
     }
     // One process on a calibrated CPU: the profile's matmul timed before the run and after it,
     // to say whether the machine ran as calibrated (pace.hpp). Another process's ranks would be
-    // waiting on this one's, or still running, while it is timed.
+    // waiting on this one's, or still running, while it is timed: with `--procs` the launcher
+    // times it (run_procs).
     std::optional<PaceCheck> pace;
     if (p.mesh.profile.cpu() && session.processes() == 1 && session.lead()) {
         pace.emplace(p.mesh.profile);

@@ -2393,6 +2393,19 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
                            pace),
               std::string::npos)
         << ran.out;
+    // In two processes the launcher times it, before they start and after they have ended:
+    // one line, its own, not a process's.
+    Result apart_run =
+        run("DIST_PATH=" + dir.path.string() + " " + DIST_BINARY + " run " + DIST_SOURCE_DIR +
+            "/examples/gpt_tiny.dist --quiet --procs 2 --set mesh.devices=quick --set "
+            "mesh.pp=2 --set model.width=32 --set train.batch=4 --set 'train.data=synthetic()' "
+            "--set train.stop_after=2");
+    ASSERT_EQ(apart_run.status, 0) << apart_run.out;
+    const size_t launcher_pace =
+        apart_run.out.find("\npace: the profile's nt matmul 256 x 256 x 256 on 1 thread ran at ");
+    ASSERT_NE(launcher_pace, std::string::npos) << apart_run.out;
+    EXPECT_EQ(apart_run.out.find("pace:", launcher_pace + 6), std::string::npos) << apart_run.out;
+    EXPECT_EQ(apart_run.out.find("] pace:"), std::string::npos) << apart_run.out;
 
     // Ranks beyond the cores: rows of 2 and 4 ranks a core at the probes' width where there are
     // several cores, of pipelines and of tensor-parallel groups of 2 along them. A plan of that
