@@ -19,14 +19,6 @@ uint64_t name_hash(const std::string& s) {
     return h;
 }
 
-double unit_interval(uint64_t bits) {
-    return static_cast<double>(bits >> 11) * 0x1.0p-53;
-}
-
-} // namespace
-
-namespace {
-
 // Box-Muller turns two uniforms into two independent normals, r cos t and r sin t: elements
 // 2k and 2k + 1 of a parameter are that pair, drawn from one hash of (seed, name, k), its high
 // half the radius's uniform and its low half the angle's. Both outputs of one log and one

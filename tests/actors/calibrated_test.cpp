@@ -2379,11 +2379,15 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
     EXPECT_GT(t8, 1.5 * t4);
     // `dist run` on it times one of its matmuls again around the run, the squarest forward of
     // the quick grid (32 and 256, one thread), and says how it ran against its calibrated rate.
-    Result ran =
-        run("DIST_PATH=" + dir.path.string() + " " + DIST_BINARY + " run " + DIST_SOURCE_DIR +
-            "/examples/gpt_tiny.dist --quiet --set mesh.devices=quick --set "
-            "model.width=32 --set train.batch=4 --set 'train.data=synthetic()' --set "
-            "train.stop_after=2");
+    auto run_on_quick = [&](const std::string& more) {
+        return run("DIST_PATH=" + dir.path.string() + " " + DIST_BINARY + " run " +
+                   DIST_SOURCE_DIR +
+                   "/examples/gpt_tiny.dist --quiet --set mesh.devices=quick --set "
+                   "model.width=32 --set train.batch=4 --set 'train.data=synthetic()' --set "
+                   "train.stop_after=2" +
+                   more);
+    };
+    Result ran = run_on_quick("");
     ASSERT_EQ(ran.status, 0) << ran.out;
     const size_t pace = ran.out.find("\npace: the profile's nt matmul 256 x 256 x 256 on 1 thread "
                                      "ran at ");
@@ -2395,11 +2399,7 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
         << ran.out;
     // In two processes the launcher times it, before they start and after they have ended:
     // one line, its own, not a process's.
-    Result apart_run =
-        run("DIST_PATH=" + dir.path.string() + " " + DIST_BINARY + " run " + DIST_SOURCE_DIR +
-            "/examples/gpt_tiny.dist --quiet --procs 2 --set mesh.devices=quick --set "
-            "mesh.pp=2 --set model.width=32 --set train.batch=4 --set 'train.data=synthetic()' "
-            "--set train.stop_after=2");
+    Result apart_run = run_on_quick(" --procs 2 --set mesh.pp=2");
     ASSERT_EQ(apart_run.status, 0) << apart_run.out;
     const size_t launcher_pace =
         apart_run.out.find("\npace: the profile's nt matmul 256 x 256 x 256 on 1 thread ran at ");

@@ -91,14 +91,10 @@ TEST(OtherLoad, OthersAreTheBusyTimeBeyondThisProcesssOwn) {
     EXPECT_DOUBLE_EQ(others_share({}, {}, 0.0, 0.01), 0.0);         // /proc/stat unread
 }
 
-// Another process that spins while this one waits for it: its time is others', at least its
-// one CPU's share of those this process may run on (more where others took the CPUs from it).
-TEST(OtherLoad, AnotherProcessSpinningIsOthers) {
-    const size_t cpus = allowed_cpus().size();
-    ASSERT_GT(cpus, 0u);
-    const OtherLoad load;
+// Forks a process that spins for 400 ms on one CPU and waits for it; whether it could.
+bool spin_in_a_child() {
     const pid_t child = ::fork();
-    ASSERT_GE(child, 0);
+    if (child < 0) return false;
     if (child == 0) {
         const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
         volatile double x = 0;
@@ -106,7 +102,16 @@ TEST(OtherLoad, AnotherProcessSpinningIsOthers) {
         ::_exit(0);
     }
     int status = 0;
-    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    return ::waitpid(child, &status, 0) == child;
+}
+
+// Another process that spins while this one waits for it: its time is others', at least its
+// one CPU's share of those this process may run on (more where others took the CPUs from it).
+TEST(OtherLoad, AnotherProcessSpinningIsOthers) {
+    const size_t cpus = allowed_cpus().size();
+    ASSERT_GT(cpus, 0u);
+    const OtherLoad load;
+    ASSERT_TRUE(spin_in_a_child());
     const double share = load.share();
     EXPECT_GT(share, 0.5 / static_cast<double>(cpus));
     EXPECT_LE(share, 1.0);
@@ -118,16 +123,7 @@ TEST(OtherLoad, ALaunchersChildrenAreItsOwn) {
     const size_t cpus = allowed_cpus().size();
     ASSERT_GT(cpus, 0u);
     const OtherLoad alone, with_children(true);
-    const pid_t child = ::fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-        const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
-        volatile double x = 0;
-        while (std::chrono::steady_clock::now() < end) x = x + 1;
-        ::_exit(0);
-    }
-    int status = 0;
-    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(spin_in_a_child());
     const double without = alone.share(), with = with_children.share();
     EXPECT_GT(without - with, 0.5 / static_cast<double>(cpus)) << without << " " << with;
     EXPECT_GE(with, 0.0);
