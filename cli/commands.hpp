@@ -71,8 +71,9 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
 class PaceCheck;
 int launch_local(int procs, const std::vector<std::string>& args, std::ostream& out,
                  std::ostream& err, PaceCheck* pace = nullptr);
-/// launch_local for the script of `o`: with the pace check of its profile where the script
-/// checks and its devices are a calibrated CPU's (its errors are the processes' to print).
+/// launch_local for the script of `o`, once it has checked and planned, its ranks are enough
+/// for `procs` processes and its mesh runs here (else why, and 1, with no process started);
+/// with the pace check of its profile where that is a calibrated CPU's.
 int run_procs(const CommonOptions& o, int procs, const std::vector<std::string>& args,
               std::ostream& out, std::ostream& err);
 /// The mean next-token loss of the weights in `load` over a data file.

@@ -43,6 +43,14 @@ std::optional<Planned> planned(const CommonOptions& o, std::ostream& err) {
     return Planned{*r.program, *p.graph};
 }
 
+bool procs_fit(int procs, const plan::Graph& graph, std::ostream& err) {
+    const auto ranks = static_cast<int32_t>(graph.ranks.size());
+    if (procs <= ranks) return true;
+    err << "error: --procs " << procs << " for " << ranks
+        << " ranks: every process needs at least one rank\n";
+    return false;
+}
+
 bool runs_here(const Program& p, std::ostream& err, bool gpus) {
     if (p.mesh.mixed()) {
         err << p.train.training_refusal;
@@ -98,12 +106,7 @@ int run_sim(const CommonOptions& o, const SimOptions& s, std::ostream& out, std:
     }
     std::optional<Planned> p = planned(o, err);
     if (!p) return 1;
-    const auto ranks = static_cast<int32_t>(p->graph.ranks.size());
-    if (s.procs > ranks) {
-        err << "error: --procs " << s.procs << " for " << ranks
-            << " ranks: every process needs at least one rank\n";
-        return 1;
-    }
+    if (!procs_fit(s.procs, p->graph, err)) return 1;
     sim::SimOptions so;
     so.cost = s.cost == "unit" ? sim::CostModel::unit : sim::CostModel::profile;
     so.processes = s.procs;

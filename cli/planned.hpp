@@ -24,6 +24,10 @@ lang::CheckResult check_script(const CommonOptions& o);
 /// The program of `o` and its graph, or nothing after printing why to `err`.
 std::optional<Planned> planned(const CommonOptions& o, std::ostream& err);
 
+/// Whether `procs` processes (`--procs`) each get at least one of the graph's ranks; if not,
+/// prints why.
+bool procs_fit(int procs, const plan::Graph& graph, std::ostream& err);
+
 /// Whether this build can execute the program's mesh on this machine: a mesh of `cpu` devices
 /// always (ranks on the cores); a mesh of GPUs when `gpus` allows it (training) and the build
 /// and the machine have CUDA devices. If not, prints why and what to do instead.

@@ -134,9 +134,12 @@ std::string gpu_memory_line(const std::vector<kernels::Device>& placed, const si
 
 int run_procs(const CommonOptions& o, int procs, const std::vector<std::string>& args,
               std::ostream& out, std::ostream& err) {
-    const lang::CheckResult r = check_script(o);
+    // What one process would refuse before training, refused once here, before any starts.
+    std::optional<Planned> plan = planned(o, err);
+    if (!plan || !procs_fit(procs, plan->graph, err) || !runs_here(plan->program, err, true))
+        return 1;
     std::optional<PaceCheck> pace;
-    if (r.ok() && r.program->mesh.profile.cpu()) pace.emplace(r.program->mesh.profile);
+    if (plan->program.mesh.profile.cpu()) pace.emplace(plan->program.mesh.profile);
     return launch_local(procs, args, out, err, pace ? &*pace : nullptr);
 }
 
