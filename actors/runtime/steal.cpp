@@ -92,16 +92,22 @@ std::vector<int> allowed_cpus() {
     return cpus;
 }
 
-double process_cpu_seconds(bool with_children) {
-    auto seconds = [](int who) {
-        rusage u{};
-        if (getrusage(who, &u) != 0) return 0.0;
-        auto of = [](const timeval& t) {
-            return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
-        };
-        return of(u.ru_utime) + of(u.ru_stime);
+namespace {
+
+// User and system seconds of getrusage's `who` (RUSAGE_SELF, RUSAGE_CHILDREN); 0 unread.
+double rusage_seconds(int who) {
+    rusage u{};
+    if (getrusage(who, &u) != 0) return 0.0;
+    auto of = [](const timeval& t) {
+        return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
     };
-    return seconds(RUSAGE_SELF) + (with_children ? seconds(RUSAGE_CHILDREN) : 0.0);
+    return of(u.ru_utime) + of(u.ru_stime);
+}
+
+} // namespace
+
+double process_cpu_seconds(bool with_children) {
+    return rusage_seconds(RUSAGE_SELF) + (with_children ? rusage_seconds(RUSAGE_CHILDREN) : 0.0);
 }
 
 double others_share(const CpuTicks& before, const CpuTicks& after, double own_s, double tick_s) {
