@@ -12,6 +12,7 @@
 // from it (actors/sim/calibrated.hpp).
 #include "cli/calibrate_parts.hpp"
 #include "cli/commands.hpp"
+#include "cli/pace.hpp"
 
 #include "actors/plan/lower.hpp"
 #include "actors/runtime/session.hpp"
@@ -2253,6 +2254,22 @@ namespace dist::cli {
 
 using namespace calibration;
 
+namespace {
+
+// The row a run's pace check will pick from the profile (pace_reference) among the forwards
+// this plan measures: on the most threads, the squarest up to 512 x 512 x 512.
+std::optional<MatmulRate> pace_row_of(const Plan& plan, int32_t cores) {
+    Calibration grid;
+    grid.cores = cores;
+    for (int64_t m : plan.grid)
+        for (int64_t n : plan.grid)
+            for (int64_t k : plan.grid)
+                grid.matmul.push_back({"nt", m, n, k, plan.threads.back(), 1, 1});
+    return pace_reference(grid);
+}
+
+} // namespace
+
 int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& err) {
     std::filesystem::path path(c.out);
     if (path.extension() != ".toml") {
@@ -2341,17 +2358,37 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     // turns in each pass; where there are several cores every pass is followed by the replicas
     // a core (a second apiece), and every other pass by the pipelines of more ranks than cores
     // and the activations beyond the caches.
+    // And the matmul a run times again (pace.hpp), timed as it times it right before and after
+    // every pass: set at each pass's pace, its rate at the pace the probes keep.
+    const std::optional<MatmulRate> pace_row = pace_row_of(plan, cores);
+    std::vector<double> pace_before, pace_after;
+    auto time_pace = [&](std::vector<double>& into) {
+        if (!pace_row) return;
+        std::this_thread::sleep_for(kPaceSettle);
+        into.push_back(pace_flops(*pace_row));
+    };
     const std::vector<Probe> shapes = probe_shapes(c.quick);
+    time_pace(pace_before);
     std::vector<std::vector<Probe>> both = run_probes(
         shapes, passes, c.quick, "cpu", counts, progress, retakes, skipped, [&](int pass) {
+            time_pace(pace_after);
             time_spread(spread, progress, retakes, skipped);
-            if (!after_probe_pass(pass, passes)) return;
-            time_oversubscribed(beyond, pass, progress, retakes, skipped);
-            time_reuse(reuse, progress, retakes, skipped);
+            if (after_probe_pass(pass, passes)) {
+                time_oversubscribed(beyond, pass, progress, retakes, skipped);
+                time_reuse(reuse, progress, retakes, skipped);
+            }
+            if (pass + 1 < passes) time_pace(pace_before);
         });
     std::vector<Probe> probes = std::move(both[0]);
     std::vector<Probe> probes_one = both.size() > 1 ? std::move(both[1]) : std::vector<Probe>{};
     const std::vector<double> pace_all = pass_pace(probes), pace_one = pass_pace(probes_one);
+    // The row on all the cores goes at the pace of the probes on all of them; on one thread, of
+    // those on one.
+    const double pace_flops_kept =
+        pace_row
+            ? pace_at_kept(pace_before, pace_after,
+                           pace_row->threads == cores || pace_one.empty() ? pace_all : pace_one)
+            : 0.0;
     const int pipelines = static_cast<int>( // those timed in two passes
         std::count_if(beyond.begin(), beyond.end(),
                       [](const OversubscribedRun& r) { return r.passes.size() == 2; }));
@@ -2397,13 +2434,15 @@ int run_calibrate(const CalibrateOptions& c, std::ostream& out, std::ostream& er
     const std::vector<ReuseRow> reused = fit_reuse(reuse, measured, reuse_notes);
     std::vector<SplitRow> split;
     auto text_with = [&](const std::vector<Oversubscribed>& over) {
-        return profile_text(name, command, cores, since(t0),
-                            steal_lines(retakes) + others_lines(others_used) +
-                                pace_lines(pace_all, pace_one) + apart_lines(apart, pipelines),
-                            fit, fewer, by_width, mm, att, elt, sharing, over, reused, reuse_notes,
-                            split, split_notes, slice, wake, collective_wait, core_spread,
-                            spread_passes, spread ? spread->width : 0, transfers, collectives,
-                            skipped);
+        return profile_text(
+            name, command, cores, since(t0),
+            steal_lines(retakes) + others_lines(others_used) + pace_lines(pace_all, pace_one) +
+                (pace_row ? pace_row_lines(*pace_row, pace_flops_kept, pace_before, pace_after)
+                          : std::string()) +
+                apart_lines(apart, pipelines),
+            fit, fewer, by_width, mm, att, elt, sharing, over, reused, reuse_notes, split,
+            split_notes, slice, wake, collective_wait, core_spread, spread_passes,
+            spread ? spread->width : 0, transfers, collectives, skipped);
     };
     // Split backwards against whole ones as the profile measured so far prices them.
     if (reuse.split) {

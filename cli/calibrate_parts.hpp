@@ -133,6 +133,11 @@ double pace_moved(const std::vector<double>& all, const std::vector<double>& one
 inline constexpr double kPaceMoved = 0.10;
 /// The profile's comment lines on the probes' pace pass by pass.
 std::string pace_lines(const std::vector<double>& all, const std::vector<double>& one);
+/// The profile's `calibration.pace`, the row a run times again (cli/pace.hpp) at `flops`, its
+/// rate at the probes' kept pace (pace_at_kept), with the timings it came from (FLOP/s before
+/// and after each pass) in a comment; "" without a rate.
+std::string pace_row_lines(const MatmulRate& row, double flops, const std::vector<double>& before,
+                           const std::vector<double>& after);
 /// On `err`, a warning where the pace moved more than kPaceMoved.
 void warn_if_moved(const std::vector<double>& all, const std::vector<double>& one,
                    std::ostream& err);

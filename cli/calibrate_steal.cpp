@@ -125,6 +125,26 @@ std::string pace_lines(const std::vector<double>& all, const std::vector<double>
     return s + ".\n";
 }
 
+std::string pace_row_lines(const MatmulRate& row, double flops, const std::vector<double>& before,
+                           const std::vector<double>& after) {
+    if (!(flops > 0)) return "";
+    std::string s = "# The matmul `dist run` times again around a run, to tell whether the machine "
+                    "runs at\n# this profile's pace: timed as a run times it, right before and "
+                    "after each pass of\n# the whole-action probes (FLOP/s):\n";
+    for (size_t p = 0; p < before.size() && p < after.size(); ++p)
+        s += "#   pass " + std::to_string(p + 1) + ": " + number(before[p]) + " and " +
+             number(after[p]) + "\n";
+    s += "# each pass's geometric mean times that pass's pace, the median over the passes: "
+         "the\n# row's rate at the pace the probes kept, which sets the level of every "
+         "prediction.\n";
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "pace = { kernel = \"%s\", m = %lld, n = %lld, k = %lld, threads = %d, flops = ",
+                  row.kernel.c_str(), static_cast<long long>(row.m), static_cast<long long>(row.n),
+                  static_cast<long long>(row.k), row.threads);
+    return s + buf + number(flops) + " }\n";
+}
+
 void warn_if_moved(const std::vector<double>& all, const std::vector<double>& one,
                    std::ostream& err) {
     const double m = pace_moved(all, one);

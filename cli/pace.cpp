@@ -12,12 +12,14 @@
 #include <functional>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace dist::cli {
 
 std::optional<MatmulRate> pace_reference(const Calibration& c) {
     if (c.gpu() || c.cores <= 0) return std::nullopt;
+    if (c.pace) return c.pace;
     constexpr double most_flop = 512.0 * 512 * 512;
     // The most threads, then the squarest (its smallest side the largest), then the largest.
     auto key = [](const MatmulRate& r) {
@@ -38,7 +40,7 @@ std::optional<MatmulRate> pace_reference(const Calibration& c) {
     return best;
 }
 
-double pace_now(const MatmulRate& ref, double min_s) {
+double pace_flops(const MatmulRate& ref, double min_s) {
     const std::vector<float> in = calibration::filled(ref.m * ref.k),
                              weight = calibration::filled(ref.n * ref.k);
     std::vector<float> out(static_cast<size_t>(ref.m * ref.n));
@@ -60,7 +62,20 @@ double pace_now(const MatmulRate& ref, double min_s) {
     omp_set_num_threads(threads);
     const double flop =
         2.0 * static_cast<double>(ref.m) * static_cast<double>(ref.n) * static_cast<double>(ref.k);
-    return s > 0 ? flop / s / ref.warm : 0.0;
+    return s > 0 ? flop / s : 0.0;
+}
+
+double pace_now(const MatmulRate& ref, double min_s) {
+    return ref.warm > 0 ? pace_flops(ref, min_s) / ref.warm : 0.0;
+}
+
+double pace_at_kept(const std::vector<double>& before, const std::vector<double>& after,
+                    const std::vector<double>& pass_pace) {
+    std::vector<double> level;
+    for (size_t p = 0; p < before.size() && p < after.size() && p < pass_pace.size(); ++p)
+        if (before[p] > 0 && after[p] > 0 && pass_pace[p] > 0)
+            level.push_back(std::sqrt(before[p] * after[p]) * pass_pace[p]);
+    return level.empty() ? 0.0 : calibration::median_of(std::move(level));
 }
 
 std::string pace_note(const MatmulRate& ref, double before, double after,

@@ -11,19 +11,34 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace dist::cli {
 
-/// The profile's row to time again: of the forward ("nt") matmuls a CPU calibration measured
+/// The profile's row to time again: its `calibration.pace` where it has one (that row at the
+/// probes' pace, pace_at_kept); else of the forward ("nt") matmuls a CPU calibration measured
 /// with their weight used again (`warm`: no arena of weights to fill), those on the most
 /// threads, and of them the squarest up to 512 x 512 x 512 (a few milliseconds a call); none in
 /// a profile without such rows (a datasheet's, a GPU's).
 std::optional<MatmulRate> pace_reference(const Calibration& c);
 
-/// The row's rate now over its calibrated one (`warm`), timed as `dist calibrate` timed it, the
-/// fastest of batches on its threads: after calls for kPaceWarmUp_s, kPaceBatches batches of at
-/// least `min_s` seconds each, kPaceGap apart.
+/// The row's rate now (FLOP/s), the fastest of batches on its threads: after calls for
+/// kPaceWarmUp_s, kPaceBatches batches of at least `min_s` seconds each, kPaceGap apart. A run's
+/// check and `dist calibrate` (beside its whole-action probes) time it alike.
+double pace_flops(const MatmulRate& ref, double min_s = 0.01);
+
+/// The row's rate now over its calibrated one (`warm`): pace_flops over it.
 double pace_now(const MatmulRate& ref, double min_s = 0.01);
+
+/// The row's rate at the pace `dist calibrate`'s whole-action probes kept, from its timings
+/// before and after each of their passes (`before[p]`, `after[p]`, FLOP/s) and each pass's pace
+/// (its probes' times over the times kept, `pass_pace[p]`): for each pass the geometric mean of
+/// the two timings times the pass's pace, and the median over the passes. The probes set the
+/// level of every prediction; the kernels, timed minutes later as the fastest of batches, only
+/// the shapes beside each other, and a calibration whose probes met a slow spell carries it in
+/// their scales, where a kernel timed later does not see it. 0 without a pass timed both ways.
+double pace_at_kept(const std::vector<double>& before, const std::vector<double>& after,
+                    const std::vector<double>& pass_pace);
 inline constexpr double kPaceWarmUp_s = 0.02;
 inline constexpr int kPaceBatches = 5;
 inline constexpr std::chrono::milliseconds kPaceGap{20};

@@ -214,6 +214,25 @@ void read_calibration(Reader& r, const toml::table& root, uint32_t file, Diagnos
         c.matmul.push_back({t.string("kernel"), t.whole("m"), t.whole("n"), t.whole("k"),
                             count(t, "threads"), t.number("flops"), t.number("warm", false)});
     });
+    if (root.at_path("calibration.pace")) {
+        // One forward (out = in weight^T) of sides the calibration's grid has (to 2048): a row
+        // edited to a side of a billion would not ask a run for gigabytes.
+        MatmulRate p{r.string("calibration.pace.kernel"),
+                     r.whole("calibration.pace.m"),
+                     r.whole("calibration.pace.n"),
+                     r.whole("calibration.pace.k"),
+                     count(r, "calibration.pace.threads"),
+                     0,
+                     0};
+        p.warm = p.flops = r.number("calibration.pace.flops");
+        if (p.kernel != "nt")
+            r.refuse("calibration.pace.kernel",
+                     "`calibration.pace.kernel` is \"nt\" (a forward), not \"" + p.kernel + "\"");
+        else if (std::max({p.m, p.n, p.k}) > 4096)
+            r.refuse("calibration.pace", "`calibration.pace` times a matmul of sides up to 4096");
+        else if (p.m > 0 && p.n > 0 && p.k > 0 && p.threads > 0 && p.warm > 0)
+            c.pace = p;
+    }
     r.rows("calibration.attention", [&](Reader& t) {
         c.attention.push_back({t.whole("seq"), t.whole("head_dim"), count(t, "threads"),
                                t.number("forward"), t.number("backward")});

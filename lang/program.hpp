@@ -11,6 +11,7 @@
 #include <array>
 #include <compare>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -306,6 +307,10 @@ struct Calibration {
     /// 1 without rows.
     std::pair<double, double> split_factors(double threads) const;
     std::vector<MatmulRate> matmul;
+    /// The matmul a run times again to tell whether the machine runs at the calibrated pace
+    /// (`calibration.pace`; cli/pace.hpp), its `warm` the rate it ran at beside the whole-action
+    /// probes, at the pace they kept: none in a profile written before it was timed so.
+    std::optional<MatmulRate> pace;
     std::vector<AttentionRate> attention;
     std::vector<StreamRate> elementwise;
     std::vector<SharingPoint> sharing;

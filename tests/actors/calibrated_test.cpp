@@ -31,6 +31,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 #include <unistd.h>
 
 using namespace dist;
@@ -910,6 +911,23 @@ TEST(Rates, AKeyNothingReadsIsRefusedWhereItIs) {
     const std::optional<HardwareProfile> loaded = lang::load_profile(file, sources, diags);
     ASSERT_TRUE(loaded.has_value()) << diags.render(sources);
     EXPECT_DOUBLE_EQ(loaded->calibration.took_s, 12.5);
+    EXPECT_FALSE(loaded->calibration.pace); // a profile written before the row was timed so
+
+    // With the matmul a run times again, that row at its rate.
+    std::ofstream(file) << calibrated_head("typo")
+                        << "pace = { kernel = \"nt\", m = 512, n = 256, k = 128, threads = 2, "
+                           "flops = 1.5e11 }\n"
+                           "matmul = [ { kernel = \"nt\", m = 32, n = 32, k = 32, threads = 1, "
+                           "flops = 1e10 } ]\n"
+                           "sharing = [ { threads = 2, speed = 0.9 } ]\n";
+    lang::SourceManager more_sources;
+    const std::optional<HardwareProfile> paced = lang::load_profile(file, more_sources, diags);
+    ASSERT_TRUE(paced.has_value()) << diags.render(more_sources);
+    ASSERT_TRUE(paced->calibration.pace);
+    const MatmulRate& r = *paced->calibration.pace;
+    EXPECT_EQ(std::make_tuple(r.kernel, r.m, r.n, r.k, r.threads),
+              std::make_tuple(std::string("nt"), 512, 256, 128, 2));
+    EXPECT_DOUBLE_EQ(r.warm, 1.5e11);
 }
 
 TEST(Rates, AProfileWithABadCalibrationRowIsRefusedWhereItIs) {
@@ -937,6 +955,22 @@ TEST(Rates, AProfileWithABadCalibrationRowIsRefusedWhereItIs) {
             "bad.toml:18:10: error: `calibration.device` is \"cpu\" or \"cuda\"");
     refused("device = \"cuda\"", "a calibration of a GPU needs `[host] devices`");
     refused("", "a calibration of a CPU needs its `matmul` and `sharing` rows");
+    // The matmul a run times again: a forward, of the sides a calibration's grid has, its
+    // rate and every side given, no other key.
+    auto pace = [](const std::string& fields) {
+        return "pace = { " + fields + " }\nsharing = [ { threads = 2, speed = 0.9 } ]";
+    };
+    refused(pace("kernel = \"nn\", m = 512, n = 512, k = 512, threads = 2, flops = 1e11"),
+            "bad.toml:18:19: error: `calibration.pace.kernel` is \"nt\" (a forward), not \"nn\"");
+    refused(pace("kernel = \"nt\", m = 8192, n = 512, k = 512, threads = 2, flops = 1e11"),
+            "bad.toml:18:8: error: `calibration.pace` times a matmul of sides up to 4096");
+    refused(pace("kernel = \"nt\", m = 512, n = 512, k = 512, threads = 2"),
+            "hardware profile has no `calibration.pace.flops`");
+    refused(pace("kernel = \"nt\", m = 512, n = 512, k = 512, threads = 2, flops = -1"),
+            "`calibration.pace.flops` must be a positive number");
+    refused(pace("kernel = \"nt\", m = 512, n = 512, k = 512, threads = 2, flops = 1e11, "
+                 "flop = 1e11"),
+            "`calibration.pace.flop` is not a key of");
     refused("core_spread = 0.7\nsharing = [ { threads = 2, speed = 0.9 } ]",
             "bad.toml:18:15: error: `calibration.core_spread` is a fraction of a core's pace");
     refused("core_spread = -0.1\nsharing = [ { threads = 2, speed = 0.9 } ]",
@@ -2397,6 +2431,23 @@ TEST(Calibrate, WritesAProfileThatLoadsAndPricesPlans) {
                            pace),
               std::string::npos)
         << ran.out;
+    // The profile names that row, timed as a run times it before and after the probes' pass
+    // (a quick calibration's one: its pace is the times kept), at their geometric mean.
+    {
+        ASSERT_TRUE(c.pace);
+        EXPECT_EQ(std::make_tuple(c.pace->kernel, c.pace->m, c.pace->n, c.pace->k, c.pace->threads),
+                  std::make_tuple(std::string("nt"), 256, 256, 256, 1));
+        std::ifstream notes(file);
+        const std::regex timings(R"(^#   pass 1: ([0-9.e+]+) and ([0-9.e+]+)$)");
+        size_t said = 0;
+        for (std::string line; std::getline(notes, line);)
+            if (std::smatch m; std::regex_search(line, m, timings)) {
+                ++said;
+                const double mean = std::sqrt(std::stod(m[1].str()) * std::stod(m[2].str()));
+                EXPECT_NEAR(c.pace->warm, mean, 2e-3 * mean) << line;
+            }
+        EXPECT_EQ(said, 1u);
+    }
     // In two processes the launcher times it, before they start and after they have ended:
     // one line, its own, not a process's.
     Result apart_run = run_on_quick(" --procs 2 --set mesh.pp=2");

@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 namespace dist::cli {
 namespace {
@@ -42,6 +43,45 @@ TEST(Pace, TheReferenceIsTheSquarestForwardUpTo512CubedOnTheMostThreads) {
     EXPECT_EQ(r->kernel, "nt");
     EXPECT_EQ(std::make_tuple(r->m, r->n, r->k, r->threads), std::make_tuple(512, 512, 512, 2));
     EXPECT_EQ(r->warm, 1.8e11);
+}
+
+// A profile that timed the row beside its probes names it: that row at that rate, whatever
+// its matmul rows hold.
+TEST(Pace, TheProfilesPaceRowIsTheReference) {
+    Calibration c = cpu_calibration();
+    c.pace = row("nt", 256, 256, 256, 1, 5e10);
+    std::optional<MatmulRate> r = pace_reference(c);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(std::make_tuple(r->m, r->n, r->k, r->threads), std::make_tuple(256, 256, 256, 1));
+    EXPECT_EQ(r->warm, 5e10);
+    c.device = "cuda";
+    EXPECT_FALSE(pace_reference(c));
+}
+
+// The row's rate at the probes' kept pace: each pass's timings (the geometric mean of before
+// and after) times that pass's pace, the median over the passes.
+TEST(Pace, TheRowIsSetAtThePaceTheProbesKept) {
+    // Three passes 4-5% slower than the times kept and a fourth 17% faster, the row slowed and
+    // sped up alike: every pass says the same rate at the kept pace.
+    const double rate = 1.6e11;
+    const std::vector<double> pace{1.012, 1.039, 1.052, 0.834};
+    std::vector<double> before, after;
+    for (double p : pace) {
+        before.push_back(rate / p * 0.98);
+        after.push_back(rate / p / 0.98);
+    }
+    EXPECT_NEAR(pace_at_kept(before, after, pace), rate, 1e-6 * rate);
+    // The kernels' rate timed after the fast last pass alone would have been 1.2 times it.
+    EXPECT_NEAR(after.back() * 0.98 / rate, 1 / 0.834, 1e-9);
+    // A pass whose timing met a burst of other work (half the rate) leaves the median as it was.
+    std::vector<double> burst = after;
+    burst[2] /= 2;
+    EXPECT_NEAR(pace_at_kept(before, burst, pace), rate, 1e-6 * rate);
+    // A pass without both timings, or without a pace, is left out; none left: no rate.
+    EXPECT_NEAR(pace_at_kept({before[0], 0.0}, {after[0], after[1]}, pace), rate, 1e-6 * rate);
+    EXPECT_NEAR(pace_at_kept(before, after, {pace[0]}), rate, 1e-6 * rate);
+    EXPECT_EQ(pace_at_kept({}, {}, pace), 0.0);
+    EXPECT_EQ(pace_at_kept(before, after, {}), 0.0);
 }
 
 TEST(Pace, NoReferenceWithoutACpuCalibrationsWarmForwards) {
