@@ -125,7 +125,7 @@ void ReplSession::cmd_run(const std::string& args) {
     }
     // The medians of the steps after the first (which warms up).
     out_ << sim::comparison_line(tally.median_step_s(), tally.median_bubble(), predicted,
-                                 p.mesh.profile.name)
+                                 p.mesh.profile.name, tally.middle_half_s())
          << "\n";
     if (std::string hint = sim::calibration_hint(p.mesh.profile); !hint.empty())
         out_ << hint << "\n";

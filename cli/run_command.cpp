@@ -247,7 +247,8 @@ int run_train(const CommonOptions& o, const RunOptions& r, std::ostream& out, st
         // The medians of the steps after the first (which warms up), beside the prediction.
         if (predicted.ok()) {
             out << sim::comparison_line(tally.median_step_s(), tally.median_bubble(),
-                                        *predicted.timeline, p.mesh.profile.name)
+                                        *predicted.timeline, p.mesh.profile.name,
+                                        tally.middle_half_s())
                 << "\n";
             if (std::string hint = sim::calibration_hint(p.mesh.profile); !hint.empty())
                 out << hint << "\n";

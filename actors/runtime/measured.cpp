@@ -84,6 +84,18 @@ void StepTally::add(double step_time_s, double bubble) {
     bubbles_.push_back(bubble);
 }
 
+std::pair<double, double> StepTally::middle_half_s() const {
+    if (steps_.size() < kMiddleHalfSteps + 1) return {0.0, 0.0};
+    std::vector<double> v(steps_.begin() + 1, steps_.end());
+    std::sort(v.begin(), v.end());
+    auto at = [&](double q) {
+        const double x = q * static_cast<double>(v.size() - 1);
+        const size_t i = static_cast<size_t>(x);
+        return i + 1 < v.size() ? v[i] + (x - static_cast<double>(i)) * (v[i + 1] - v[i]) : v[i];
+    };
+    return {at(0.25), at(0.75)};
+}
+
 double StepTally::median_of(std::vector<double> v) {
     // After the first step (which warms up), when there are others.
     if (v.size() > 1) v.erase(v.begin());

@@ -68,12 +68,20 @@ std::map<std::string, double> on_core_by_kind(const Timeline& t) {
 } // namespace
 
 std::string comparison_line(double measured_step_s, double measured_bubble,
-                            const Timeline& predicted, const std::string& profile) {
-    char buf[320];
+                            const Timeline& predicted, const std::string& profile,
+                            std::pair<double, double> middle_half_s) {
+    std::string spread;
+    if (middle_half_s.first > 0 && middle_half_s.second >= middle_half_s.first) {
+        char range[96];
+        std::snprintf(range, sizeof range, " (the middle half of the steps %.1f-%.1f ms)",
+                      1e3 * middle_half_s.first, 1e3 * middle_half_s.second);
+        spread = range;
+    }
+    char buf[400];
     std::snprintf(buf, sizeof buf,
-                  "step time: measured %s, predicted %s (%.2fx); bubble: measured %.1f%%, "
+                  "step time: measured %s%s, predicted %s (%.2fx); bubble: measured %.1f%%, "
                   "predicted %.1f%% (`dist sim` with the %s profile)",
-                  ms(measured_step_s).c_str(), ms(predicted.step_time_s).c_str(),
+                  ms(measured_step_s).c_str(), spread.c_str(), ms(predicted.step_time_s).c_str(),
                   measured_step_s > 0 ? predicted.step_time_s / measured_step_s : 0.0,
                   100.0 * measured_bubble, 100.0 * predicted.bubble_fraction, profile.c_str());
     return buf;

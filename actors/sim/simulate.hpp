@@ -158,9 +158,12 @@ std::string chrome_trace(const Timeline& t, const std::string& process_name = ""
 std::string chrome_trace(const std::vector<std::pair<std::string, const Timeline*>>& processes);
 
 /// A run's measured step beside the prediction: "step time: measured 88.5 ms, predicted
-/// 87.9 ms (0.99x); bubble: measured 28.9%, predicted 27.6% (`dist sim` with the P profile)".
+/// 87.9 ms (0.99x); bubble: measured 28.9%, predicted 27.6% (`dist sim` with the P profile)",
+/// and where `middle_half_s` is given (the steps' 25th and 75th percentiles), after the
+/// measured step "(the middle half of the steps 81.0-94.2 ms)".
 std::string comparison_line(double measured_step_s, double measured_bubble,
-                            const Timeline& predicted, const std::string& profile);
+                            const Timeline& predicted, const std::string& profile,
+                            std::pair<double, double> middle_half_s = {0.0, 0.0});
 /// Beside a run's comparison on a datasheet profile, which knows nothing of the machine (the
 /// `cpu` one) or prices published kernels rather than Dist's (a GPU's): how to calibrate this
 /// one ("" for a calibrated profile).

@@ -22,8 +22,11 @@
 #include <cmath>
 #include <filesystem>
 #include <future>
+#include <string>
 #include <thread>
+#include <tuple>
 #include <unistd.h>
+#include <utility>
 
 using namespace dist;
 
@@ -437,4 +440,38 @@ TEST(Measured, ARunsStepAndBubbleAreTheMediansAfterTheFirstStep) {
     tally.add(0.2, 0.20);
     EXPECT_DOUBLE_EQ(tally.median_step_s(), 0.2);
     EXPECT_DOUBLE_EQ(tally.median_bubble(), 0.20);
+    // Three steps after the first: too few for a middle half.
+    EXPECT_EQ(tally.middle_half_s(), std::make_pair(0.0, 0.0));
+}
+
+// Beside the median, the middle half of the steps after the first: their 25th and 75th
+// percentiles, linear between neighbours (as numpy's default and R's type 7 take them).
+TEST(Measured, ARunsMiddleHalfIsItsStepsQuartilesAfterTheFirst) {
+    runtime::StepTally tally;
+    tally.add(9.0, 0.5); // the first step, far slower: not counted
+    for (double s : {0.08, 0.01, 0.05, 0.03}) tally.add(s, 0.1);
+    // Four steps 0.01, 0.03, 0.05, 0.08: positions 0.75 and 2.25.
+    auto [low, high] = tally.middle_half_s();
+    EXPECT_NEAR(low, 0.01 + 0.75 * 0.02, 1e-12);
+    EXPECT_NEAR(high, 0.05 + 0.25 * 0.03, 1e-12);
+    for (double s : {0.02, 0.04, 0.06, 0.07}) tally.add(s, 0.1);
+    // 0.01 to 0.08 by 0.01: positions 1.75 and 5.25.
+    std::tie(low, high) = tally.middle_half_s();
+    EXPECT_NEAR(low, 0.0275, 1e-12);
+    EXPECT_NEAR(high, 0.0625, 1e-12);
+    EXPECT_LE(low, tally.median_step_s());
+    EXPECT_GE(high, tally.median_step_s());
+
+    // The run's line carries it after the measured step, and leaves it out without one.
+    sim::Timeline predicted;
+    predicted.step_time_s = 0.05;
+    predicted.bubble_fraction = 0.2;
+    const std::string with =
+        sim::comparison_line(0.05, 0.25, predicted, "here", tally.middle_half_s());
+    EXPECT_EQ(with, "step time: measured 50.0 ms (the middle half of the steps 27.5-62.5 ms), "
+                    "predicted 50.0 ms (1.00x); bubble: measured 25.0%, predicted 20.0% (`dist "
+                    "sim` with the here profile)");
+    EXPECT_EQ(sim::comparison_line(0.05, 0.25, predicted, "here"),
+              "step time: measured 50.0 ms, predicted 50.0 ms (1.00x); bubble: measured 25.0%, "
+              "predicted 20.0% (`dist sim` with the here profile)");
 }

@@ -456,7 +456,7 @@ TEST(Cli, RunWritesTheMeasuredStepBesideThePredictedOne) {
     fs::path dir = fs::temp_directory_path() / ("dist_cli_trace_" + std::to_string(::getpid()));
     fs::create_directories(dir);
     Result r = run("run examples/gpt_tiny.dist --quiet --set model.width=32 --set train.batch=4 "
-                   "--set 'train.data=synthetic()' --set train.stop_after=4 --set mesh.pp=2 "
+                   "--set 'train.data=synthetic()' --set train.stop_after=6 --set mesh.pp=2 "
                    "--set schedule.microbatches=4 --trace " +
                    (dir / "t.json").string() + " --svg " + (dir / "t.svg").string() +
                    " --metrics " + (dir / "m.jsonl").string());
@@ -473,18 +473,22 @@ TEST(Cli, RunWritesTheMeasuredStepBesideThePredictedOne) {
         steps.push_back(m["step_time_s"].get<double>());
         bubbles.push_back(m["bubble"].get<double>());
     }
-    ASSERT_EQ(bubbles.size(), 4u);
-    // Steps 2 to 4: the middle one of three.
-    auto median_after_first = [](std::vector<double> v) {
+    ASSERT_EQ(bubbles.size(), 6u);
+    // Steps 2 to 6: the middle one of five, and the middle half between the second and the
+    // fourth (the 25th and 75th percentiles of five fall on them).
+    auto after_first = [](std::vector<double> v, size_t k) {
         std::sort(v.begin() + 1, v.end());
-        return v[2];
+        return v[1 + k];
     };
-    char expected[96];
-    std::snprintf(expected, sizeof expected, "step time: measured %.1f ms", // as ms() prints
-                  1e3 * median_after_first(steps));
+    char expected[160];
+    std::snprintf(expected, sizeof expected,
+                  "step time: measured %.1f ms (the middle half of the steps %.1f-%.1f ms), "
+                  "predicted ", // as ms() prints
+                  1e3 * after_first(steps, 2), 1e3 * after_first(steps, 1),
+                  1e3 * after_first(steps, 3));
     EXPECT_NE(r.out.find(expected), std::string::npos) << expected << "\n" << r.out;
     std::snprintf(expected, sizeof expected, "bubble: measured %.1f%%",
-                  100 * median_after_first(bubbles));
+                  100 * after_first(bubbles, 2));
     EXPECT_NE(r.out.find(expected), std::string::npos) << expected << "\n" << r.out;
     // gpt_tiny's `cpu` profile is the datasheet one: the run says how to measure this machine.
     EXPECT_NE(r.out.find("(the cpu profile is a datasheet guess, not this machine: "),
