@@ -43,8 +43,12 @@ std::string without_timings(std::string s) {
     static const std::vector<std::pair<std::regex, std::string>> masks = {
         {std::regex(R"([0-9.]+ tok/s)"), "# tok/s"},
         {std::regex(R"(eta [0-9.]+s)"), "eta #s"},
-        {std::regex(R"(measured [0-9.]+ (ms|s), predicted ([0-9.]+ (ms|s)) \([0-9.]+x\))"),
-         "measured # ms, predicted $2 (#x)"},
+        // The middle half of the steps, where a run had enough of them to give one.
+        {std::regex(R"( \(the middle half of the steps [0-9.]+-[0-9.]+ ms\),)"),
+         " (the middle half of the steps #),"},
+        {std::regex(R"(measured [0-9.]+ (ms|s)( \(the middle half of the steps #\))?, )"
+                    R"(predicted ([0-9.]+ (ms|s)) \([0-9.]+x\))"),
+         "measured # ms$2, predicted $3 (#x)"},
         {std::regex(R"(bubble: measured [0-9.]+%)"), "bubble: measured #%"},
         {std::regex(R"(\([0-9.]+ s\))"), "(# s)"},
         // Which buffers are alive together depends on the threads' timing.
