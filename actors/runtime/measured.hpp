@@ -33,8 +33,8 @@ class StepTally {
     double median_bubble() const { return median_of(bubbles_); }
     /// The 25th and 75th percentiles of the step times after the first (linear between the
     /// nearest two), the middle half of the steps: how far a shared machine's pace moved the
-    /// steps the median is taken from (pp 2 on two cores here: 65-91 ms over one run). {0, 0}
-    /// under kMiddleHalfSteps steps after the first, too few to say.
+    /// steps the median is taken from (pp 2 on two cores here: one run's steps took 65-91 ms).
+    /// {0, 0} under kMiddleHalfSteps steps after the first, too few to say.
     std::pair<double, double> middle_half_s() const;
     static constexpr size_t kMiddleHalfSteps = 4;
 
